@@ -1,0 +1,18 @@
+# shardlm_layer(NAME DEPS...): a static library from src/NAME/*.cpp (and
+# subfolders), usable as shardlm::NAME. Headers are included as "NAME/file.h".
+function(shardlm_layer name)
+  file(GLOB_RECURSE srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  add_library(shardlm_${name} STATIC ${srcs})
+  add_library(shardlm::${name} ALIAS shardlm_${name})
+  target_include_directories(shardlm_${name} PUBLIC ${CMAKE_SOURCE_DIR}/src)
+  target_link_libraries(shardlm_${name} PUBLIC ${ARGN})
+endfunction()
+
+# shardlm_test(NAME SOURCES... LIBS ...): one GoogleTest binary, registered with ctest.
+function(shardlm_test name)
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
+    PROPERTIES ENVIRONMENT "SHARDLM_SOURCE_DIR=${CMAKE_SOURCE_DIR};SHARDLM_BINARY_DIR=${CMAKE_BINARY_DIR};SHARDLM_CLI=$<TARGET_FILE:shardlm>")
+endfunction()
