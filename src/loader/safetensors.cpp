@@ -220,7 +220,9 @@ bool parse_entry(const std::string& name, const json& value, Collector& problems
 }
 
 // Overlaps, holes, truncation and trailing bytes, over entries sorted by offset.
-void check_layout(SafetensorsHeader& header, Collector& problems) {
+// Gaps are reported only when every entry's place is known (a malformed
+// entry's bytes would otherwise show up as a gap too).
+void check_layout(SafetensorsHeader& header, bool report_gaps, Collector& problems) {
   std::vector<SafetensorsEntry>& entries = header.tensors;
   std::sort(entries.begin(), entries.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
     return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
@@ -238,7 +240,7 @@ void check_layout(SafetensorsHeader& header, Collector& problems) {
                      str_cat("tensors ", last->name, " [", last->begin, ", ", last->end, ") and ", e.name,
                              " [", e.begin, ", ", e.end, ") overlap"),
                      kFixCorrupt);
-    } else if (e.begin > cursor) {
+    } else if (e.begin > cursor && report_gaps) {
       problems.warning(e.name,
                        str_cat("bytes [", cursor, ", ", e.begin, ") of the data section (",
                                with_commas(static_cast<int64_t>(e.begin - cursor)), " bytes) belong to no tensor",
@@ -272,7 +274,7 @@ void check_layout(SafetensorsHeader& header, Collector& problems) {
                            " bytes — the download was cut (", n_past, n_past == 1 ? " tensor ends" : " tensors end",
                            " past the end of the file, the first is ", first_past->name, ")"),
                    kFixDownloadAgain);
-  } else if (max_end < data_size) {
+  } else if (max_end < data_size && report_gaps) {
     problems.warning("",
                      str_cat("the last tensor ends at byte ", with_commas(static_cast<int64_t>(header.data_start + max_end)),
                              " but the file has ", with_commas(static_cast<int64_t>(header.file_size)), " bytes (",
@@ -330,6 +332,7 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> bytes, std::
   std::set<std::string> seen;
   std::vector<std::string> duplicates;
   json root;
+  size_t n_unplaced = 0;  // entries whose data_offsets are unknown
   try {
     const char* text = reinterpret_cast<const char*>(bytes.data()) + 8;
     root = json::parse(text, text + n, [&](int depth, json::parse_event_t event, json& parsed) {
@@ -381,9 +384,12 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> bytes, std::
       continue;
     }
     SafetensorsEntry entry;
-    if (parse_entry(name, value, problems, &entry)) header.tensors.push_back(std::move(entry));
+    if (parse_entry(name, value, problems, &entry))
+      header.tensors.push_back(std::move(entry));
+    else
+      ++n_unplaced;
   }
-  check_layout(header, problems);
+  check_layout(header, n_unplaced == 0, problems);
   return header;
 }
 
