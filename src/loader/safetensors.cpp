@@ -285,15 +285,6 @@ void check_layout(SafetensorsHeader& header, bool report_gaps, Collector& proble
 
 }  // namespace
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
 SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> bytes, std::string_view file_name) {
   SafetensorsHeader header;
   header.file = std::string(file_name);

@@ -20,6 +20,7 @@
 
 #include "core/dtype.h"
 #include "loader/mapped_file.h"
+#include "loader/model_spec.h"  // shape_string
 #include "loader/problem.h"
 
 namespace shardlm {
@@ -91,9 +92,6 @@ void copy_columns(const TensorView& tensor, int64_t c0, int64_t c1, void* dst);
 // [r1 - r0, c1 - c0] in tensor.dtype.
 void copy_block(const TensorView& tensor, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                 void* dst);
-
-// "[1024, 3584]"
-std::string shape_string(const std::vector<int64_t>& shape);
 
 class SafetensorsFile {
  public:

@@ -1,0 +1,288 @@
+#include "loader/model_spec.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace shardlm {
+
+using nlohmann::json;
+
+const char* family_name(Family family) {
+  switch (family) {
+    case Family::kQwen2: return "qwen2";
+    case Family::kQwen3: return "qwen3";
+    case Family::kLlama: return "llama";
+    case Family::kMistral: return "mistral";
+    case Family::kMixtral: return "mixtral";
+    case Family::kQwen3Moe: return "qwen3_moe";
+  }
+  return "?";
+}
+
+namespace {
+
+struct ArchitectureInfo {
+  const char* architecture;
+  Family family;
+};
+
+constexpr ArchitectureInfo kArchitectures[] = {
+    {"Qwen2ForCausalLM", Family::kQwen2},     {"Qwen3ForCausalLM", Family::kQwen3},
+    {"LlamaForCausalLM", Family::kLlama},     {"MistralForCausalLM", Family::kMistral},
+    {"MixtralForCausalLM", Family::kMixtral}, {"Qwen3MoeForCausalLM", Family::kQwen3Moe},
+};
+
+std::string supported_list() {
+  std::string out;
+  for (const auto& a : kArchitectures) out += (out.empty() ? "" : ", ") + std::string(a.architecture);
+  return out;
+}
+
+// A required positive integer field.
+int64_t required_int(const json& config, const char* field, const std::string& source) {
+  auto it = config.find(field);
+  if (it == config.end() || it->is_null())
+    fail(ErrorCode::kInvalidArgument, source, ": field \"", field, "\" is missing; config.json of this architecture must set it");
+  if (!it->is_number_integer() || it->get<int64_t>() <= 0)
+    fail(ErrorCode::kInvalidArgument, source, ": field \"", field, "\" must be a positive integer, found ", it->dump());
+  return it->get<int64_t>();
+}
+
+int64_t optional_int(const json& config, const char* field, int64_t fallback, const std::string& source) {
+  auto it = config.find(field);
+  if (it == config.end() || it->is_null()) return fallback;
+  if (!it->is_number_integer() || it->get<int64_t>() < 0)
+    fail(ErrorCode::kInvalidArgument, source, ": field \"", field, "\" must be a non-negative integer, found ", it->dump());
+  return it->get<int64_t>();
+}
+
+double optional_number(const json& config, const char* field, double fallback, const std::string& source) {
+  auto it = config.find(field);
+  if (it == config.end() || it->is_null()) return fallback;
+  if (!it->is_number())
+    fail(ErrorCode::kInvalidArgument, source, ": field \"", field, "\" must be a number, found ", it->dump());
+  return it->get<double>();
+}
+
+bool optional_bool(const json& config, const char* field, bool fallback, const std::string& source) {
+  auto it = config.find(field);
+  if (it == config.end() || it->is_null()) return fallback;
+  if (!it->is_boolean())
+    fail(ErrorCode::kInvalidArgument, source, ": field \"", field, "\" must be true or false, found ", it->dump());
+  return it->get<bool>();
+}
+
+}  // namespace
+
+ModelSpec parse_model_config(const json& config, const std::string& source) {
+  if (!config.is_object()) fail(ErrorCode::kInvalidArgument, source, ": expected a JSON object at the top level");
+  ModelSpec spec;
+  auto arch = config.find("architectures");
+  if (arch == config.end() || !arch->is_array() || arch->empty() || !(*arch)[0].is_string())
+    fail(ErrorCode::kInvalidArgument, source, ": field \"architectures\" must be a non-empty list of names, e.g. [\"Qwen2ForCausalLM\"]");
+  spec.architecture = (*arch)[0].get<std::string>();
+  bool known = false;
+  for (const auto& a : kArchitectures) {
+    if (spec.architecture == a.architecture) {
+      spec.family = a.family;
+      known = true;
+    }
+  }
+  if (!known)
+    fail(ErrorCode::kUnsupported, source, ": architecture \"", spec.architecture, "\" is not supported; supported: ", supported_list());
+  if (auto mt = config.find("model_type"); mt != config.end() && mt->is_string()) spec.model_type = mt->get<std::string>();
+
+  spec.vocab_size = required_int(config, "vocab_size", source);
+  spec.hidden_size = required_int(config, "hidden_size", source);
+  spec.intermediate_size = required_int(config, "intermediate_size", source);
+  spec.n_layers = required_int(config, "num_hidden_layers", source);
+  spec.n_heads = required_int(config, "num_attention_heads", source);
+  spec.n_kv_heads = optional_int(config, "num_key_value_heads", spec.n_heads, source);
+  if (spec.n_kv_heads <= 0 || spec.n_heads % spec.n_kv_heads != 0)
+    fail(ErrorCode::kInvalidArgument, source, ": num_attention_heads (", spec.n_heads,
+         ") must be a multiple of num_key_value_heads (", spec.n_kv_heads, ")");
+  int64_t default_head_dim = spec.hidden_size / spec.n_heads;
+  spec.head_dim = optional_int(config, "head_dim", default_head_dim, source);
+  if (spec.head_dim == 0) spec.head_dim = default_head_dim;
+  if (spec.head_dim % 2 != 0)
+    fail(ErrorCode::kInvalidArgument, source, ": head_dim must be even for rotary embeddings, found ", spec.head_dim);
+  spec.rms_norm_eps = optional_number(config, "rms_norm_eps", 1e-6, source);
+  spec.rope_theta = optional_number(config, "rope_theta", 10000.0, source);
+  spec.max_position_embeddings = optional_int(config, "max_position_embeddings", 4096, source);
+  spec.tie_word_embeddings = optional_bool(config, "tie_word_embeddings", false, source);
+  spec.qkv_bias = spec.family == Family::kQwen2 || optional_bool(config, "attention_bias", false, source);
+  spec.qk_norm = spec.family == Family::kQwen3 || spec.family == Family::kQwen3Moe;
+  if (optional_bool(config, "mlp_bias", false, source))
+    fail(ErrorCode::kUnsupported, source, ": mlp_bias=true is not supported");
+
+  if (auto rs = config.find("rope_scaling"); rs != config.end() && !rs->is_null()) {
+    if (!rs->is_object()) fail(ErrorCode::kInvalidArgument, source, ": field \"rope_scaling\" must be an object or null");
+    std::string type;
+    if (auto t = rs->find("rope_type"); t != rs->end() && t->is_string()) type = t->get<std::string>();
+    else if (auto t2 = rs->find("type"); t2 != rs->end() && t2->is_string()) type = t2->get<std::string>();
+    if (type != "default") spec.rope_scaling.type = type;
+    spec.rope_scaling.factor = optional_number(*rs, "factor", 1.0, source + " rope_scaling");
+    spec.rope_scaling.low_freq_factor = optional_number(*rs, "low_freq_factor", 1.0, source + " rope_scaling");
+    spec.rope_scaling.high_freq_factor = optional_number(*rs, "high_freq_factor", 4.0, source + " rope_scaling");
+    spec.rope_scaling.original_max_position_embeddings =
+        optional_int(*rs, "original_max_position_embeddings", 8192, source + " rope_scaling");
+    if (!spec.rope_scaling.type.empty() && spec.rope_scaling.type != "llama3")
+      fail(ErrorCode::kUnsupported, source, ": rope_scaling type \"", spec.rope_scaling.type,
+           "\" is not supported (supported: llama3, or none)");
+  }
+
+  if (spec.family == Family::kMixtral) {
+    spec.n_experts = required_int(config, "num_local_experts", source);
+    spec.n_experts_per_token = required_int(config, "num_experts_per_tok", source);
+    spec.moe_intermediate_size = spec.intermediate_size;
+  } else if (spec.family == Family::kQwen3Moe) {
+    spec.n_experts = required_int(config, "num_experts", source);
+    spec.n_experts_per_token = required_int(config, "num_experts_per_tok", source);
+    spec.moe_intermediate_size = required_int(config, "moe_intermediate_size", source);
+    if (auto m = config.find("mlp_only_layers"); m != config.end() && m->is_array() && !m->empty())
+      fail(ErrorCode::kUnsupported, source, ": mlp_only_layers is not supported");
+    if (optional_int(config, "decoder_sparse_step", 1, source) != 1)
+      fail(ErrorCode::kUnsupported, source, ": decoder_sparse_step other than 1 is not supported");
+  }
+
+  std::string dtype_text = "bfloat16";
+  if (auto d = config.find("torch_dtype"); d != config.end() && d->is_string()) dtype_text = d->get<std::string>();
+  else if (auto d2 = config.find("dtype"); d2 != config.end() && d2->is_string()) dtype_text = d2->get<std::string>();
+  if (!parse_dtype(dtype_text, &spec.dtype))
+    fail(ErrorCode::kUnsupported, source, ": torch_dtype \"", dtype_text, "\" is not supported (bfloat16, float16, float32)");
+
+  spec.bos_token_id = optional_int(config, "bos_token_id", -1, source);
+  if (auto eos = config.find("eos_token_id"); eos != config.end() && !eos->is_null()) {
+    if (eos->is_number_integer()) {
+      spec.eos_token_ids.push_back(eos->get<int64_t>());
+    } else if (eos->is_array()) {
+      for (const auto& e : *eos) {
+        if (!e.is_number_integer()) fail(ErrorCode::kInvalidArgument, source, ": eos_token_id entries must be integers, found ", e.dump());
+        spec.eos_token_ids.push_back(e.get<int64_t>());
+      }
+    } else {
+      fail(ErrorCode::kInvalidArgument, source, ": eos_token_id must be an integer or a list of integers, found ", eos->dump());
+    }
+  }
+  return spec;
+}
+
+ModelSpec load_model_config(const std::filesystem::path& config_json) {
+  std::ifstream in(config_json);
+  if (!in) fail(ErrorCode::kNotFound, config_json.string(), ": cannot open (does the model directory hold a config.json?)");
+  json config;
+  try {
+    config = json::parse(in);
+  } catch (const json::parse_error& e) {
+    fail(ErrorCode::kCorruptFile, config_json.string(), ": not valid JSON: ", e.what());
+  }
+  return parse_model_config(config, config_json.string());
+}
+
+json model_config_json(const ModelSpec& spec) {
+  json c;
+  c["architectures"] = json::array({spec.architecture});
+  c["model_type"] = spec.model_type.empty() ? family_name(spec.family) : spec.model_type;
+  c["vocab_size"] = spec.vocab_size;
+  c["hidden_size"] = spec.hidden_size;
+  c["intermediate_size"] = spec.intermediate_size;
+  c["num_hidden_layers"] = spec.n_layers;
+  c["num_attention_heads"] = spec.n_heads;
+  c["num_key_value_heads"] = spec.n_kv_heads;
+  c["head_dim"] = spec.head_dim;
+  c["hidden_act"] = "silu";
+  c["rms_norm_eps"] = spec.rms_norm_eps;
+  c["rope_theta"] = spec.rope_theta;
+  c["max_position_embeddings"] = spec.max_position_embeddings;
+  c["tie_word_embeddings"] = spec.tie_word_embeddings;
+  if (spec.family != Family::kQwen2) c["attention_bias"] = spec.qkv_bias;
+  if (spec.rope_scaling.type.empty()) {
+    c["rope_scaling"] = nullptr;
+  } else {
+    c["rope_scaling"] = {{"rope_type", spec.rope_scaling.type},
+                         {"factor", spec.rope_scaling.factor},
+                         {"low_freq_factor", spec.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", spec.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", spec.rope_scaling.original_max_position_embeddings}};
+  }
+  if (spec.family == Family::kMixtral) {
+    c["num_local_experts"] = spec.n_experts;
+    c["num_experts_per_tok"] = spec.n_experts_per_token;
+  } else if (spec.family == Family::kQwen3Moe) {
+    c["num_experts"] = spec.n_experts;
+    c["num_experts_per_tok"] = spec.n_experts_per_token;
+    c["moe_intermediate_size"] = spec.moe_intermediate_size;
+  }
+  c["torch_dtype"] = dtype_torch_name(spec.dtype);
+  if (spec.bos_token_id >= 0) c["bos_token_id"] = spec.bos_token_id;
+  if (spec.eos_token_ids.size() == 1) c["eos_token_id"] = spec.eos_token_ids[0];
+  else if (!spec.eos_token_ids.empty()) c["eos_token_id"] = spec.eos_token_ids;
+  return c;
+}
+
+int64_t shape_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+std::vector<TensorSpec> expected_tensors(const ModelSpec& s) {
+  std::vector<TensorSpec> out;
+  const int64_t h = s.hidden_size;
+  out.push_back({"model.embed_tokens.weight", {s.vocab_size, h}, false, -1});
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto add = [&](const std::string& name, std::vector<int64_t> shape) { out.push_back({p + name, std::move(shape), false, l}); };
+    add("input_layernorm.weight", {h});
+    add("self_attn.q_proj.weight", {s.q_dim(), h});
+    add("self_attn.k_proj.weight", {s.kv_dim(), h});
+    add("self_attn.v_proj.weight", {s.kv_dim(), h});
+    if (s.qkv_bias) {
+      add("self_attn.q_proj.bias", {s.q_dim()});
+      add("self_attn.k_proj.bias", {s.kv_dim()});
+      add("self_attn.v_proj.bias", {s.kv_dim()});
+    }
+    if (s.qk_norm) {
+      add("self_attn.q_norm.weight", {s.head_dim});
+      add("self_attn.k_norm.weight", {s.head_dim});
+    }
+    add("self_attn.o_proj.weight", {h, s.q_dim()});
+    add("post_attention_layernorm.weight", {h});
+    if (s.family == Family::kMixtral) {
+      add("block_sparse_moe.gate.weight", {s.n_experts, h});
+      for (int64_t e = 0; e < s.n_experts; ++e) {
+        const std::string ep = "block_sparse_moe.experts." + std::to_string(e) + ".";
+        add(ep + "w1.weight", {s.moe_intermediate_size, h});
+        add(ep + "w2.weight", {h, s.moe_intermediate_size});
+        add(ep + "w3.weight", {s.moe_intermediate_size, h});
+      }
+    } else if (s.family == Family::kQwen3Moe) {
+      add("mlp.gate.weight", {s.n_experts, h});
+      for (int64_t e = 0; e < s.n_experts; ++e) {
+        const std::string ep = "mlp.experts." + std::to_string(e) + ".";
+        add(ep + "gate_proj.weight", {s.moe_intermediate_size, h});
+        add(ep + "up_proj.weight", {s.moe_intermediate_size, h});
+        add(ep + "down_proj.weight", {h, s.moe_intermediate_size});
+      }
+    } else {
+      add("mlp.gate_proj.weight", {s.intermediate_size, h});
+      add("mlp.up_proj.weight", {s.intermediate_size, h});
+      add("mlp.down_proj.weight", {h, s.intermediate_size});
+    }
+  }
+  out.push_back({"model.norm.weight", {h}, false, -1});
+  out.push_back({"lm_head.weight", {s.vocab_size, h}, s.tie_word_embeddings, -1});
+  return out;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,96 @@
+// ModelSpec: what config.json says about a model, normalised across families.
+// plan, verify, make-model and the model code all start from this value.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+
+namespace shardlm {
+
+enum class Family {
+  kQwen2,    // Qwen2ForCausalLM (Qwen2, Qwen2.5): q/k/v biases, no field says so
+  kQwen3,    // Qwen3ForCausalLM: q_norm/k_norm per head, explicit head_dim
+  kLlama,    // LlamaForCausalLM (Llama 3.x, rope_scaling llama3)
+  kMistral,  // MistralForCausalLM: the Llama graph
+  kMixtral,  // MixtralForCausalLM: sparse MoE (plan only)
+  kQwen3Moe, // Qwen3MoeForCausalLM: sparse MoE (plan only)
+};
+
+const char* family_name(Family family);
+
+struct RopeScaling {
+  std::string type;  // "" (none), "llama3", "linear", "dynamic", "yarn"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;    // llama3
+  double high_freq_factor = 4.0;   // llama3
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelSpec {
+  std::string architecture;  // "Qwen2ForCausalLM"
+  std::string model_type;    // "qwen2"
+  Family family = Family::kLlama;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;  // dense MLP width
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;     // Q heads
+  int64_t n_kv_heads = 0;  // K/V heads (GQA groups)
+  int64_t head_dim = 0;    // hidden_size / n_heads unless config.json says otherwise
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2: biases on q/k/v projections
+  bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k
+  // Mixture of experts (plan accounting only; the CPU engine runs dense models).
+  int64_t n_experts = 0;
+  int64_t n_experts_per_token = 0;
+  int64_t moe_intermediate_size = 0;
+  DType dtype = DType::kBF16;  // torch_dtype
+  int64_t bos_token_id = -1;
+  std::vector<int64_t> eos_token_ids;
+
+  bool is_moe() const { return n_experts > 0; }
+  // Families the engine can execute (dense ones).
+  bool runnable() const { return !is_moe(); }
+  int64_t q_dim() const { return n_heads * head_dim; }
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  int64_t group_size() const { return n_heads / n_kv_heads; }  // Q heads per KV head
+};
+
+// Parses a config.json object. `source` names the file in error messages.
+// Throws Error(kUnsupported) for unknown architectures, Error(kInvalidArgument)
+// for missing or inconsistent fields, naming the field.
+ModelSpec parse_model_config(const nlohmann::json& config, const std::string& source);
+// Reads and parses a config.json file.
+ModelSpec load_model_config(const std::filesystem::path& config_json);
+// The config.json object for a spec (what make-model writes).
+nlohmann::json model_config_json(const ModelSpec& spec);
+
+// One tensor of a Hugging Face checkpoint, by its HF name.
+struct TensorSpec {
+  std::string name;            // "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // row-major, PyTorch's [out_features, in_features] for Linear
+  bool optional = false;       // may be absent (lm_head.weight of a tied model)
+  int64_t layer = -1;          // decoder layer index, -1 for embed/norm/lm_head
+};
+
+// Every tensor a checkpoint of this spec holds, in a stable order. For a tied
+// model lm_head.weight is listed as optional (Qwen3-0.6B ships one anyway).
+// MoE families list their expert tensors so plan can count them exactly.
+std::vector<TensorSpec> expected_tensors(const ModelSpec& spec);
+
+// Elements of a shape (product of dims; 1 for a scalar).
+int64_t shape_numel(const std::vector<int64_t>& shape);
+// "[512, 3584]"
+std::string shape_string(const std::vector<int64_t>& shape);
+
+}  // namespace shardlm

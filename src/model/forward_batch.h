@@ -1,0 +1,32 @@
+// What one engine step asks the model to compute: for each scheduled
+// sequence, a chunk of new tokens appended after the tokens already in its
+// paged KV cache. Prefill and decode are the same thing (a decode is a chunk
+// of one token); a long prompt is prefilled in several chunks over several
+// steps. Plain data, produced by the scheduler, identical on every rank.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace shardlm {
+
+struct SequenceChunk {
+  int32_t n_tokens = 0;  // new tokens of this sequence in this step
+  int32_t n_past = 0;    // tokens already in its KV cache; new positions are n_past .. n_past+n_tokens-1
+  // KV blocks holding positions [0, n_past + n_tokens): block_table[p / block_size].
+  std::vector<int32_t> block_table;
+  bool need_logits = false;  // return logits for the last new token
+};
+
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;    // [sum n_tokens]: the sequences' chunks, concatenated in order
+  std::vector<SequenceChunk> seqs;   // [n_seqs]
+  int64_t n_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  int64_t n_logits() const {
+    int64_t n = 0;
+    for (const auto& s : seqs) n += s.need_logits ? 1 : 0;
+    return n;
+  }
+};
+
+}  // namespace shardlm

@@ -1,0 +1,189 @@
+#include "plan/sharding.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace shardlm {
+
+std::string Layout::to_string() const { return str_cat("TP=", tp, " PP=", pp, " DP=", dp); }
+
+Range split_even(int64_t n, int n_parts, int part, int64_t align) {
+  SHARDLM_CHECK(n_parts >= 1 && part >= 0 && part < n_parts);
+  if (align < 1 || n % align != 0 || n / align < n_parts) align = 1;
+  const int64_t units = n / align;
+  const int64_t base = units / n_parts;
+  const int64_t extra = units % n_parts;
+  const int64_t begin = part * base + std::min<int64_t>(part, extra);
+  const int64_t size = base + (part < extra ? 1 : 0);
+  return {begin * align, (begin + size) * align};
+}
+
+void validate_layout(const ModelSpec& spec, const Layout& layout) {
+  if (layout.tp < 1 || layout.pp < 1 || layout.dp < 1)
+    fail(ErrorCode::kInvalidArgument, "layout ", layout.to_string(), ": every degree must be at least 1");
+  if (layout.tp > spec.n_heads)
+    fail(ErrorCode::kInvalidArgument, "--tensor-parallel-size ", layout.tp, " exceeds the model's ", spec.n_heads,
+         " attention heads: each tensor-parallel rank needs at least one Q head; use at most ", spec.n_heads,
+         " or add pipeline/data parallelism");
+  if (layout.pp > spec.n_layers)
+    fail(ErrorCode::kInvalidArgument, "--pipeline-parallel-size ", layout.pp, " exceeds the model's ", spec.n_layers,
+         " layers: each stage needs at least one layer");
+  if (!layout.pp_layer_partition.empty()) {
+    if (static_cast<int>(layout.pp_layer_partition.size()) != layout.pp)
+      fail(ErrorCode::kInvalidArgument, "--pp-layer-partition has ", layout.pp_layer_partition.size(),
+           " entries but --pipeline-parallel-size is ", layout.pp, ": give one layer count per stage");
+    int64_t sum = 0;
+    for (int64_t n : layout.pp_layer_partition) {
+      if (n < 1) fail(ErrorCode::kInvalidArgument, "--pp-layer-partition: every stage needs at least one layer, found ", n);
+      sum += n;
+    }
+    if (sum != spec.n_layers)
+      fail(ErrorCode::kInvalidArgument, "--pp-layer-partition sums to ", sum, " layers but the model has ", spec.n_layers);
+  }
+}
+
+namespace {
+
+int64_t layer_bytes(const ModelSpec& spec) {
+  int64_t n = 0;
+  for (const auto& t : expected_tensors(spec))
+    if (t.layer == 0) n += shape_numel(t.shape);
+  return n * static_cast<int64_t>(dtype_size(spec.dtype));
+}
+
+}  // namespace
+
+std::vector<int64_t> pipeline_partition(const ModelSpec& spec, const Layout& layout) {
+  validate_layout(spec, layout);
+  if (!layout.pp_layer_partition.empty()) return layout.pp_layer_partition;
+  const int pp = layout.pp;
+  if (pp == 1) return {spec.n_layers};
+  // Stage costs in bytes: layers × per_layer, plus the embedding on stage 0
+  // and norm + lm_head on the last. Dynamic programme over (stage, layers so
+  // far) minimising the largest stage, then the sum of squares, so equal-cost
+  // stages get equal layers (28 layers, 3 stages, tiny vocab: 9, 10, 9).
+  const double per_layer = static_cast<double>(layer_bytes(spec));
+  const double dsize = static_cast<double>(dtype_size(spec.dtype));
+  const double embed = static_cast<double>(spec.vocab_size) * spec.hidden_size * dsize;
+  const double head = embed + spec.hidden_size * dsize;  // lm_head (or tied embedding rows) + norm
+  const int64_t n = spec.n_layers;
+  struct Cell { double max_cost; double sum_sq; int64_t prev; bool ok; };
+  std::vector<std::vector<Cell>> dp(pp + 1, std::vector<Cell>(n + 1, {0, 0, -1, false}));
+  dp[0][0] = {0, 0, -1, true};
+  for (int stage = 1; stage <= pp; ++stage) {
+    const double fixed = (stage == 1 ? embed : 0.0) + (stage == pp ? head : 0.0);
+    for (int64_t k = stage; k <= n; ++k) {
+      for (int64_t j = stage - 1; j < k; ++j) {
+        const Cell& before = dp[stage - 1][j];
+        if (!before.ok) continue;
+        double cost = fixed + static_cast<double>(k - j) * per_layer;
+        Cell cand{std::max(before.max_cost, cost), before.sum_sq + cost * cost, j, true};
+        Cell& cur = dp[stage][k];
+        if (!cur.ok || cand.max_cost < cur.max_cost ||
+            (cand.max_cost == cur.max_cost && cand.sum_sq < cur.sum_sq))
+          cur = cand;
+      }
+    }
+  }
+  std::vector<int64_t> counts(pp);
+  int64_t k = n;
+  for (int stage = pp; stage >= 1; --stage) {
+    int64_t j = dp[stage][k].prev;
+    counts[stage - 1] = k - j;
+    k = j;
+  }
+  return counts;
+}
+
+RankShard shard_for(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank) {
+  validate_layout(spec, layout);
+  SHARDLM_CHECK(tp_rank >= 0 && tp_rank < layout.tp && pp_rank >= 0 && pp_rank < layout.pp);
+  RankShard s;
+  s.tp_rank = tp_rank;
+  s.pp_rank = pp_rank;
+  s.q_heads = split_even(spec.n_heads, layout.tp, tp_rank);
+  const int64_t g = spec.group_size();
+  s.kv_heads = {s.q_heads.begin / g, (s.q_heads.end + g - 1) / g};
+  const int64_t inter = spec.is_moe() ? spec.moe_intermediate_size : spec.intermediate_size;
+  s.intermediate = split_even(inter, layout.tp, tp_rank, 16);
+  s.vocab = split_even(spec.vocab_size, layout.tp, tp_rank, 16);
+  std::vector<int64_t> parts = pipeline_partition(spec, layout);
+  int64_t begin = std::accumulate(parts.begin(), parts.begin() + pp_rank, int64_t{0});
+  s.layers = {begin, begin + parts[pp_rank]};
+  s.first_stage = pp_rank == 0;
+  s.last_stage = pp_rank == layout.pp - 1;
+  return s;
+}
+
+namespace {
+
+// "model.layers.12.self_attn.q_proj.weight" -> "self_attn.q_proj.weight"
+std::string layer_suffix(const std::string& name) {
+  size_t dot = name.find('.', std::string("model.layers.").size());
+  return name.substr(dot + 1);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank) {
+  const RankShard s = shard_for(spec, layout, tp_rank, pp_rank);
+  const int64_t dsize = static_cast<int64_t>(dtype_size(spec.dtype));
+  const int64_t hd = spec.head_dim;
+  const Range q_cols{s.q_heads.begin * hd, s.q_heads.end * hd};
+  const Range kv_rows{s.kv_heads.begin * hd, s.kv_heads.end * hd};
+  std::vector<TensorShard> out;
+  auto add = [&](const TensorSpec& t, int dim, Range slice) {
+    TensorShard ts;
+    ts.name = t.name;
+    ts.full_shape = t.shape;
+    ts.split_dim = dim;
+    ts.local_shape = t.shape;
+    if (dim >= 0) ts.local_shape[dim] = slice.size();
+    else slice = {0, t.shape.empty() ? 1 : t.shape[0]};
+    ts.slice = slice;
+    ts.bytes = shape_numel(ts.local_shape) * dsize;
+    out.push_back(std::move(ts));
+  };
+  for (const TensorSpec& t : expected_tensors(spec)) {
+    if (t.layer >= 0) {
+      if (!s.layers.contains(t.layer)) continue;
+      const std::string suffix = layer_suffix(t.name);
+      if (suffix.find("layernorm") != std::string::npos || suffix.find("_norm.") != std::string::npos ||
+          ends_with(suffix, "gate.weight") /* MoE router */) {
+        add(t, -1, {});
+      } else if (suffix.rfind("self_attn.q_proj", 0) == 0) {
+        add(t, 0, q_cols);
+      } else if (suffix.rfind("self_attn.k_proj", 0) == 0 || suffix.rfind("self_attn.v_proj", 0) == 0) {
+        add(t, 0, kv_rows);
+      } else if (suffix.rfind("self_attn.o_proj", 0) == 0) {
+        add(t, 1, q_cols);
+      } else if (ends_with(suffix, "down_proj.weight") || ends_with(suffix, "w2.weight")) {
+        add(t, 1, s.intermediate);
+      } else {  // gate_proj / up_proj / w1 / w3: rows of the intermediate dimension
+        add(t, 0, s.intermediate);
+      }
+    } else if (t.name == "model.embed_tokens.weight") {
+      bool needed = s.first_stage || (spec.tie_word_embeddings && s.last_stage);
+      if (needed) add(t, 0, s.vocab);
+    } else if (t.name == "model.norm.weight") {
+      if (s.last_stage) add(t, -1, {});
+    } else if (t.name == "lm_head.weight") {
+      if (s.last_stage && !spec.tie_word_embeddings) add(t, 0, s.vocab);
+    }
+  }
+  return out;
+}
+
+int64_t rank_weight_bytes(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank) {
+  int64_t n = 0;
+  for (const auto& t : rank_tensors(spec, layout, tp_rank, pp_rank)) n += t.bytes;
+  return n;
+}
+
+}  // namespace shardlm

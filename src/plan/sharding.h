@@ -1,0 +1,92 @@
+// Sharding as a pure function of (ModelSpec, Layout): which heads, columns,
+// vocabulary rows and layers each rank holds. plan prints it, the loader
+// executes it, the model computes with it (../shared/DESIGN.md §3). Any TP
+// degree from 1 to n_heads is accepted; any PP split of the layers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loader/model_spec.h"
+
+namespace shardlm {
+
+// Half-open [begin, end).
+struct Range {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool contains(int64_t i) const { return i >= begin && i < end; }
+  bool operator==(const Range&) const = default;
+};
+
+// Part `part` of `n` items split into `n_parts` contiguous ranges whose sizes
+// differ by at most one unit of `align` items (the first parts are larger).
+// With align > 1, n must be a multiple of align or align is ignored.
+Range split_even(int64_t n, int n_parts, int part, int64_t align = 1);
+
+struct Layout {
+  int tp = 1;  // tensor-parallel degree
+  int pp = 1;  // pipeline stages
+  int dp = 1;  // data-parallel replicas
+  // Layers per stage, summing to n_layers; empty = balanced by bytes.
+  std::vector<int64_t> pp_layer_partition;
+  int world_size() const { return tp * pp * dp; }
+  int ranks_per_replica() const { return tp * pp; }
+  std::string to_string() const;  // "TP=3 PP=2 DP=1"
+};
+
+// Rank numbering (TensorRT-LLM's worldConfig): tp fastest, then pp, then dp.
+struct WorldConfig {
+  int rank = 0;
+  Layout layout;
+  int tp_rank() const { return rank % layout.tp; }
+  int pp_rank() const { return (rank / layout.tp) % layout.pp; }
+  int dp_rank() const { return rank / (layout.tp * layout.pp); }
+  static int rank_of(const Layout& layout, int tp_rank, int pp_rank, int dp_rank) {
+    return (dp_rank * layout.pp + pp_rank) * layout.tp + tp_rank;
+  }
+};
+
+// Throws Error(kInvalidArgument) with the reason when the ranks cannot run the
+// layout: tp < 1 or tp > n_heads, pp > n_layers, a partition that does not
+// sum to n_layers or has an empty stage.
+void validate_layout(const ModelSpec& spec, const Layout& layout);
+
+// Layers per stage: the override when given, else contiguous stages balanced
+// by weight bytes (stage 0 carries the embedding, the last stage the final
+// norm and lm_head).
+std::vector<int64_t> pipeline_partition(const ModelSpec& spec, const Layout& layout);
+
+// What one (tp_rank, pp_rank) holds. Global indices throughout.
+struct RankShard {
+  int tp_rank = 0;
+  int pp_rank = 0;
+  Range q_heads;       // Q heads computed here
+  Range kv_heads;      // KV heads held here: every group its Q heads touch (may be shared with a neighbour)
+  Range intermediate;  // MLP intermediate columns (dense MLP, or each expert's)
+  Range vocab;         // rows of embed_tokens / lm_head
+  Range layers;        // decoder layers of this stage
+  bool first_stage = false;  // holds embed_tokens
+  bool last_stage = false;   // holds model.norm and lm_head
+};
+
+RankShard shard_for(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank);
+
+// One tensor as held by one rank: which slice of the checkpoint tensor.
+struct TensorShard {
+  std::string name;                  // HF name in the checkpoint
+  std::vector<int64_t> full_shape;   // shape in the checkpoint
+  int split_dim = -1;                // -1 replicated, 0 rows, 1 columns
+  Range slice;                       // along split_dim (whole dim when replicated)
+  std::vector<int64_t> local_shape;  // shape held on the rank
+  int64_t bytes = 0;                 // local_shape elements × dtype size
+};
+
+// Every tensor a rank loads, with its slice. Tied embeddings: the last stage
+// reads embed_tokens rows as its lm_head (one copy when it is also the first).
+std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank);
+int64_t rank_weight_bytes(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank);
+
+}  // namespace shardlm
