@@ -101,6 +101,9 @@ std::string read_text(const std::filesystem::path& path) {
 
 std::filesystem::path fresh_dir(std::string_view name) {
   const char* build = std::getenv("SHARDLM_BINARY_DIR");
+#ifdef SHARDLM_TEST_BINARY_DIR
+  if (build == nullptr) build = SHARDLM_TEST_BINARY_DIR;
+#endif
   std::filesystem::path root = build ? std::filesystem::path(build) / "test_tmp" / "loader"
                                      : std::filesystem::temp_directory_path() / "shardlm_test_loader";
   std::filesystem::path dir = root / std::string(name);
@@ -161,6 +164,15 @@ std::vector<std::vector<std::string>> write_tiny_model(const std::filesystem::pa
     write_text(dir / "tokenizer_config.json", R"({"eos_token":"<|im_end|>","chat_template":"{{ messages }}"})");
   }
   return names;
+}
+
+std::string cli_path() {
+  if (const char* cli = std::getenv("SHARDLM_CLI"); cli != nullptr && *cli != 0) return cli;
+#ifdef SHARDLM_TEST_CLI
+  return SHARDLM_TEST_CLI;
+#else
+  throw std::runtime_error("SHARDLM_CLI is not set");
+#endif
 }
 
 int run_command(const std::string& command, std::string* out, std::string* err) {

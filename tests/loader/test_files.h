@@ -67,6 +67,9 @@ std::vector<std::vector<std::string>> write_tiny_model(const std::filesystem::pa
 // "model-00002-of-00003.safetensors"
 std::string shard_name(int i, int n);
 
+// The shardlm binary: $SHARDLM_CLI, or the path CMake compiled in.
+std::string cli_path();
+
 // Runs a shell command; returns its exit status and stdout (stderr into *err if given).
 int run_command(const std::string& command, std::string* out, std::string* err = nullptr);
 
