@@ -15,7 +15,23 @@ std::string json_string_or_empty(const nlohmann::json& config, const char* key) 
   return config[key].get<std::string>();
 }
 
+uint64_t mix(uint64_t key) {
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdULL;
+  key ^= key >> 33;
+  return key;
+}
+
 }  // namespace
+
+const BpeModel::Merge* BpeModel::find_merge(TokenId left, TokenId right) const {
+  if (merge_keys_.empty()) return nullptr;
+  uint64_t key = pair_key(left, right);
+  for (uint64_t slot = mix(key) & merge_mask_;; slot = (slot + 1) & merge_mask_) {
+    if (merge_keys_[slot] == key) return &merge_values_[slot];
+    if (merge_keys_[slot] == kNoKey) return nullptr;
+  }
+}
 
 BpeModel::BpeModel(const nlohmann::json& config, const std::string& where) {
   if (!config.is_object()) fail(ErrorCode::kCorruptFile, where, ": expected an object");
@@ -41,7 +57,11 @@ BpeModel::BpeModel(const nlohmann::json& config, const std::string& where) {
 
   const auto& merges = config.value("merges", nlohmann::json::array());
   if (!merges.is_array()) fail(ErrorCode::kCorruptFile, where, ".merges: expected an array");
-  merges_.reserve(merges.size());
+  size_t capacity = 16;
+  while (capacity < merges.size() * 2) capacity *= 2;
+  merge_keys_.assign(capacity, kNoKey);
+  merge_values_.assign(capacity, Merge{0, 0});
+  merge_mask_ = capacity - 1;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& m = merges[rank];
     std::string left, right;
@@ -63,7 +83,12 @@ BpeModel::BpeModel(const nlohmann::json& config, const std::string& where) {
     if (l == vocab_.end() || r == vocab_.end() || merged == vocab_.end())
       fail(ErrorCode::kCorruptFile, where, ".merges[", rank, "]: \"", left, "\" + \"", right,
            "\" uses a token that is not in the vocab");
-    merges_.emplace(pair_key(l->second, r->second), Merge{static_cast<uint32_t>(rank), merged->second});
+    uint64_t key = pair_key(l->second, r->second);
+    uint64_t slot = mix(key) & merge_mask_;
+    while (merge_keys_[slot] != kNoKey && merge_keys_[slot] != key) slot = (slot + 1) & merge_mask_;
+    // A repeated merge takes its last rank, as HF's HashMap collect and transformers.js's Map do.
+    merge_keys_[slot] = key;
+    merge_values_[slot] = Merge{static_cast<uint32_t>(rank), merged->second};
   }
 
   std::string unk = json_string_or_empty(config, "unk_token");
@@ -77,6 +102,15 @@ BpeModel::BpeModel(const nlohmann::json& config, const std::string& where) {
   fuse_unk_ = config.value("fuse_unk", false);
   continuing_subword_prefix_ = json_string_or_empty(config, "continuing_subword_prefix");
   end_of_word_suffix_ = json_string_or_empty(config, "end_of_word_suffix");
+  if (continuing_subword_prefix_.empty() && end_of_word_suffix_.empty()) {
+    small_char_id_.assign(0x200, -1);
+    for (uint32_t cp = 0; cp < 0x200; ++cp) {
+      std::string ch;
+      utf8::append(ch, cp);
+      auto it = vocab_.find(ch);
+      if (it != vocab_.end()) small_char_id_[cp] = it->second;
+    }
+  }
 }
 
 std::optional<TokenId> BpeModel::token_to_id(std::string_view token) const {
@@ -92,6 +126,15 @@ void BpeModel::initial_symbols(std::string_view piece, std::vector<TokenId>& sym
   while (pos < piece.size()) {
     size_t n = utf8::sequence_length(piece, pos);
     if (n == 0) n = 1;  // pieces are valid UTF-8; be safe anyway
+    if (!small_char_id_.empty() && n <= 2) {
+      uint32_t cp = utf8::decode_at(piece, pos, n);
+      if (cp < small_char_id_.size() && small_char_id_[cp] >= 0) {
+        symbols.push_back(small_char_id_[cp]);
+        last_unk = false;
+        pos += n;
+        continue;
+      }
+    }
     bool first = pos == 0, last = pos + n == piece.size();
     key.clear();
     if (!first) key += continuing_subword_prefix_;
@@ -154,8 +197,7 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<TokenId>& out) c
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
   auto push = [&](int32_t pos) {
     if (pos < 0 || next[pos] < 0) return;
-    auto it = merges_.find(pair_key(ids[pos], ids[next[pos]]));
-    if (it != merges_.end()) heap.push({it->second.rank, pos, ids[pos], ids[next[pos]]});
+    if (const Merge* m = find_merge(ids[pos], ids[next[pos]])) heap.push({m->rank, pos, ids[pos], ids[next[pos]]});
   };
   for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
   while (!heap.empty()) {
@@ -164,7 +206,7 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<TokenId>& out) c
     // Stale when either side has been merged away or changed since the push.
     if (!alive[c.pos] || next[c.pos] < 0 || ids[c.pos] != c.left || ids[next[c.pos]] != c.right) continue;
     int32_t right = next[c.pos];
-    ids[c.pos] = merges_.at(pair_key(c.left, c.right)).merged;
+    ids[c.pos] = find_merge(c.left, c.right)->merged;
     alive[right] = 0;
     next[c.pos] = next[right];
     if (next[right] >= 0) prev[next[right]] = c.pos;

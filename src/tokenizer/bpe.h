@@ -38,10 +38,19 @@ class BpeModel {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
   void initial_symbols(std::string_view piece, std::vector<TokenId>& symbols) const;
+  const Merge* find_merge(TokenId left, TokenId right) const;
 
   std::unordered_map<std::string, TokenId> vocab_;
   std::vector<std::string> id_to_token_;
-  std::unordered_map<uint64_t, Merge> merges_;  // pair_key(left, right) -> rank, merged id
+  // Open-addressing table pair_key(left, right) -> (rank, merged id): the
+  // merge lookup is the hot loop of encoding. Empty slots have key kNoKey.
+  static constexpr uint64_t kNoKey = ~uint64_t{0};
+  std::vector<uint64_t> merge_keys_;
+  std::vector<Merge> merge_values_;
+  uint64_t merge_mask_ = 0;
+  // Id of each single-code-point token below U+0200 (covers the byte-level
+  // stand-ins), -1 if none; lets byte-level pieces skip string lookups.
+  std::vector<TokenId> small_char_id_;
   std::optional<TokenId> unk_id_;
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;

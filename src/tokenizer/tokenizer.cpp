@@ -37,7 +37,9 @@ struct Tokenizer::Impl {
     if (it != added_by_content.end()) return it->second;
     return model.token_to_id(token);
   }
-  void encode_plain(std::string_view text, std::vector<TokenId>& out) const;
+  // piece -> [offset, offset + count) of its ids in the output vector
+  using PieceCache = std::unordered_map<std::string, std::pair<uint32_t, uint32_t>>;
+  void encode_plain(std::string_view text, std::vector<TokenId>& out, PieceCache& cache) const;
 };
 
 namespace {
@@ -156,14 +158,13 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   return Tokenizer(std::move(impl));
 }
 
-void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<TokenId>& out) const {
+void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<TokenId>& out, PieceCache& cache) const {
   if (text.empty()) return;
   std::string normalized = normalizer.empty() ? std::string(text) : normalizer.apply(text);
   std::vector<std::string> pieces;
   pre_tokenizer.apply(normalized, pieces);
-  // Per-call cache: repeated words (" the", "\n") are merged once.
-  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> cache;  // piece -> [offset, count) in out
-  cache.reserve(pieces.size() / 4 + 16);
+  // Per-call cache: repeated words (" the", "\n") are merged once. A cache
+  // shared across calls would need locking; one call is where repeats are.
   for (const auto& piece : pieces) {
     auto it = cache.find(piece);
     if (it != cache.end()) {
@@ -191,11 +192,12 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_t
   check_utf8(text);
   std::vector<TokenId> ids;
   ids.reserve(text.size() / 3 + 8);
+  Impl::PieceCache cache;
   for (const auto& section : impl_->added.split(text)) {
     if (section.token)
       ids.push_back(section.token->id);
     else
-      impl_->encode_plain(section.text, ids);
+      impl_->encode_plain(section.text, ids, cache);
   }
   if (add_special_tokens) return impl_->post_processor.apply(std::move(ids));
   return ids;
@@ -204,7 +206,8 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_t
 std::vector<TokenId> Tokenizer::encode_ordinary(std::string_view text) const {
   check_utf8(text);
   std::vector<TokenId> ids;
-  impl_->encode_plain(text, ids);
+  Impl::PieceCache cache;
+  impl_->encode_plain(text, ids, cache);
   return ids;
 }
 
