@@ -34,6 +34,37 @@ int64_t need_int(Interpreter& in, const Value& v, const char* what) {
 
 // ---- string helpers (code-point based like Python's str) ----
 
+// Python's full (SpecialCasing) mappings that differ from the simple one-code-point mapping.
+const char* special_upper(char32_t c) {
+  switch (c) {
+    case 0xDF: return "SS";
+    case 0xFB00: return "FF";
+    case 0xFB01: return "FI";
+    case 0xFB02: return "FL";
+    case 0xFB03: return "FFI";
+    case 0xFB04: return "FFL";
+    case 0xFB05:
+    case 0xFB06: return "ST";
+    case 0x149: return "\u02BCN";
+    default: return nullptr;
+  }
+}
+
+const char* special_title(char32_t c) {
+  switch (c) {
+    case 0xDF: return "Ss";
+    case 0xFB00: return "Ff";
+    case 0xFB01: return "Fi";
+    case 0xFB02: return "Fl";
+    case 0xFB03: return "Ffi";
+    case 0xFB04: return "Ffl";
+    case 0xFB05:
+    case 0xFB06: return "St";
+    case 0x149: return "\u02BCN";
+    default: return nullptr;
+  }
+}
+
 std::string map_case(const std::string& s, bool upper) {
   if (is_ascii(s)) {
     std::string out = s;
@@ -42,49 +73,80 @@ std::string map_case(const std::string& s, bool upper) {
     return out;
   }
   std::string out;
-  for (char32_t c : utf8_decode(s))
-    utf8_append(out, static_cast<char32_t>(upper ? utf8proc_toupper(static_cast<utf8proc_int32_t>(c))
-                                                 : utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
+  for (char32_t c : utf8_decode(s)) {
+    if (upper && special_upper(c)) {
+      out += special_upper(c);
+    } else if (!upper && c == 0x130) {
+      out += "i\u0307";
+    } else {
+      utf8_append(out, static_cast<char32_t>(upper ? utf8proc_toupper(static_cast<utf8proc_int32_t>(c))
+                                                   : utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
+    }
+  }
   return out;
 }
 
 char32_t upper_cp(char32_t c) { return static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(c))); }
 char32_t lower_cp(char32_t c) { return static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))); }
 char32_t title_cp(char32_t c) { return static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(c))); }
-bool is_cased(char32_t c) { return upper_cp(c) != c || lower_cp(c) != c || title_cp(c) != c; }
+bool is_cased(char32_t c) {
+  utf8proc_category_t cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  if (cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT) return true;
+  return upper_cp(c) != c || lower_cp(c) != c || title_cp(c) != c;
+}
 
 // str.title(): a cased character after an uncased one is title-cased, the rest lower-cased.
+void append_title(std::string& out, char32_t c) {
+  if (const char* t = special_title(c)) out += t;
+  else utf8_append(out, title_cp(c));
+}
+
+void append_lower(std::string& out, char32_t c) {
+  if (c == 0x130) out += "i\u0307";
+  else utf8_append(out, lower_cp(c));
+}
+
 std::string py_title(const std::string& s) {
-  std::u32string u = utf8_decode(s);
+  std::string out;
   bool prev_cased = false;
-  for (char32_t& c : u) {
+  for (char32_t c : utf8_decode(s)) {
     bool cased = is_cased(c);
-    c = prev_cased ? lower_cp(c) : title_cp(c);
+    if (prev_cased) append_lower(out, c);
+    else append_title(out, c);
     prev_cased = cased;
   }
-  return utf8_encode(u);
+  return out;
 }
 
 std::string py_capitalize(const std::string& s) {
-  std::u32string u = utf8_decode(s);
-  for (size_t i = 0; i < u.size(); ++i) u[i] = i == 0 ? title_cp(u[i]) : lower_cp(u[i]);
-  return utf8_encode(u);
+  std::string out;
+  bool first = true;
+  for (char32_t c : utf8_decode(s)) {
+    if (first) append_title(out, c);
+    else append_lower(out, c);
+    first = false;
+  }
+  return out;
 }
 
-// jinja2's title filter: words start after runs of - whitespace ( { [ <.
+// jinja2's title filter: words start after runs of - whitespace ( { [ <; each word is
+// word[0].upper() + word[1:].lower().
 std::string jinja_title(const std::string& s) {
-  std::u32string u = utf8_decode(s);
+  std::string out;
   bool at_word_start = true;
-  for (char32_t& c : u) {
+  for (char32_t c : utf8_decode(s)) {
     bool sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || is_python_space(c);
     if (sep) {
+      utf8_append(out, c);
       at_word_start = true;
       continue;
     }
-    c = at_word_start ? upper_cp(c) : lower_cp(c);
+    std::string one;
+    utf8_append(one, c);
+    out += map_case(one, at_word_start);
     at_word_start = false;
   }
-  return utf8_encode(u);
+  return out;
 }
 
 std::string py_strip(Interpreter& in, const std::string& s, const Value* chars, bool left, bool right) {
@@ -113,9 +175,7 @@ std::vector<Value> py_split(Interpreter& in, const std::string& s, const Value* 
       while (i < u.size() && is_python_space(u[i])) ++i;
       if (i >= u.size()) break;
       if (maxsplit >= 0 && n_splits == maxsplit) {
-        size_t e = u.size();
-        while (e > i && is_python_space(u[e - 1])) --e;
-        parts.push_back(utf8_encode(u.substr(i, e - i)));
+        parts.push_back(utf8_encode(u.substr(i)));  // the rest keeps its trailing whitespace
         break;
       }
       size_t j = i;
@@ -822,7 +882,9 @@ Value bound_method(Interpreter& in, const Value& obj, const std::string& name) {
         std::vector<Value> out;
         for (const auto& [k, v] : d->items)
           out.push_back(name == "keys" ? Value(k) : name == "values" ? v : Value::list({Value(k), v}, true));
-        return Value::list(std::move(out));
+        Value view = Value::list(std::move(out));
+        view.as_list()->view = name == "keys" ? "dict_keys" : name == "values" ? "dict_values" : "dict_items";
+        return view;
       });
     }
     if (name == "get") {

@@ -403,7 +403,8 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
   if (op == "+") {
     if (ints) {
       int64_t r;
-      return Value(checked(*this, __builtin_add_overflow(a.as_int(), b.as_int(), &r), r));
+      bool overflow = __builtin_add_overflow(a.as_int(), b.as_int(), &r);
+      return Value(checked(*this, overflow, r));
     }
     if (nums) return Value(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) {
@@ -421,13 +422,15 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
   if (op == "-") {
     if (ints) {
       int64_t r;
-      return Value(checked(*this, __builtin_sub_overflow(a.as_int(), b.as_int(), &r), r));
+      bool overflow = __builtin_sub_overflow(a.as_int(), b.as_int(), &r);
+      return Value(checked(*this, overflow, r));
     }
     if (nums) return Value(a.as_double() - b.as_double());
   } else if (op == "*") {
     if (ints) {
       int64_t r;
-      return Value(checked(*this, __builtin_mul_overflow(a.as_int(), b.as_int(), &r), r));
+      bool overflow = __builtin_mul_overflow(a.as_int(), b.as_int(), &r);
+      return Value(checked(*this, overflow, r));
     }
     if (nums) return Value(a.as_double() * b.as_double());
     const Value* seq = a.is_string() || a.is_list() ? &a : &b;

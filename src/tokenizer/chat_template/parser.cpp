@@ -326,6 +326,8 @@ class Lexer {
       }
     }
     std::string text = strip(src_.substr(pos_, e - pos_));
+    if (!is_float && text.size() > 1 && text[0] == '0' && text.find_first_not_of('0') != std::string::npos)
+      syntax_error(line_, "leading zeros in integer literals are not permitted: " + text);
     if (is_float) {
       emit(Tok::kFloat, text, line_, Value(std::strtod(text.c_str(), nullptr)));
     } else {

@@ -161,6 +161,7 @@ std::string Value::repr() const {
       }
       if (l.is_tuple && l.items.size() == 1) out += ",";
       out += l.is_tuple ? ")" : "]";
+      if (l.view) return std::string(l.view) + "(" + out + ")";
       return out;
     }
     case Kind::kDict: {

@@ -23,7 +23,8 @@ class Interpreter;
 
 struct List {
   std::vector<Value> items;
-  bool is_tuple = false;  // only changes repr: (1, 2) vs [1, 2]
+  bool is_tuple = false;        // only changes repr: (1, 2) vs [1, 2]
+  const char* view = nullptr;   // "dict_items" etc.: the result of d.items(), repr dict_items([...])
 };
 
 struct Dict {
