@@ -290,6 +290,7 @@ std::vector<Case> unit_cases() {
       {"unicode_trim", "{{ '\\u00a0x\\u3000'|trim }}|{{ '\\u2003y'.strip() }}|{{ '\\x1cz\\x1f'.strip() }}"},
       {"generation_free", "{% for m in messages %}{{ m.role[0]|upper }}{% endfor %}"},
       {"sandbox_mutation", "{{ items.append is defined }} {{ d.update is defined }} {{ d.pop is defined }} {{ items.sort is defined }}"},
+      {"escape_and_tuple_key", "{{ '<a href=\"x\">&\'</a>'|e }} {{ s|escape }} [{{ d['a', 'b'] }}] {{ d[('a',)] is defined }}"},
       {"whitespace_in_tags", "{%if t%}a{%endif%}{{n}}{%- for i in items-%}{{i}}{%-endfor-%}"},
       // --- errors: jinja2 raises, so must we ---
       {"err_raise_exception", "{{ raise_exception('bad input') }}"},

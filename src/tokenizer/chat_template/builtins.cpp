@@ -463,6 +463,22 @@ const std::unordered_map<std::string, Fn>& filters() {
       return Value(py_replace(in, v.str(), old->str(), repl->str(), n));
     };
     f["string"] = [](Interpreter&, const Value& v, const CallArgs&) { return Value(v.str()); };
+    // markupsafe.escape; autoescaping is off in transformers, so only an explicit |e escapes.
+    f["escape"] = [](Interpreter&, const Value& v, const CallArgs&) {
+      std::string out;
+      for (char c : v.str()) {
+        switch (c) {
+          case '&': out += "&amp;"; break;
+          case '<': out += "&lt;"; break;
+          case '>': out += "&gt;"; break;
+          case '"': out += "&#34;"; break;
+          case '\'': out += "&#39;"; break;
+          default: out += c;
+        }
+      }
+      return Value(std::move(out));
+    };
+    f["e"] = f["escape"];
     f["safe"] = f["string"];
     f["list"] = [](Interpreter& in, const Value& v, const CallArgs&) { return Value::list(in.iterate(v)); };
     f["int"] = [](Interpreter& in, const Value& v, const CallArgs& a) {

@@ -866,8 +866,17 @@ class Parser {
     ExprPtr start, stop, step;
     if (!is_op(":")) {
       start = parse_expression(true);
+      if (is_op(",")) {  // x[a, b]: a tuple key (never found in JSON data, so Undefined)
+        auto key = make(ExprKind::kTuple, line);
+        key->args.push_back(std::move(start));
+        while (is_op(",")) {
+          next();
+          if (is_op("]")) break;
+          key->args.push_back(parse_expression(true));
+        }
+        start = std::move(key);
+      }
       if (!is_op(":")) {
-        if (is_op(",")) syntax_error(cur().line, "tuple subscripts are not supported");
         expect_op("]");
         auto e = make(ExprKind::kGetItem, line);
         e->args.push_back(std::move(node));
