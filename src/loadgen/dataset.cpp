@@ -49,8 +49,9 @@ namespace {
 
 int64_t sample_len(std::mt19937_64& rng, int64_t len, double ratio) {
   if (ratio <= 0.0) return len;
-  int64_t lo = std::max<int64_t>(1, static_cast<int64_t>(std::floor(len * (1.0 - ratio))));
-  int64_t hi = std::max<int64_t>(lo, static_cast<int64_t>(std::ceil(len * (1.0 + ratio))));
+  // The epsilon keeps 100 * 1.1 = 110.00000000000001 from rounding up to 111.
+  int64_t lo = std::max<int64_t>(1, static_cast<int64_t>(std::floor(len * (1.0 - ratio) + 1e-9)));
+  int64_t hi = std::max<int64_t>(lo, static_cast<int64_t>(std::ceil(len * (1.0 + ratio) - 1e-9)));
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
 

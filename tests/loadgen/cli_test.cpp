@@ -42,7 +42,7 @@ std::string temp_path(const std::string& name) {
 // Starts the CLI with stdout/stderr in files; returns its pid.
 pid_t spawn_cli(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
   const char* cli = std::getenv("SHARDLM_CLI");
-  if (cli == nullptr) throw std::runtime_error("SHARDLM_CLI is not set");
+  if (cli == nullptr) cli = SHARDLM_CLI_PATH;
   std::vector<std::string> argv_s = {cli, "bench"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
