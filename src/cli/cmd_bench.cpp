@@ -183,11 +183,11 @@ int run_bench(const BenchOptions& o) {
   std::printf("\n");
   std::fputs(format_sweep_table(points).c_str(), stdout);
   if (!o.save_result.empty()) {
-    nlohmann::json all = nlohmann::json::array();
+    nlohmann::ordered_json all = nlohmann::ordered_json::array();
     for (const auto& p : points) all.push_back(result_to_json(p.result));
     std::FILE* f = std::fopen(o.save_result.c_str(), "wb");
     if (f == nullptr) fail(ErrorCode::kIo, "cannot write --save-result file ", o.save_result);
-    std::string text = all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    std::string text = all.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
     std::fwrite(text.data(), 1, text.size(), f);
     std::fclose(f);
     std::printf("Saved %zu sweep results to %s\n", points.size(), o.save_result.c_str());

@@ -45,7 +45,7 @@ std::string metric_block(const MetricSummary& m, const std::string& name, const 
   return out;
 }
 
-void add_metric(nlohmann::json& j, const std::string& key, const MetricSummary& m) {
+void add_metric(nlohmann::ordered_json& j, const std::string& key, const MetricSummary& m) {
   j["mean_" + key + "_ms"] = m.mean_ms;
   j["median_" + key + "_ms"] = m.median_ms;
   j["std_" + key + "_ms"] = m.std_ms;
@@ -100,8 +100,8 @@ std::string format_result_table(const BenchmarkResult& r) {
   return out;
 }
 
-nlohmann::json result_to_json(const BenchmarkResult& r) {
-  using nlohmann::json;
+nlohmann::ordered_json result_to_json(const BenchmarkResult& r) {
+  using json = nlohmann::ordered_json;
   const auto& m = r.metrics;
   json j;
   char date[32];
@@ -166,7 +166,7 @@ nlohmann::json result_to_json(const BenchmarkResult& r) {
 void save_result_json(const BenchmarkResult& result, const std::string& path) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) fail(ErrorCode::kIo, "cannot write --save-result file ", path, "; check the directory exists");
-  out << result_to_json(result).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  out << result_to_json(result).dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   if (!out) fail(ErrorCode::kIo, "writing --save-result file ", path, " failed (disk full?)");
 }
 

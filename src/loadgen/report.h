@@ -15,7 +15,7 @@ namespace shardlm::loadgen {
 // the chunk-count fallback, an interrupt.
 std::string format_notes(const BenchmarkResult& result);
 std::string format_result_table(const BenchmarkResult& result);
-nlohmann::json result_to_json(const BenchmarkResult& result);
+nlohmann::ordered_json result_to_json(const BenchmarkResult& result);  // keys in vLLM's order
 // Writes result_to_json to path; throws kIo naming the path on failure.
 void save_result_json(const BenchmarkResult& result, const std::string& path);
 

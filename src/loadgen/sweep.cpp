@@ -151,24 +151,26 @@ void write_sweep_plot(const std::vector<SweepPoint>& points, const std::string& 
           << m.ttft.percentile_ms(99.0) << " " << m.tpot.percentile_ms(99.0) << "\n";
     }
   }
-  for (const char* terminal : {"pngcairo size 960,600 font 'sans,10'", "png size 960,600"}) {
+  for (const char* terminal : {"pngcairo size 900,800 font 'sans,10'", "png size 900,800"}) {
     {
       std::ofstream out(gp);
       if (!out) fail(ErrorCode::kIo, "cannot write ", gp, " (for --plot)");
+      // Two stacked panels sharing the throughput axis; each point is labelled
+      // with its concurrency.
       out << "set terminal " << terminal << "\n"
           << "set output " << gnuplot_quote(png_path) << "\n"
-          << "set title " << gnuplot_quote(title) << " noenhanced\n"
+          << "d = " << gnuplot_quote(dat) << "\n"
+          << "set multiplot layout 2,1 title " << gnuplot_quote(title) << " noenhanced\n"
+          << "set grid\nset key off\nset xrange [0:*]\nset yrange [0:*]\n"
+          << "set offsets 0, graph 0.08, graph 0.2, 0\n"
           << "set xlabel 'output throughput (tok/s)'\n"
           << "set ylabel 'p99 TTFT (ms)'\n"
-          << "set y2label 'p99 TPOT (ms)'\n"
-          << "set ytics nomirror\nset y2tics\nset grid\nset key top left\n"
-          << "set offsets graph 0.05, graph 0.05, graph 0.1, graph 0.1\n"
-          << "set yrange [0:*]\nset y2range [0:*]\n"
-          << "d = " << gnuplot_quote(dat) << "\n"
-          << "plot d using 3:4 with linespoints pt 7 lw 2 title 'p99 TTFT (left axis)' axes x1y1, \\\n"
-          << "     d using 3:4:(sprintf('c=%d', $1)) with labels offset 0,1 notitle axes x1y1, \\\n"
-          << "     d using 3:5 with linespoints pt 5 lw 2 title 'p99 TPOT (right axis)' axes x1y2, \\\n"
-          << "     d using 3:5:(sprintf('c=%d', $1)) with labels offset 0,-1 notitle axes x1y2\n";
+          << "plot d using 3:4 with linespoints pt 7 ps 1.2 lw 2 lc rgb '#1f77b4', \\\n"
+          << "     d using 3:4:(sprintf('c=%d', $1)) with labels offset 0,1\n"
+          << "set ylabel 'p99 TPOT (ms)'\n"
+          << "plot d using 3:5 with linespoints pt 5 ps 1.2 lw 2 lc rgb '#d62728', \\\n"
+          << "     d using 3:5:(sprintf('c=%d', $1)) with labels offset 0,1\n"
+          << "unset multiplot\n";
     }
     int rc = run_gnuplot(gp, log);
     if (rc == 127)

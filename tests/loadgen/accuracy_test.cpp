@@ -108,7 +108,7 @@ TEST(Accuracy, CompletionsWithTokenIdsAndApiKey) {
 TEST(Accuracy, WithoutUsageOutputTokensFallBackToChunks) {
   FakeServerOptions so;
   so.first_token_ms = 50;
-  so.token_interval_ms = 10;
+  so.token_interval_ms = 20;
   so.n_tokens = 5;
   so.send_usage = false;
   FakeOpenAiServer server(so);
@@ -120,7 +120,9 @@ TEST(Accuracy, WithoutUsageOutputTokensFallBackToChunks) {
   EXPECT_EQ(r.metrics.n_usage_missing, 2);
   EXPECT_EQ(r.metrics.total_output, 10);
   EXPECT_EQ(r.metrics.total_input, 2 * 16);  // our estimate when usage is absent
-  expect_within(r.metrics.tpot.mean_ms, 10.0, 0.1, "mean TPOT");
+  // Counting chunks instead of tokens still gives the right TPOT when each
+  // chunk is one token (the timing itself is checked in the tests above).
+  expect_within(r.metrics.tpot.mean_ms, 20.0, 0.15, "mean TPOT");
 }
 
 TEST(Accuracy, PoissonRequestsLeaveOnSchedule) {
