@@ -74,7 +74,7 @@ TEST(Accuracy, ChatTimingsMatchTheScript) {
 
 TEST(Accuracy, CompletionsWithTokenIdsAndApiKey) {
   FakeServerOptions so;
-  so.n_tokens = 6;
+  so.n_tokens = 8;
   FakeOpenAiServer server(so);
   BenchConfig c;
   c.base_url = server.base_url() + "/v1";  // the SDK-style URL works too
@@ -82,18 +82,18 @@ TEST(Accuracy, CompletionsWithTokenIdsAndApiKey) {
   c.endpoint = Endpoint::kCompletions;
   c.client.api_key = "sk-test";
   c.extra_body = {{"temperature", 0}};
-  auto requests = small_random(3, /*ids=*/true);
+  auto requests = small_random(4, /*ids=*/true);
   BenchmarkResult r = run_benchmark(c, requests);
   const auto& m = r.metrics;
-  ASSERT_EQ(m.completed, 3);
+  ASSERT_EQ(m.completed, 4);
   expect_within(m.ttft.mean_ms, 200.0, 0.05, "mean TTFT");
   expect_within(m.tpot.mean_ms, 20.0, 0.05, "mean TPOT");
   expect_within(m.itl.mean_ms, 20.0, 0.05, "mean ITL");
-  EXPECT_EQ(m.total_output, 18);
+  EXPECT_EQ(m.total_output, 32);
   for (const auto& path : server.paths()) EXPECT_EQ(path, "/v1/completions");
   for (const auto& auth : server.auth_headers()) EXPECT_EQ(auth, "Bearer sk-test");
   auto bodies = server.bodies();
-  ASSERT_EQ(bodies.size(), 3u);
+  ASSERT_EQ(bodies.size(), 4u);
   for (const auto& b : bodies) {
     EXPECT_EQ(b["model"], "given-name");
     EXPECT_EQ(b["max_tokens"], 10);
@@ -102,7 +102,7 @@ TEST(Accuracy, CompletionsWithTokenIdsAndApiKey) {
     ASSERT_TRUE(b["prompt"].is_array());
     EXPECT_EQ(b["prompt"].size(), 16u);
   }
-  EXPECT_EQ(r.outputs[0].generated_text, " tok0 tok1 tok2 tok3 tok4 tok5");
+  EXPECT_EQ(r.outputs[0].generated_text, " tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7");
 }
 
 TEST(Accuracy, WithoutUsageOutputTokensFallBackToChunks) {
