@@ -31,7 +31,10 @@ double percentile_of(std::vector<double> xs, double p) {
   size_t lo = static_cast<size_t>(std::floor(rank));
   size_t hi = std::min(lo + 1, xs.size() - 1);
   double frac = rank - static_cast<double>(lo);
-  return xs[lo] + (xs[hi] - xs[lo]) * frac;
+  // numpy's _lerp, including its switch to the upper end for t >= 0.5, so the
+  // last bits agree too.
+  double diff = xs[hi] - xs[lo];
+  return frac >= 0.5 ? xs[hi] - diff * (1.0 - frac) : xs[lo] + diff * frac;
 }
 
 double median_of(const std::vector<double>& xs) { return percentile_of(xs, 50.0); }

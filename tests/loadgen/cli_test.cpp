@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -128,6 +129,44 @@ TEST(BenchCli, CompletionsEndpointWithTokenIds) {
   }
   for (const auto& p : server.paths()) EXPECT_EQ(p, "/v1/completions");
   EXPECT_NE(r.out.find("Successful requests:                     2"), std::string::npos) << r.out;
+}
+
+TEST(BenchCli, JsonlAndSharedPrefixDatasetsReachTheServer) {
+  FakeServerOptions so;
+  so.first_token_ms = 10;
+  so.token_interval_ms = 5;
+  so.n_tokens = 3;
+  {
+    FakeOpenAiServer server(so);
+    std::string path = temp_path("prompts.jsonl");
+    std::ofstream(path) << "{\"prompt\": \"first prompt\", \"output_len\": 5}\n"
+                        << "{\"conversations\": [{\"from\": \"human\", \"value\": \"second prompt\"}]}\n";
+    CliRun r = run_cli({"--base-url", server.base_url(), "--dataset", path, "--num-prompts", "2",
+                        "--max-concurrency", "1", "--output-len", "9"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto bodies = server.bodies();
+    ASSERT_EQ(bodies.size(), 2u);
+    EXPECT_EQ(bodies[0]["messages"][0]["content"], "first prompt");
+    EXPECT_EQ(bodies[0]["max_completion_tokens"], 5);
+    EXPECT_EQ(bodies[1]["messages"][0]["content"], "second prompt");
+    EXPECT_EQ(bodies[1]["max_completion_tokens"], 9);
+    EXPECT_FALSE(bodies[0].contains("ignore_eos"));  // only for synthetic prompts
+  }
+  {
+    FakeOpenAiServer server(so);
+    CliRun r = run_cli({"--base-url", server.base_url(), "--dataset", "shared-prefix", "--num-prompts", "8",
+                        "--num-prefixes", "2", "--prefix-len", "20", "--input-len", "5"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::set<std::string> prefixes;
+    for (const auto& b : server.bodies()) {
+      std::string text = b["messages"][0]["content"];
+      size_t cut = 0;
+      for (int w = 0; w < 20; ++w) cut = text.find(' ', cut) + 1;
+      prefixes.insert(text.substr(0, cut));
+      EXPECT_EQ(b["ignore_eos"], true);
+    }
+    EXPECT_EQ(prefixes.size(), 2u);
+  }
 }
 
 TEST(BenchCli, DeadServerExitsOneWithAClearMessage) {
