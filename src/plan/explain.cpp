@@ -61,6 +61,9 @@ void explain_vllm(const Plan& plan, const LayoutEvaluation& e, std::vector<std::
     << s.group_size() << " Q heads per KV head): KV heads per rank " << join(kv, ",") << ".";
   if (cost.extra_kv_heads > 0) {
     const int64_t base_kv = model_kv_bytes_per_token(s, plan.options.budget.kv_cache_dtype);
+    if (e.vllm.accepted && tp > s.n_kv_heads)
+      p << " vLLM replicates the same way here (TP " << tp << " = " << tp / s.n_kv_heads << " × " << s.n_kv_heads
+        << " KV heads).";
     p << " That stores " << s.n_kv_heads + cost.extra_kv_heads << " KV-head copies instead of " << s.n_kv_heads
       << ": the " << cost.extra_kv_heads << " extra cost " << with_commas(cost.weight_bytes) << " bytes ("
       << gib(static_cast<double>(cost.weight_bytes)) << ") of k/v projection weights per replica and "
@@ -244,22 +247,51 @@ std::vector<std::string> explain_plan(const Plan& plan) {
       p << "Communication per token (one stream): " << n_ar << " all-reduces (2 per layer) of "
         << with_commas(static_cast<int64_t>(s.hidden_size * a)) << " bytes and a logits gather take "
         << fixed(rec.tp_comm_seconds * 1e3, 3) << " ms of the " << fixed(rec.step_seconds_single * 1e3, 3)
-        << " ms step (ring 2(t−1)/t × bytes ÷ link + " << fixed(kIntraNodeLatency * 1e6, 0)
+        << " ms step (ring 2(t−1)/t × bytes ÷ link + "
+        << fixed((rec.tp_spans_nodes ? kInterNodeLatency : kIntraNodeLatency) * 1e6, 0)
         << " µs latency each: small messages are latency-bound).";
     }
     if (rec.layout.pp > 1)
       p << (rec.layout.tp > 1 ? " " : "Communication per token: ") << rec.layout.pp - 1
         << " stage-boundary send(s) take " << fixed(rec.pp_comm_seconds * 1e3, 3) << " ms.";
-    if (rec.tp_spans_nodes)
+    if (rec.tp_spans_nodes) {
       p << " The TP group spans hosts: its all-reduces cross the " << fixed(plan.devices.inter_node_bandwidth / kGB, 1)
-        << " GB/s inter-node link at " << fixed(kInterNodeLatency * 1e6, 0)
-        << " µs each — keep TP inside a host and use PP across hosts.";
+        << " GB/s inter-node link at " << fixed(kInterNodeLatency * 1e6, 0) << " µs each";
+      const LayoutEvaluation* local = nullptr;
+      for (const auto& e : plan.layouts)
+        if (e.fits && !e.tp_spans_nodes &&
+            (!local || objective_score(e, plan.options.objective) > objective_score(*local, plan.options.objective)))
+          local = &e;
+      if (local)
+        p << "; the best layout keeping TP inside a host, " << local->layout.to_string() << ", estimates "
+          << fixed(objective_score(*local, plan.options.objective), 1) << " vs "
+          << fixed(objective_score(rec, plan.options.objective), 1)
+          << " tokens/s — prefer it if the real inter-host latency is worse than assumed";
+      p << ".";
+    }
     out.push_back(p.str());
   }
-  if (rec.idle_devices > 0)
-    out.push_back(str_cat(rec.idle_devices, " of ", n, " devices stay idle on ", rec.layout.to_string(),
-                          ": using them does not help the ", objective_name(plan.options.objective),
-                          " objective under this model (each would add a stage, a TP rank or a replica that is slower or no faster)."));
+  if (rec.idle_devices > 0) {
+    std::ostringstream p;
+    p << rec.idle_devices << " of " << n << " devices stay idle on " << rec.layout.to_string() << ".";
+    const LayoutEvaluation* full = nullptr;
+    for (const auto& e : plan.layouts)
+      if (e.fits && e.idle_devices == 0 && (!full || objective_score(e, plan.options.objective) >
+                                                         objective_score(*full, plan.options.objective)))
+        full = &e;
+    const bool latency = plan.options.objective == Objective::kLatency;
+    if (full) {
+      p << " The best layout using all " << n << " is " << full->layout.to_string() << " at "
+        << fixed(objective_score(*full, plan.options.objective), 1) << " vs "
+        << fixed(objective_score(rec, plan.options.objective), 1) << " tokens/s ("
+        << (latency ? "one stream" : "aggregate") << ")";
+      if (full->tp_spans_nodes) p << "; its TP group crosses hosts";
+      p << (latency ? "; for one stream extra replicas add nothing — use --objective throughput to fill them." : ".");
+    } else {
+      p << " No layout using all " << n << " devices fits.";
+    }
+    out.push_back(p.str());
+  }
   return out;
 }
 

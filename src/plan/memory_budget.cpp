@@ -106,7 +106,8 @@ MemoryBudget compute_memory_budget(const ModelSpec& spec, const Layout& layout, 
   b.kv_bytes_per_token = rank_kv_bytes_per_token(spec, layout, tp_rank, pp_rank, options.kv_cache_dtype);
   b.block_size = options.block_size;
   b.kv_block_bytes = b.kv_bytes_per_token * b.block_size;
-  b.n_kv_blocks = b.usable_bytes > 0 ? b.usable_bytes / b.kv_block_bytes : 0;
+  b.n_kv_blocks_capacity = b.usable_bytes > 0 ? b.usable_bytes / b.kv_block_bytes : 0;
+  b.n_kv_blocks = b.n_kv_blocks_capacity;
   b.n_kv_tokens = b.n_kv_blocks * b.block_size;
   b.kv_cache_bytes = b.n_kv_blocks * b.kv_block_bytes;
   return b;
@@ -126,7 +127,19 @@ std::vector<MemoryBudget> compute_replica_budgets(const ModelSpec& spec, const L
     out.push_back(compute_memory_budget(spec, layout, w.tp_rank(), w.pp_rank(),
                                         memory_bytes.size() == 1 ? memory_bytes[0] : memory_bytes[r], options));
   }
+  match_replica_kv(out);
   return out;
+}
+
+void match_replica_kv(std::vector<MemoryBudget>& budgets) {
+  if (budgets.empty()) return;
+  int64_t blocks = budgets.front().n_kv_blocks_capacity;
+  for (const auto& b : budgets) blocks = std::min(blocks, b.n_kv_blocks_capacity);
+  for (auto& b : budgets) {
+    b.n_kv_blocks = blocks;
+    b.n_kv_tokens = blocks * b.block_size;
+    b.kv_cache_bytes = blocks * b.kv_block_bytes;
+  }
 }
 
 int64_t replica_kv_tokens(const std::vector<MemoryBudget>& budgets) {
@@ -155,6 +168,7 @@ nlohmann::json memory_budget_json(const MemoryBudget& b) {
           {"kv_bytes_per_token", b.kv_bytes_per_token},
           {"block_size", b.block_size},
           {"kv_block_bytes", b.kv_block_bytes},
+          {"n_kv_blocks_capacity", b.n_kv_blocks_capacity},
           {"n_kv_blocks", b.n_kv_blocks},
           {"n_kv_tokens", b.n_kv_tokens},
           {"kv_cache_bytes", b.kv_cache_bytes},

@@ -89,7 +89,9 @@ struct MemoryBudget {
   int64_t kv_bytes_per_token = 0;  // rank_kv_bytes_per_token()
   int64_t block_size = 0;          // tokens per KV block
   int64_t kv_block_bytes = 0;      // kv_bytes_per_token × block_size
-  int64_t n_kv_blocks = 0;         // floor(max(usable, 0) / kv_block_bytes)
+  int64_t n_kv_blocks_capacity = 0;  // floor(max(usable, 0) / kv_block_bytes): this rank alone
+  int64_t n_kv_blocks = 0;         // blocks allocated: the capacity, or after match_replica_kv the
+                                   // replica's smallest capacity (every rank holds the same tokens)
   int64_t n_kv_tokens = 0;         // n_kv_blocks × block_size
   int64_t kv_cache_bytes = 0;      // n_kv_blocks × kv_block_bytes: what serve allocates for the pool
   bool fits() const { return n_kv_blocks > 0; }  // weights and workspace fit with room for one block
@@ -100,13 +102,18 @@ struct MemoryBudget {
 MemoryBudget compute_memory_budget(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
                                    int64_t memory_bytes, const MemoryBudgetOptions& options);
 
+// Every rank of a replica holds the KV of the same tokens (its heads, its
+// layers): sets each rank's n_kv_blocks to the smallest capacity among them
+// and recomputes n_kv_tokens and kv_cache_bytes.
+void match_replica_kv(std::vector<MemoryBudget>& budgets);
+
 // The tp × pp ranks of one replica, in rank order (tp fastest); memory_bytes[r]
-// is the memory of the device rank r lands on (size tp × pp, or size 1 = all equal).
+// is the memory of the device rank r lands on (size tp × pp, or size 1 = all
+// equal). Already matched with match_replica_kv: these are the pools serve allocates.
 std::vector<MemoryBudget> compute_replica_budgets(const ModelSpec& spec, const Layout& layout,
                                                   const std::vector<int64_t>& memory_bytes,
                                                   const MemoryBudgetOptions& options);
-// Every rank of a replica holds the KV of the same tokens (its heads, its
-// layers), so the replica holds the minimum over its ranks.
+// Tokens the replica holds: the minimum over its ranks.
 int64_t replica_kv_tokens(const std::vector<MemoryBudget>& budgets);
 
 nlohmann::json memory_budget_json(const MemoryBudget& budget);

@@ -57,9 +57,10 @@ class Evaluator {
           e.tightest_replica = d;
           e.tightest_rank = r;
         }
-        e.kv_tokens = std::min(e.kv_tokens, b.n_kv_tokens);
         replica.push_back(b);
       }
+      match_replica_kv(replica);
+      e.kv_tokens = std::min(e.kv_tokens, replica_kv_tokens(replica));
       e.budgets.push_back(std::move(replica));
     }
     e.fits = e.headroom_bytes >= 0 && e.kv_tokens > 0;

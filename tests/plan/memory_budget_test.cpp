@@ -112,8 +112,12 @@ TEST(MemoryBudget, ReplicaHoldsItsTightestRank) {
   // Rank 0 on 80 GiB, rank 1 on 40 GiB: the replica holds what rank 1 holds.
   auto budgets = compute_replica_budgets(spec, tp2, {80LL << 30, 40LL << 30}, MemoryBudgetOptions{});
   ASSERT_EQ(budgets.size(), 2u);
-  EXPECT_GT(budgets[0].n_kv_tokens, budgets[1].n_kv_tokens);
-  EXPECT_EQ(replica_kv_tokens(budgets), budgets[1].n_kv_tokens);
+  EXPECT_GT(budgets[0].n_kv_blocks_capacity, budgets[1].n_kv_blocks_capacity);
+  // Both ranks allocate the tighter rank's blocks: the pool serve builds.
+  EXPECT_EQ(budgets[0].n_kv_blocks, budgets[1].n_kv_blocks_capacity);
+  EXPECT_EQ(budgets[1].n_kv_blocks, budgets[1].n_kv_blocks_capacity);
+  EXPECT_EQ(replica_kv_tokens(budgets), budgets[1].n_kv_blocks_capacity * 16);
+  EXPECT_EQ(budgets[0].kv_cache_bytes, budgets[0].n_kv_blocks * budgets[0].kv_block_bytes);
   EXPECT_THROW(compute_replica_budgets(spec, tp2, {1, 2, 3}, MemoryBudgetOptions{}), Error);
 }
 
