@@ -146,6 +146,21 @@ TEST_F(PlanCli, JsonIsTheFullPlan) {
   EXPECT_EQ(j["fits"], true);
 }
 
+TEST_F(PlanCli, DtypeAndKvDtypeChangeTheBytes) {
+  // --dtype f32 doubles every weight: 2 × 15,231,233,024 = 30,462,466,048; the KV cache follows the
+  // weights under auto: 2 × 4 × 128 × 4 × 28 = 114,688 B/token; fp8 KV: 2 × 4 × 128 × 1 × 28 = 28,672.
+  Result f32 = run("plan qwen2.5-7b --gpus 2xH100-80GB --dtype f32 --json");
+  ASSERT_EQ(f32.rc, 0) << f32.err;
+  nlohmann::json j = nlohmann::json::parse(f32.out);
+  EXPECT_EQ(j["model"]["weight_bytes"].get<int64_t>(), 30462466048LL);
+  EXPECT_EQ(j["model"]["kv_bytes_per_token"].get<int64_t>(), 114688);
+  Result fp8 = run("plan qwen2.5-7b --gpus 2xH100-80GB --kv-cache-dtype fp8 --json");
+  ASSERT_EQ(fp8.rc, 0) << fp8.err;
+  j = nlohmann::json::parse(fp8.out);
+  EXPECT_EQ(j["model"]["kv_bytes_per_token"].get<int64_t>(), 28672);
+  EXPECT_TRUE(has(j["recommended"]["vllm_command"].get<std::string>(), "--kv-cache-dtype fp8"));
+}
+
 TEST_F(PlanCli, Qwen72bOnSix24GiBCardsExitsOneWithTheArithmetic) {
   Result r = run("plan qwen2.5-72b --gpus 6x24GiB");
   EXPECT_EQ(r.rc, 1) << r.out << r.err;
