@@ -92,8 +92,11 @@ void explain_pp(const Plan& plan, const LayoutEvaluation& e, std::vector<std::st
   p << "; shardlm balances bytes and gives [" << join(e.layout.pp_layer_partition) << "]: stage 0 also holds the "
     << gib(static_cast<double>(embed)) << " embedding and the last stage the "
     << (s.tie_word_embeddings ? "tied embedding as lm_head" : gib(static_cast<double>(embed)) + " lm_head")
-    << ", each about " << fixed(static_cast<double>(embed) / static_cast<double>(plan.checkpoint_bytes - 2 * embed) *
-                                    static_cast<double>(s.n_layers), 1)
+    << ", each about "
+    << fixed(static_cast<double>(embed) /
+                 static_cast<double>(plan.checkpoint_bytes - embed * (s.tie_word_embeddings ? 1 : 2)) *
+                 static_cast<double>(s.n_layers),
+             1)
     << " layers' worth.";
   out.push_back(p.str());
 }
@@ -247,16 +250,17 @@ std::vector<std::string> explain_plan(const Plan& plan) {
       p << "Communication per token (one stream): " << n_ar << " all-reduces (2 per layer) of "
         << with_commas(static_cast<int64_t>(s.hidden_size * a)) << " bytes and a logits gather take "
         << fixed(rec.tp_comm_seconds * 1e3, 3) << " ms of the " << fixed(rec.step_seconds_single * 1e3, 3)
-        << " ms step (ring 2(t−1)/t × bytes ÷ link + "
-        << fixed((rec.tp_spans_nodes ? kInterNodeLatency : kIntraNodeLatency) * 1e6, 0)
-        << " µs latency each: small messages are latency-bound).";
+        << " ms step (ring 2(t−1)/t × bytes ÷ link + latency"
+        << (rec.tp_spans_nodes ? "" : str_cat(" ", fixed(kIntraNodeLatency * 1e6, 0), " µs"))
+        << " each: small messages are latency-bound).";
     }
     if (rec.layout.pp > 1)
       p << (rec.layout.tp > 1 ? " " : "Communication per token: ") << rec.layout.pp - 1
         << " stage-boundary send(s) take " << fixed(rec.pp_comm_seconds * 1e3, 3) << " ms.";
     if (rec.tp_spans_nodes) {
       p << " The TP group spans hosts: its all-reduces cross the " << fixed(plan.devices.inter_node_bandwidth / kGB, 1)
-        << " GB/s inter-node link at " << fixed(kInterNodeLatency * 1e6, 0) << " µs each";
+        << " GB/s inter-node link, " << fixed(kIntraNodeLatency * 1e6, 0) << " µs + 2⌈log2 hosts⌉ × "
+        << fixed(kInterNodeLatency * 1e6, 0) << " µs each";
       const LayoutEvaluation* local = nullptr;
       for (const auto& e : plan.layouts)
         if (e.fits && !e.tp_spans_nodes &&

@@ -13,6 +13,12 @@
 
 namespace shardlm {
 
+double all_reduce_latency(int n_hosts) {
+  double hops = 0;
+  for (int span = 1; span < n_hosts; span *= 2) hops += 2;
+  return kIntraNodeLatency + hops * kInterNodeLatency;
+}
+
 const char* objective_name(Objective objective) {
   return objective == Objective::kLatency ? "latency" : "throughput";
 }
@@ -172,9 +178,9 @@ class Evaluator {
       }
       double comm = 0;
       if (layout.tp > 1) {
-        const bool spans = devices_.node_of(first) != devices_.node_of(first + layout.tp - 1);
-        if (spans) link = devices_.inter_node_bandwidth;
-        const double latency = spans ? kInterNodeLatency : kIntraNodeLatency;
+        const int n_hosts = devices_.node_of(first + layout.tp - 1) - devices_.node_of(first) + 1;
+        if (n_hosts > 1) link = devices_.inter_node_bandwidth;
+        const double latency = all_reduce_latency(n_hosts);
         const double tp = layout.tp;
         const double all_reduce = 2.0 * (tp - 1) / tp * msg / link + latency;
         const int64_t layers = layout.pp_layer_partition[s];
@@ -267,6 +273,9 @@ double objective_score(const LayoutEvaluation& e, Objective objective) {
 Plan make_plan(const ModelSpec& spec, const DeviceInventory& devices, const PlanOptions& options,
                const std::string& model_name, const std::string& hf_repo) {
   if (devices.n_devices() < 1) fail(ErrorCode::kInvalidArgument, "--gpus: no devices given");
+  if (devices.n_devices() > kMaxPlanDevices)
+    fail(ErrorCode::kInvalidArgument, "--gpus: ", devices.n_devices(), " devices; plan enumerates layouts for at most ",
+         kMaxPlanDevices, " — plan one group of hosts and run it as data-parallel replicas");
   if (options.max_model_len < 0)
     fail(ErrorCode::kInvalidArgument, "--max-model-len ", options.max_model_len, ": must be positive");
   if (options.max_model_len > spec.max_position_embeddings)

@@ -8,7 +8,8 @@
 //    reads one row per sequence; MoE experts scaled by the fraction a batch
 //    touches, min(1, B·k/E)) plus the KV of B sequences at context C.
 //  - TP: 2 all-reduces per layer (after attention and after the MLP) of
-//    B × hidden_size × dtype bytes, ring cost 2(t−1)/t × bytes ÷ link + latency;
+//    B × hidden_size × dtype bytes, ring cost 2(t−1)/t × bytes ÷ link +
+//    all_reduce_latency(hosts the group spans);
 //    the last stage also gathers B × vocab f32 logits. The link is the
 //    device's peer link, or the inter-node link when the TP group spans hosts.
 //  - PP: one activation send of B × hidden_size × dtype bytes per stage boundary.
@@ -45,6 +46,14 @@ constexpr int64_t kMinAutoModelLen = 2048;
 // (NVLink/PCIe) and across hosts (InfiniBand/Ethernet).
 constexpr double kIntraNodeLatency = 10e-6;
 constexpr double kInterNodeLatency = 30e-6;
+// Latency of one all-reduce whose ranks span `n_hosts` hosts: one intra-host
+// step, plus a tree across hosts (2⌈log2 n_hosts⌉ inter-host hops, as NCCL's
+// tree algorithm for small messages).
+double all_reduce_latency(int n_hosts);
+
+// Layouts are enumerated exhaustively; beyond this many devices the list (and
+// the per-rank budgets kept for each) grows past what a CLI should print.
+constexpr int kMaxPlanDevices = 64;
 
 struct PlanOptions {
   MemoryBudgetOptions budget;

@@ -169,10 +169,33 @@ TEST(Planner, TensorParallelAcrossHostsPaysTheInterNodeLink) {
   EXPECT_TRUE(find(plan, 4, 1, 1).tp_spans_nodes);
   EXPECT_FALSE(find(plan, 2, 1, 1).tp_spans_nodes);
   EXPECT_TRUE(find(plan, 2, 2, 1).pp_spans_nodes);
-  // 56 all-reduces at 30 µs (inter-node) vs 10 µs: TP=4 across hosts communicates more than TP=2 within one.
+  // 56 all-reduces at 10 + 2·30 = 70 µs (2 hosts) vs 10 µs: TP=4 across hosts communicates more.
   EXPECT_GT(find(plan, 4, 1, 1).tp_comm_seconds, find(plan, 2, 1, 1).tp_comm_seconds);
   const LayoutEvaluation& rec = plan.layouts[plan.recommended];
   EXPECT_FALSE(rec.tp_spans_nodes) << rec.layout.to_string();
+}
+
+TEST(Planner, AllReduceLatencyGrowsWithTheHostsSpanned) {
+  // 10 µs within a host; a tree across h hosts adds 2⌈log2 h⌉ hops of 30 µs.
+  EXPECT_DOUBLE_EQ(all_reduce_latency(1), 10e-6);
+  EXPECT_DOUBLE_EQ(all_reduce_latency(2), 10e-6 + 2 * 30e-6);
+  EXPECT_DOUBLE_EQ(all_reduce_latency(3), 10e-6 + 4 * 30e-6);
+  EXPECT_DOUBLE_EQ(all_reduce_latency(8), 10e-6 + 6 * 30e-6);
+}
+
+TEST(Planner, LatencyOnFourHostsKeepsTensorParallelInsideAHost) {
+  // Qwen2.5-72B on 4 hosts × 4 H100 (3,350 GB/s). 160 all-reduces per token (2 × 80 layers):
+  //  TP=16 (4 hosts): 145.4 GB / 16 ≈ 9.1 GB per rank = 2.7 ms, + 160 × (10 + 4·30) µs = 20.8 ms
+  //  TP=8  (2 hosts): 18.2 GB = 5.4 ms, + 160 × (10 + 2·30) µs = 11.2 ms → ≈ 16.6 ms
+  //  TP=4  (1 host):  36.4 GB = 10.9 ms, + 160 × 10 µs = 1.6 ms → ≈ 12.5 ms: the fastest stream.
+  Plan plan = make_plan(catalog_model_spec("qwen2.5-72b"), parse_device_inventory("16xH100-80GB", 4), PlanOptions{});
+  ASSERT_GE(plan.recommended, 0);
+  const LayoutEvaluation& rec = plan.layouts[plan.recommended];
+  EXPECT_FALSE(rec.tp_spans_nodes) << rec.layout.to_string();
+  EXPECT_EQ(rec.layout.tp, 4);
+  EXPECT_EQ(rec.layout.pp, 1);
+  EXPECT_GT(rec.single_stream_tok_s, find(plan, 8, 1, 1).single_stream_tok_s);
+  EXPECT_GT(find(plan, 8, 1, 1).single_stream_tok_s, find(plan, 16, 1, 1).single_stream_tok_s);
 }
 
 TEST(Planner, PipelineExplanationDependsOnLayerCount) {
