@@ -4,7 +4,9 @@
 // tokenizer_reference_setup fetches the tokenizers and writes reference.json.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <ctime>
+#include <thread>
 #include <iostream>
 #include <cstdlib>
 #include <filesystem>
@@ -185,7 +187,9 @@ void check_round_trip(const std::string& name) {
     std::string decoded = tok.decode(ids);
     EXPECT_EQ(decoded, tok.normalize(text));
     EXPECT_EQ(decoded, f.reference["tokenizers"][name][file]["decoded"].get<std::string>());
-    if (name == "llama3") EXPECT_EQ(decoded, text);  // no normalizer
+    if (name == "llama3") {
+      EXPECT_EQ(decoded, text);  // no normalizer
+    }
   }
 }
 
@@ -234,6 +238,18 @@ TEST(RealTokenizers, Qwen3SpecialIdsEmojiStreamAndSpeed) {
   EXPECT_EQ(qwen.encode("1234567", false).size(), 7u);  // Qwen splits digits singly
   check_emoji_stream(qwen);
   check_speed(qwen, "qwen3");
+  // One Tokenizer serves several threads at once (the server's HTTP threads).
+  const std::string& text = fixture().corpus.at("multilingual.txt");
+  auto expected = qwen.encode(text);
+  std::vector<std::thread> threads;
+  std::atomic<int> n_wrong{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int r = 0; r < 20; ++r)
+        if (qwen.encode(text) != expected) ++n_wrong;
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(n_wrong.load(), 0);
 }
 
 TEST(RealTokenizers, Llama3SpecialIdsBosTemplateAndSpeed) {
