@@ -319,9 +319,15 @@ std::string render_plan_text(const Plan& plan) {
       << kv_dtype_name(o.kv_cache_dtype) << ")\n";
   out << "Devices: " << plan.devices.describe();
   {
-    const DeviceSpec& d = plan.devices.devices[0];
-    out << " (" << d.name << ": " << with_commas(d.memory_bytes / (1024 * 1024)) << " MiB = " << gib(static_cast<double>(d.memory_bytes))
-        << ", " << fixed(d.memory_bandwidth / kGB, 0) << " GB/s, " << d.link_name << ")";
+    std::vector<std::string> seen;
+    for (const DeviceSpec& d : plan.devices.devices) {
+      if (std::find(seen.begin(), seen.end(), d.name) != seen.end()) continue;
+      out << (seen.empty() ? " (" : "; ") << d.name << ": " << with_commas(d.memory_bytes / (1024 * 1024))
+          << " MiB = " << gib(static_cast<double>(d.memory_bytes)) << ", " << fixed(d.memory_bandwidth / kGB, 0)
+          << " GB/s, " << d.link_name;
+      seen.push_back(d.name);
+    }
+    out << ")";
   }
   if (plan.devices.n_nodes > 1)
     out << "; " << plan.devices.devices_per_node() << " per host, hosts linked at "

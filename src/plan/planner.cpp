@@ -56,7 +56,7 @@ class Evaluator {
       for (int r = 0; r < per_replica; ++r) {
         const WorldConfig w{r, layout};
         const int device = d * per_replica + r;
-        const MemoryBudget& b = budget(layout, w.tp_rank(), w.pp_rank(), devices_.devices[device].memory_bytes);
+        const MemoryBudget b = budget(layout, w.tp_rank(), w.pp_rank(), devices_.devices[device].memory_bytes);
         const int64_t headroom = b.usable_bytes - e.required_tokens * b.kv_bytes_per_token;
         if (headroom < e.headroom_bytes) {
           e.headroom_bytes = headroom;
@@ -124,16 +124,27 @@ class Evaluator {
     double pp_comm = 0;
   };
 
-  const MemoryBudget& budget(const Layout& layout, int tp_rank, int pp_rank, int64_t memory) {
-    auto key = std::make_tuple(layout.tp, layout.pp, tp_rank, pp_rank, memory);
+  // Every decoder layer of a family has the same tensors, so what a rank holds
+  // depends on its stage's layer count and on being the first/last stage, not
+  // on which layers: budgets and reads are shared across layouts on this key.
+  using StageKey = std::tuple<int, bool, int, int64_t, bool, bool>;  // tp, pp > 1, tp_rank, layers, first, last
+  static StageKey stage_key(const Layout& layout, int tp_rank, int pp_rank) {
+    return {layout.tp, layout.pp > 1, tp_rank, layout.pp_layer_partition[pp_rank], pp_rank == 0,
+            pp_rank == layout.pp - 1};
+  }
+
+  MemoryBudget budget(const Layout& layout, int tp_rank, int pp_rank, int64_t memory) {
+    auto key = std::make_tuple(stage_key(layout, tp_rank, pp_rank), memory);
     auto it = budgets_.find(key);
     if (it == budgets_.end())
       it = budgets_.emplace(key, compute_memory_budget(spec_, layout, tp_rank, pp_rank, memory, options_.budget)).first;
-    return it->second;
+    MemoryBudget b = it->second;
+    b.pp_rank = pp_rank;
+    return b;
   }
 
   const RankRead& read(const Layout& layout, int tp_rank, int pp_rank) {
-    auto key = std::make_tuple(layout.tp, layout.pp, tp_rank, pp_rank);
+    const StageKey key = stage_key(layout, tp_rank, pp_rank);
     auto it = reads_.find(key);
     if (it != reads_.end()) return it->second;
     const RankShard s = shard_for(spec_, layout, tp_rank, pp_rank);
@@ -148,7 +159,7 @@ class Evaluator {
   }
 
   int64_t kv_per_token(const Layout& layout, int tp_rank, int pp_rank) {
-    auto key = std::make_tuple(layout.tp, layout.pp, tp_rank, pp_rank);
+    const StageKey key = stage_key(layout, tp_rank, pp_rank);
     auto it = kvpt_.find(key);
     if (it == kvpt_.end())
       it = kvpt_.emplace(key, rank_kv_bytes_per_token(spec_, layout, tp_rank, pp_rank, options_.budget.kv_cache_dtype))
@@ -247,9 +258,9 @@ class Evaluator {
   const ModelSpec& spec_;
   const DeviceInventory& devices_;
   const PlanOptions& options_;
-  std::map<std::tuple<int, int, int, int, int64_t>, MemoryBudget> budgets_;
-  std::map<std::tuple<int, int, int, int>, RankRead> reads_;
-  std::map<std::tuple<int, int, int, int>, int64_t> kvpt_;
+  std::map<std::tuple<StageKey, int64_t>, MemoryBudget> budgets_;
+  std::map<StageKey, RankRead> reads_;
+  std::map<StageKey, int64_t> kvpt_;
 };
 
 // a better than b for the objective; ties: the other objective, then fewer devices, then lower TP.

@@ -87,6 +87,28 @@ TEST(Planner, Qwen7bOnSixA100sForLatencyUsesTp6ThatVllmRefuses) {
   EXPECT_TRUE(contains(why, "25.0% more attention work on rank 0")) << why;
 }
 
+TEST(Planner, RecommendedBudgetsAreWhatServeComputes) {
+  // serve sizes its pools with compute_replica_budgets on the layout plan recommends: same numbers.
+  PlanOptions o;
+  o.max_model_len = 8192;
+  o.budget.kv_cache_dtype = KvCacheDType::kFp8;
+  const ModelSpec spec = catalog_model_spec("qwen2.5-32b");
+  Plan plan = make_plan(spec, parse_device_inventory("1xA100-80GB,2xA100-40GB"), o);
+  ASSERT_GE(plan.recommended, 0);
+  const LayoutEvaluation& rec = plan.layouts[plan.recommended];
+  std::vector<int64_t> memory;
+  for (int r = 0; r < rec.layout.ranks_per_replica(); ++r) memory.push_back(plan.devices.devices[r].memory_bytes);
+  const std::vector<MemoryBudget> serve = compute_replica_budgets(spec, rec.layout, memory, o.budget);
+  ASSERT_EQ(serve.size(), rec.budgets[0].size());
+  for (size_t r = 0; r < serve.size(); ++r) {
+    EXPECT_EQ(serve[r].pp_rank, rec.budgets[0][r].pp_rank) << r;
+    EXPECT_EQ(serve[r].weight_bytes, rec.budgets[0][r].weight_bytes) << r;
+    EXPECT_EQ(serve[r].workspace_bytes, rec.budgets[0][r].workspace_bytes) << r;
+    EXPECT_EQ(serve[r].n_kv_blocks, rec.budgets[0][r].n_kv_blocks) << r;
+    EXPECT_EQ(serve[r].kv_cache_bytes, rec.budgets[0][r].kv_cache_bytes) << r;
+  }
+}
+
 TEST(Planner, KvReplicationCostByHand) {
   // Qwen2.5-7B, 7 Q heads per KV head. TP 2: Q 0-13 → KV 0-1, Q 14-27 → KV 2-3: no extra copies.
   const ModelSpec spec = catalog_model_spec("qwen2.5-7b");
