@@ -68,6 +68,10 @@ def main():
         if ours.get(key) != ref[key]:
             ok = False
             print(f"MISMATCH {key}:\n  shardlm:   {ours.get(key)}\n  reference: {ref[key]}")
+            if key == "token_ids" and isinstance(ours.get(key), list):
+                step = next((i for i, (x, y) in enumerate(zip(ours[key], ref[key])) if x != y), None)
+                if step is not None:
+                    print(f"  first difference at step {step}; reference top-1 margin there {ref['margins'][step]:.5f}")
     r = np.fromfile(ref_logits, dtype="<f4").astype(np.float64)
     o = np.fromfile(our_logits, dtype="<f4").astype(np.float64)
     if r.shape != o.shape:
@@ -81,7 +85,7 @@ def main():
         if not diff <= bound:
             ok = False
             print("MISMATCH logits beyond tolerance")
-    print(f"tokens: {ref['token_ids']} ({ref['finish_reason']})")
+    print(f"tokens: {ref['token_ids']} ({ref['finish_reason']}); smallest greedy margin {min(ref['margins']):.4f}")
     sys.exit(0 if ok else 1)
 
 
