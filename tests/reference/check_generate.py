@@ -6,11 +6,13 @@
 
 Asserts identical prompt/generated token ids and finish_reason, and that the
 logits of the last prompt position agree: max |ours - ref| <= rtol * max(1,
-max |ref|). Default rtol 2e-3: shardlm computes in f32 over the same
-weights the reference reads exactly (and computes in f64), so its error is
-f32 rounding (~1e-5 relative); 2e-3 also admits a bf16 KV cache
-(SHARDLM_REFERENCE_RTOL overrides). Fails (never skips) when `shardlm
-generate` is missing.
+max |ref|). Default rtol 1e-4 (about 6e-4 absolute for these models):
+shardlm computes in f32 with an f32 KV cache over the same weights the
+reference reads exactly (and computes in f64), so its error is f32 rounding;
+measured max |diff| ~4e-6, i.e. the bound leaves a 100x margin yet still
+catches a wrong eps, a bf16 round trip of activations or a RoPE slip. A bf16
+KV cache needs ~1e-2 (--rtol or SHARDLM_REFERENCE_RTOL). Fails (never
+skips) when `shardlm generate` is missing.
 """
 import argparse
 import json
@@ -37,7 +39,7 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--prompt-ids", default="1,17,300,42,5,99,260,7")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--rtol", type=float, default=float(os.environ.get("SHARDLM_REFERENCE_RTOL", "2e-3")))
+    ap.add_argument("--rtol", type=float, default=float(os.environ.get("SHARDLM_REFERENCE_RTOL", "1e-4")))
     ap.add_argument("--generate-args", default="")
     ap.add_argument("make_model_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
