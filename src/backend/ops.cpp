@@ -26,9 +26,34 @@ int num_threads() { return omp_get_max_threads(); }
 
 namespace {
 
-#ifdef SHARDLM_AVX2
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// 16 lanes: widen 16 stored elements to f32.
+using Vec = __m512;
+constexpr int64_t kLanes = 16;
 template <DType D>
-inline __m256 load8(const void* base, int64_t i) {
+inline Vec loadv(const void* base, int64_t i) {
+  if constexpr (D == DType::kF32) {
+    return _mm512_loadu_ps(static_cast<const float*>(base) + i);
+  } else if constexpr (D == DType::kBF16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
+    return _mm512_cvtph_ps(h);
+  }
+}
+inline Vec loadx(const float* p) { return _mm512_loadu_ps(p); }
+inline void storex(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec setv(float a) { return _mm512_set1_ps(a); }
+inline Vec zerov() { return _mm512_setzero_ps(); }
+inline Vec fmav(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float hsum(Vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(SHARDLM_AVX2)
+// 8 lanes.
+using Vec = __m256;
+constexpr int64_t kLanes = 8;
+template <DType D>
+inline Vec loadv(const void* base, int64_t i) {
   if constexpr (D == DType::kF32) {
     return _mm256_loadu_ps(static_cast<const float*>(base) + i);
   } else if constexpr (D == DType::kBF16) {
@@ -39,8 +64,12 @@ inline __m256 load8(const void* base, int64_t i) {
     return _mm256_cvtph_ps(h);
   }
 }
-
-inline float hsum(__m256 v) {
+inline Vec loadx(const float* p) { return _mm256_loadu_ps(p); }
+inline void storex(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec setv(float a) { return _mm256_set1_ps(a); }
+inline Vec zerov() { return _mm256_setzero_ps(); }
+inline Vec fmav(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float hsum(Vec v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
   lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
@@ -66,15 +95,15 @@ inline void matmul_tile(const float* x, int64_t k, const void* w, int64_t m, int
   float sums[RB][TB];
   int64_t i = 0;
 #ifdef SHARDLM_AVX2
-  __m256 acc[RB][TB];
+  Vec acc[RB][TB];
   for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_setzero_ps();
-  for (; i + 8 <= k; i += 8) {
-    __m256 xv[TB];
-    for (int t = 0; t < TB; ++t) xv[t] = _mm256_loadu_ps(xrow[t] + i);
+    for (int t = 0; t < TB; ++t) acc[r][t] = zerov();
+  for (; i + kLanes <= k; i += kLanes) {
+    Vec xv[TB];
+    for (int t = 0; t < TB; ++t) xv[t] = loadx(xrow[t] + i);
     for (int r = 0; r < RB; ++r) {
-      const __m256 wv = load8<D>(wrow[r], i);
-      for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+      const Vec wv = loadv<D>(wrow[r], i);
+      for (int t = 0; t < TB; ++t) acc[r][t] = fmav(wv, xv[t], acc[r][t]);
     }
   }
   for (int r = 0; r < RB; ++r)
@@ -128,24 +157,23 @@ void matmul_typed(const float* x, int64_t n, const void* w, int64_t m, int64_t k
 #ifdef SHARDLM_AVX2
 template <DType D>
 inline float dot(const float* q, const void* k, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  Vec a0 = zerov(), a1 = zerov();
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8<D>(k, i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8<D>(k, i + 8), a1);
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    a0 = fmav(loadx(q + i), loadv<D>(k, i), a0);
+    a1 = fmav(loadx(q + i + kLanes), loadv<D>(k, i + kLanes), a1);
   }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8<D>(k, i), a0);
-  float s = hsum(_mm256_add_ps(a0, a1));
+  for (; i + kLanes <= n; i += kLanes) a0 = fmav(loadx(q + i), loadv<D>(k, i), a0);
+  float s = hsum(a0) + hsum(a1);
   for (; i < n; ++i) s += q[i] * load1<D>(k, i);
   return s;
 }
 
 template <DType D>
 inline void axpy(float a, const void* v, float* out, int64_t n) {
-  const __m256 av = _mm256_set1_ps(a);
+  const Vec av = setv(a);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_fmadd_ps(av, load8<D>(v, i), _mm256_loadu_ps(out + i)));
+  for (; i + kLanes <= n; i += kLanes) storex(out + i, fmav(av, loadv<D>(v, i), loadx(out + i)));
   for (; i < n; ++i) out[i] += a * load1<D>(v, i);
 }
 #else
