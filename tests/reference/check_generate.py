@@ -2,7 +2,7 @@
 """ctest driver: shardlm make-model -> shardlm generate vs reference.py.
 
   check_generate.py --cli PATH --work DIR [--prompt-ids ..] [--max-tokens N]
-                    [--rtol R] [--generate-args "-tp 2"] -- MAKE-MODEL ARGS...
+                    [--rtol R] [--generate-args "--tp 2"] -- MAKE-MODEL ARGS...
 
 Asserts identical prompt/generated token ids and finish_reason, and that the
 logits of the last prompt position agree: max |ours - ref| <= rtol * max(1,
