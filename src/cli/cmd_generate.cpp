@@ -1,0 +1,180 @@
+// shardlm generate: one prompt through the model on this machine, ranks of a
+// TP × PP layout as threads (LocalComm). --json prints one object:
+//   {"prompt_token_ids": [...], "token_ids": [...], "text": "...", "finish_reason": "length"|"stop"}
+// --dump-logits FILE writes the logits of the last prompt position (the
+// distribution the first new token came from) as raw little-endian f32 [vocab].
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "loader/model_spec.h"
+#include "model/generate.h"
+#include "sampling/sampler.h"
+
+namespace shardlm::cli {
+namespace {
+
+struct GenerateCliOptions {
+  std::string model;
+  std::string prompt;
+  std::string prompt_ids;
+  std::string chat;
+  int64_t max_tokens = 16;
+  double temperature = 0.0;
+  double top_p = 1.0;
+  int32_t top_k = -1;
+  double min_p = 0.0;
+  std::optional<uint64_t> seed;
+  bool json = false;
+  std::string dump_logits;
+  int tp = 1;
+  int pp = 1;
+  std::string kv_dtype = "f32";  // exact; bf16 halves the bytes at ~1e-3 relative logit error
+  int64_t block_size = 16;
+};
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && item[used] == ' ') ++used;
+    if (used == 0 || used != item.size() || v < 0 || v > INT32_MAX)
+      fail(ErrorCode::kInvalidArgument, "--prompt-ids: \"", item, "\" is not a token id; give comma-separated ids like 1,2,3");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) fail(ErrorCode::kInvalidArgument, "--prompt-ids is empty; give comma-separated ids like 1,2,3");
+  return ids;
+}
+
+// generation_config.json's eos_token_id first (chat models stop on more ids
+// there), else config.json's.
+std::vector<int64_t> eos_ids(const std::filesystem::path& dir, const ModelSpec& spec) {
+  const auto path = dir / "generation_config.json";
+  if (std::filesystem::exists(path)) {
+    std::ifstream in(path);
+    nlohmann::json j;
+    try {
+      in >> j;
+    } catch (const std::exception& e) {
+      fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON (", e.what(), ")");
+    }
+    if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
+      std::vector<int64_t> ids;
+      if (it->is_number_integer()) {
+        ids.push_back(it->get<int64_t>());
+      } else if (it->is_array()) {
+        for (const auto& e : *it) {
+          if (!e.is_number_integer())
+            fail(ErrorCode::kInvalidArgument, path.string(), ": eos_token_id entries must be integers, found ", e.dump());
+          ids.push_back(e.get<int64_t>());
+        }
+      } else {
+        fail(ErrorCode::kInvalidArgument, path.string(), ": eos_token_id must be an integer or a list, found ", it->dump());
+      }
+      return ids;
+    }
+  }
+  return spec.eos_token_ids;
+}
+
+int run_generate(const GenerateCliOptions& o) {
+  const int n_inputs = !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty();
+  if (n_inputs != 1)
+    fail(ErrorCode::kInvalidArgument, "give exactly one of --prompt TEXT, --prompt-ids 1,2,3 or --chat TEXT");
+  if (o.prompt_ids.empty())
+    fail(ErrorCode::kUnsupported, "--prompt and --chat need the tokenizer, which this build does not have yet; ",
+         "use --prompt-ids");
+  const std::filesystem::path dir(o.model);
+  const ModelSpec spec = load_model_config(dir / "config.json");
+  const std::vector<int32_t> prompt = parse_ids(o.prompt_ids);
+
+  GenerateOptions g;
+  g.layout.tp = o.tp;
+  g.layout.pp = o.pp;
+  g.max_tokens = o.max_tokens;
+  g.eos_token_ids = eos_ids(dir, spec);
+  g.block_size = o.block_size;
+  if (o.kv_dtype == "auto") {
+    g.kv_dtype = spec.dtype;
+  } else if (!parse_dtype(o.kv_dtype, &g.kv_dtype)) {
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");
+  }
+  SamplingParams params;
+  params.temperature = o.temperature;
+  params.top_p = o.top_p;
+  params.top_k = o.top_k;
+  params.min_p = o.min_p;
+  params.seed = o.seed;
+  params.validate();
+  auto sampler = std::make_shared<std::optional<Sampler>>();
+  g.pick = [&, sampler](const float* logits, int64_t vocab, const std::vector<int32_t>&) -> int32_t {
+    if (!sampler->has_value()) sampler->emplace(params, prompt, vocab);
+    return (*sampler)->sample({logits, static_cast<size_t>(vocab)}).token;
+  };
+
+  const GenerateResult r = generate_local(spec, open_checkpoint(dir), prompt, g);
+  if (!o.dump_logits.empty()) {
+    std::ofstream out(o.dump_logits, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(r.prompt_logits.data()),
+              static_cast<std::streamsize>(r.prompt_logits.size() * sizeof(float)));
+    if (!out) fail(ErrorCode::kIo, "--dump-logits: cannot write ", o.dump_logits);
+  }
+  if (o.json) {
+    nlohmann::json j;
+    j["prompt_token_ids"] = prompt;
+    j["token_ids"] = r.tokens;
+    j["text"] = "";  // detokenizing needs the tokenizer layer
+    j["finish_reason"] = r.finish_reason;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("token_ids:");
+    for (int32_t t : r.tokens) std::printf(" %d", t);
+    std::printf("\nfinish_reason: %s\n", r.finish_reason.c_str());
+    const double decode_tps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0;
+    std::fprintf(stderr, "%s: prefill %zu tokens in %.3f s (%.1f tok/s), decode %.1f tok/s\n",
+                 g.layout.to_string().c_str(), prompt.size(), r.prefill_seconds, prompt.size() / r.prefill_seconds,
+                 decode_tps);
+  }
+  return 0;
+}
+
+void setup(CLI::App& app) {
+  auto* sub = app.add_subcommand("generate", "Generate tokens for one prompt on this machine (ranks as threads)");
+  auto o = std::make_shared<GenerateCliOptions>();
+  sub->add_option("model", o->model, "Model directory (config.json + *.safetensors)")->required();
+  sub->add_option("--prompt", o->prompt, "Prompt text (needs the tokenizer)");
+  sub->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids: 1,2,3");
+  sub->add_option("--chat", o->chat, "A user message, rendered with the chat template (needs the tokenizer)");
+  sub->add_option("--max-tokens", o->max_tokens, "Tokens to generate at most")->capture_default_str();
+  sub->add_option("--temperature", o->temperature, "0 = greedy (argmax, lowest id on ties)")->capture_default_str();
+  sub->add_option("--top-p", o->top_p, "Nucleus sampling mass")->capture_default_str();
+  sub->add_option("--top-k", o->top_k, "Keep the k most likely tokens (-1: off)")->capture_default_str();
+  sub->add_option("--min-p", o->min_p, "Drop tokens below min_p × p_max")->capture_default_str();
+  sub->add_option("--seed", o->seed, "Seed of the sampler's RNG");
+  sub->add_flag("--json", o->json, "Print one JSON object");
+  sub->add_option("--dump-logits", o->dump_logits, "Write the last prompt position's logits (f32 LE [vocab]) here");
+  sub->add_option("--tp,--tensor-parallel-size", o->tp, "Tensor-parallel ranks (threads)")->capture_default_str();
+  sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads)")->capture_default_str();
+  sub->add_option("--kv-cache-dtype", o->kv_dtype, "f32, bf16, f16, or auto (the weights' dtype)")->capture_default_str();
+  sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();
+  set_command_action(sub, [o] { return run_generate(*o); });
+}
+
+SHARDLM_REGISTER_COMMAND(setup);
+
+}  // namespace
+}  // namespace shardlm::cli

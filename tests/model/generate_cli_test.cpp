@@ -1,0 +1,121 @@
+// `shardlm generate` end to end on a synthetic checkpoint written by
+// `shardlm make-model`: --tp/--pp give the TP=1 tokens and logits, --json
+// is one object, --dump-logits is [vocab] f32, bad input exits 1 with reasons.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Proc {
+  int rc = -1;
+  std::string out;  // stdout + stderr
+};
+
+Proc sh(const std::string& cmd) {
+  Proc r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class GenerateCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* cli = std::getenv("SHARDLM_CLI");
+    const char* build = std::getenv("SHARDLM_BINARY_DIR");
+    cli_ = cli ? cli : SHARDLM_CLI_PATH;
+    dir_ = std::string(build ? build : SHARDLM_BUILD_DIR) + "/tests/model/generate_cli_model";
+    if (!std::filesystem::exists(dir_ + "/config.json")) {
+      Proc r = sh(cli_ + " make-model --like qwen2.5-0.5b --layers 3 --vocab 400 --intermediate 1024 --dtype bf16 --seed 11 --out " + dir_);
+      ASSERT_EQ(r.rc, 0) << r.out;
+    }
+  }
+  static std::string cli_, dir_;
+};
+std::string GenerateCli::cli_, GenerateCli::dir_;
+
+std::vector<float> read_f32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::vector<float> v(static_cast<size_t>(in.tellg()) / 4);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  return v;
+}
+
+TEST_F(GenerateCli, LayoutsGiveTheSameTokensAndLogits) {
+  const std::string base = cli_ + " generate " + dir_ + " --prompt-ids 3,141,59,26,5 --max-tokens 6 --json";
+  Proc one = sh(base + " --dump-logits " + dir_ + "/tp1.logits");
+  ASSERT_EQ(one.rc, 0) << one.out;
+  auto j1 = nlohmann::json::parse(one.out);
+  EXPECT_EQ(j1["prompt_token_ids"], nlohmann::json({3, 141, 59, 26, 5}));
+  EXPECT_EQ(j1["token_ids"].size(), 6u);
+  EXPECT_EQ(j1["finish_reason"], "length");
+  auto l1 = read_f32(dir_ + "/tp1.logits");
+  ASSERT_EQ(l1.size(), 400u);
+  for (auto [tp, pp] : {std::pair{3, 2}, std::pair{2, 3}}) {
+    const std::string f = dir_ + "/tp" + std::to_string(tp) + "pp" + std::to_string(pp) + ".logits";
+    Proc r = sh(base + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp) + " --dump-logits " + f);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["token_ids"], j1["token_ids"]) << "TP=" << tp << " PP=" << pp;
+    auto l = read_f32(f);
+    ASSERT_EQ(l.size(), l1.size());
+    float scale = 1.0f, worst = 0.0f;
+    for (size_t i = 0; i < l.size(); ++i) {
+      scale = std::max(scale, std::fabs(l1[i]));
+      worst = std::max(worst, std::fabs(l[i] - l1[i]));
+    }
+    EXPECT_LT(worst / scale, 2e-4f) << "TP=" << tp << " PP=" << pp;
+  }
+}
+
+TEST_F(GenerateCli, SeededSamplingRepeatsAndGreedyIsDefault) {
+  const std::string base = cli_ + " generate " + dir_ + " --prompt-ids 7,8,9 --max-tokens 8 --json";
+  Proc a = sh(base + " --temperature 1.5 --top-k 50 --seed 42");
+  Proc b = sh(base + " --temperature 1.5 --top-k 50 --seed 42 --tp 2");
+  ASSERT_EQ(a.rc, 0) << a.out;
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_EQ(nlohmann::json::parse(a.out)["token_ids"], nlohmann::json::parse(b.out)["token_ids"]);
+  Proc g = sh(base);
+  Proc g0 = sh(base + " --temperature 0");
+  ASSERT_EQ(g.rc, 0) << g.out;
+  EXPECT_EQ(nlohmann::json::parse(g.out)["token_ids"], nlohmann::json::parse(g0.out)["token_ids"]);
+}
+
+TEST_F(GenerateCli, BadInputsExplainThemselves) {
+  const std::string base = cli_ + " generate " + dir_ + " --max-tokens 2";
+  Proc r = sh(base + " --prompt-ids 1,x,3");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--prompt-ids: \"x\" is not a token id"), std::string::npos) << r.out;
+  r = sh(base + " --prompt-ids 1,400");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("token id 400"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[0, 400)"), std::string::npos) << r.out;
+  r = sh(base + " --prompt-ids 1 --tp 15");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("exceeds the model's 14 attention heads"), std::string::npos) << r.out;
+  r = sh(base + " --prompt-ids 1 --prompt hi");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("exactly one of"), std::string::npos) << r.out;
+  r = sh(base + " --prompt-ids 1 --temperature 3");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("temperature"), std::string::npos) << r.out;
+  r = sh(cli_ + " generate " + dir_ + "/nope --prompt-ids 1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("config.json"), std::string::npos) << r.out;
+}
+
+}  // namespace
