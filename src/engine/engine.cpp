@@ -204,6 +204,8 @@ SequenceOutput Engine::make_output(const SeqState& seq) const {
   out.n_prompt_tokens = static_cast<int32_t>(seq.request->request.prompt_token_ids.size());
   out.n_completion_tokens = static_cast<int32_t>(seq.output_ids.size());
   out.n_cached_tokens = sched_.has(seq.id) ? sched_.n_prefix_hit_tokens(seq.id) : 0;
+  out.elapsed_s = std::chrono::duration<double>(Clock::now() - seq.request->arrival).count();
+  out.time_to_first_token_s = seq.request->ttft_s;
   return out;
 }
 
@@ -324,13 +326,14 @@ void Engine::process_token(SeqState& seq, int32_t token, std::optional<TokenLogp
   seq.output_ids.push_back(token);
   const int32_t n_out = static_cast<int32_t>(seq.output_ids.size());
 
-  SequenceOutput out = make_output(seq);
-  out.new_token_ids.push_back(token);
-  if (logprobs) out.logprobs.push_back(std::move(*logprobs));
-
   const bool first_of_request = !rs.first_token_seen;
   rs.first_token_seen = true;
   const double ttft = std::chrono::duration<double>(now - rs.arrival).count();
+  if (first_of_request) rs.ttft_s = ttft;
+
+  SequenceOutput out = make_output(seq);
+  out.new_token_ids.push_back(token);
+  if (logprobs) out.logprobs.push_back(std::move(*logprobs));
   const bool has_prev = n_out > 1;
   const double itl = has_prev ? std::chrono::duration<double>(now - seq.last_token_time).count() : 0.0;
   seq.last_token_time = now;

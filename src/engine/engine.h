@@ -95,6 +95,7 @@ class Engine {
     RequestCallbacks callbacks;
     Clock::time_point arrival;
     bool first_token_seen = false;
+    double ttft_s = -1.0;
     int32_t n_unfinished = 0;
     std::vector<SeqId> seq_ids;
   };

@@ -48,6 +48,9 @@ struct SequenceOutput {
   int32_t n_prompt_tokens = 0;
   int32_t n_completion_tokens = 0;
   int32_t n_cached_tokens = 0;               // prompt tokens served by the prefix cache
+  // Timing, from submit() (steady clock): to this output, and to the request's first token.
+  double elapsed_s = 0.0;
+  double time_to_first_token_s = -1.0;        // < 0 until the first token
   bool request_finished = false;             // every sequence of the request has finished: last callback
   bool finished() const { return finish_reason != FinishReason::kNone; }
 };

@@ -114,8 +114,8 @@ struct Fixture {
   EngineConfig cfg;
   FakeModel model;
   ToyDetokenizer toy;
+  Collector out;  // outlives the engine, whose destructor may still call back
   Engine engine;
-  Collector out;
 };
 
 void expect_clean(Fixture& f) {
@@ -141,6 +141,8 @@ TEST(Engine, GreedyMatchesReference) {
   EXPECT_EQ(r.last.n_prompt_tokens, 23);
   EXPECT_EQ(r.last.n_completion_tokens, 12);
   EXPECT_TRUE(r.last.request_finished);
+  EXPECT_GE(r.last.time_to_first_token_s, 0.0);
+  EXPECT_GE(r.last.elapsed_s, r.last.time_to_first_token_s);
   MetricsSnapshot m = f.engine.metrics().snapshot();
   EXPECT_EQ(m.prompt_tokens_total, 23);
   EXPECT_EQ(m.generation_tokens_total, 12);

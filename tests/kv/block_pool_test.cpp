@@ -159,6 +159,17 @@ TEST(PrefixCache, DisabledNeverHits) {
   EXPECT_EQ(pool.n_evictable(), 0);
 }
 
+TEST(PrefixCache, SameTokensAtAnotherPositionDoNotHit) {
+  BlockPool pool(8, 2);
+  std::vector<int32_t> x{1, 2, 3, 4, 9};  // cached blocks [1,2] [3,4]
+  BlockTable a;
+  ASSERT_TRUE(allocate_slots(pool, a, 4));
+  register_computed(pool, a, x, 4);
+  // [1,2] [1,2]: the second block's tokens are cached, but at position 0 only.
+  std::vector<int32_t> y{1, 2, 1, 2, 9};
+  EXPECT_EQ(find_cached_prefix(pool, y).n_tokens, 2);
+}
+
 TEST(PrefixCache, HashChainsParent) {
   std::vector<int32_t> t{1, 2};
   EXPECT_NE(hash_block(kRootBlockHash, t), hash_block(hash_block(kRootBlockHash, t), t));
