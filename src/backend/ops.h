@@ -1,0 +1,128 @@
+// CPU ops of the forward pass. Activations are f32; weights and biases stay
+// in their checkpoint dtype (bf16/f16/f32) and are widened in registers, never
+// in memory. Each op has a scalar reference (namespace ref, ops_ref.cpp) that
+// the optimised version (ops.cpp: AVX2/FMA + OpenMP) is tested against.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace shardlm::backend {
+
+// A row-major matrix in its stored dtype: [rows, cols]. Rows may be a view
+// into a memory-mapped checkpoint (a row slice is still contiguous).
+struct MatrixView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// A vector in its stored dtype: [n] (a norm weight or a bias).
+struct VectorView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t n = 0;
+};
+
+// y[n, m] = x[n, k] × W[m, k]ᵀ (+ bias[m]). W.cols must equal k. Threads over
+// output rows, so a decode step (n = 1) streams W once with every core.
+void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y);
+
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × weight; x, out: [n_rows, dim]
+// (out may equal x). Used per token (hidden) and per head (Qwen3 q/k norm).
+void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out);
+
+// Inverse frequencies for rotary embeddings: [head_dim / 2], HF semantics
+// (rope_theta; "linear" divides by factor; "llama3" scales low frequencies by
+// 1/factor and interpolates the band between the low and high freq factors).
+struct RopeConfig {
+  int64_t head_dim = 0;
+  double theta = 10000.0;
+  enum class Scaling { kNone, kLinear, kLlama3 } scaling = Scaling::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+void rope_inv_freq(const RopeConfig& config, float* inv_freq);
+
+// Rotate-half (GPT-NeoX / HF Llama, Qwen) rotary embedding in place.
+// x: [n_tokens, n_heads, head_dim]; positions: [n_tokens]; inv_freq: [head_dim / 2].
+void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int32_t* positions,
+          const float* inv_freq);
+
+// out[i] = silu(gate[i]) × up[i] for i < count (out may equal gate or up).
+void silu_mul(const float* gate, const float* up, int64_t count, float* out);
+
+// In place over each row of x: [n_rows, dim].
+void softmax(float* x, int64_t n_rows, int64_t dim);
+
+// y[i] += x[i]
+void add_inplace(float* y, const float* x, int64_t count);
+
+// One layer's paged KV cache, K and V each [n_blocks, block_size, n_kv_heads, head_dim]
+// in dtype (bf16 or f32). n_kv_heads counts the heads this rank holds.
+struct KvLayerView {
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t n_blocks = 0;
+  int64_t block_size = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+// One sequence's chunk of a batch: tokens [token_begin, token_begin + n_tokens)
+// of the batch sit at positions n_past .. n_past + n_tokens - 1; position p
+// lives in block block_table[p / block_size], slot p % block_size.
+struct AttentionSeq {
+  int64_t token_begin = 0;
+  int64_t n_tokens = 0;
+  int64_t n_past = 0;
+  const int32_t* block_table = nullptr;
+  int64_t n_table = 0;  // entries of block_table; must cover n_past + n_tokens
+};
+
+// Which heads the rank computes. Local Q head i is global head q_head_begin + i;
+// it reads global KV head (q_head_begin + i) / group_size, which is local KV
+// head that minus kv_head_begin (with uneven TP a rank's Q heads [q0, q1) use
+// KV heads [q0 / g, ceil(q1 / g))).
+struct AttentionHeads {
+  int64_t n_q_heads = 0;
+  int64_t q_head_begin = 0;
+  int64_t kv_head_begin = 0;
+  int64_t group_size = 1;
+};
+
+// Stores the chunks' new keys and values into the cache.
+// k, v: [n_tokens, cache.n_kv_heads, head_dim] f32.
+void kv_cache_write(const KvLayerView& cache, const AttentionSeq* seqs, int64_t n_seqs, const float* k,
+                    const float* v);
+
+// Causal attention of each chunk's tokens over its n_past cached tokens and
+// itself (the chunk must already be written with kv_cache_write), scaled by
+// 1/sqrt(head_dim), in f32. q: [n_tokens, n_q_heads, head_dim];
+// out: [n_tokens, n_q_heads, head_dim].
+void paged_attention(const float* q, const KvLayerView& cache, const AttentionSeq* seqs, int64_t n_seqs,
+                     const AttentionHeads& heads, float* out);
+
+// Scalar references with the same contracts (single-threaded, plain loops).
+namespace ref {
+void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y);
+void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out);
+void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int32_t* positions,
+          const float* inv_freq);
+void silu_mul(const float* gate, const float* up, int64_t count, float* out);
+void softmax(float* x, int64_t n_rows, int64_t dim);
+void paged_attention(const float* q, const KvLayerView& cache, const AttentionSeq* seqs, int64_t n_seqs,
+                     const AttentionHeads& heads, float* out);
+}  // namespace ref
+
+// Threads the optimised ops use (OpenMP); a tensor-parallel rank running as a
+// thread sets its share of the cores. n <= 0 restores the default.
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace shardlm::backend

@@ -1,0 +1,73 @@
+// shardlm make-model: write a synthetic Hugging Face checkpoint with the
+// shapes of a catalog model and seeded random weights (see
+// loader/synthetic_checkpoint.h for the weight distributions and RNG).
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "cli/command.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "loader/model_catalog.h"
+#include "loader/synthetic_checkpoint.h"
+
+namespace shardlm::cli {
+namespace {
+
+struct MakeModelOptions {
+  SyntheticModelOptions synth;
+  std::string out;
+  std::string dtype = "bf16";
+  bool tie = false;
+  bool no_tie = false;
+};
+
+int run_make_model(MakeModelOptions& o) {
+  if (!parse_dtype(o.dtype, &o.synth.dtype))
+    fail(ErrorCode::kInvalidArgument, "--dtype \"", o.dtype, "\" is not supported; use bf16, f16 or f32");
+  if (o.tie && o.no_tie) fail(ErrorCode::kInvalidArgument, "--tie and --no-tie contradict each other; give one");
+  if (o.tie) o.synth.tie_word_embeddings = true;
+  if (o.no_tie) o.synth.tie_word_embeddings = false;
+  const auto start = std::chrono::steady_clock::now();
+  const SyntheticModelResult r = write_synthetic_model(o.out, o.synth);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const ModelSpec& s = r.spec;
+  std::printf("wrote %s: %s-shaped %s, %lld layers, hidden %lld, intermediate %lld, heads %lld/%lld kv, head_dim %lld, vocab %lld%s\n",
+              o.out.c_str(), o.synth.like.c_str(), s.architecture.c_str(), static_cast<long long>(s.n_layers),
+              static_cast<long long>(s.hidden_size), static_cast<long long>(s.intermediate_size),
+              static_cast<long long>(s.n_heads), static_cast<long long>(s.n_kv_heads), static_cast<long long>(s.head_dim),
+              static_cast<long long>(s.vocab_size), s.tie_word_embeddings ? ", tied embeddings" : "");
+  std::printf("  weights: %s, %llu bytes in %zu file(s), seed %llu\n", dtype_torch_name(s.dtype),
+              static_cast<unsigned long long>(r.total_size), r.weight_files.size(),
+              static_cast<unsigned long long>(o.synth.seed));
+  std::printf("  tokenizer: %lld ids (256 bytes + %lld merges + 3 special); eos <|im_end|> = %lld; %.2f s\n",
+              static_cast<long long>(r.tokenizer_vocab), static_cast<long long>(r.n_merges),
+              static_cast<long long>(s.eos_token_ids.empty() ? -1 : s.eos_token_ids[0]), seconds);
+  return 0;
+}
+
+void setup(CLI::App& app) {
+  auto* sub = app.add_subcommand("make-model", "Write a synthetic checkpoint (real shapes, seeded random weights)");
+  auto o = std::make_shared<MakeModelOptions>();
+  sub->add_option("--like", o->synth.like, "Catalog model whose shapes to use (" + catalog_names() + ")")->required();
+  sub->add_option("--out", o->out, "Output directory (created if missing)")->required();
+  sub->add_option("--layers", o->synth.n_layers, "Decoder layers (0: the model's)")->capture_default_str();
+  sub->add_option("--dtype", o->dtype, "Weight dtype: bf16, f16 or f32")->capture_default_str();
+  sub->add_option("--seed", o->synth.seed, "Seed of the weight generator")->capture_default_str();
+  sub->add_option("--vocab", o->synth.vocab_size, "Vocabulary size (0: the model's; at least 259)");
+  sub->add_option("--shards", o->synth.n_shards, "Number of safetensors files (>1 writes an index)")->capture_default_str();
+  sub->add_option("--hidden", o->synth.hidden_size, "Override hidden_size");
+  sub->add_option("--intermediate", o->synth.intermediate_size, "Override intermediate_size");
+  sub->add_option("--heads", o->synth.n_heads, "Override num_attention_heads");
+  sub->add_option("--kv-heads", o->synth.n_kv_heads, "Override num_key_value_heads");
+  sub->add_option("--head-dim", o->synth.head_dim, "Override head_dim (default hidden/heads when either changes)");
+  sub->add_flag("--tie", o->tie, "Tie lm_head to the embedding");
+  sub->add_flag("--no-tie", o->no_tie, "Write a separate lm_head");
+  set_command_action(sub, [o] { return run_make_model(*o); });
+}
+
+}  // namespace
+
+SHARDLM_REGISTER_COMMAND(setup);
+
+}  // namespace shardlm::cli

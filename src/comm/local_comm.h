@@ -1,0 +1,43 @@
+// LocalComm: ranks are threads of one process sharing memory. Used for
+// tensor/pipeline parallelism inside one process (tests, `generate -tp N`
+// without MPI) and for the collectives' reference semantics.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "comm/communicator.h"
+
+namespace shardlm {
+
+class LocalWorld;  // shared state of the ranks; defined in local_comm.cpp
+
+class LocalComm final : public Communicator {
+ public:
+  LocalComm(std::shared_ptr<LocalWorld> world, int rank);
+  ~LocalComm() override;
+  int rank() const override { return rank_; }
+  int size() const override;
+  void all_reduce_sum(float* data, size_t count) override;
+  void all_gather(const float* in, float* out, const std::vector<size_t>& counts) override;
+  void broadcast(void* data, size_t bytes, int root) override;
+  void send(const void* data, size_t bytes, int dst) override;
+  void recv(void* data, size_t bytes, int src) override;
+  void barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  void abort(const char* what) noexcept override;
+
+  // One communicator per rank of a new world of n_ranks.
+  static std::vector<std::unique_ptr<LocalComm>> create_world(int n_ranks);
+
+ private:
+  std::shared_ptr<LocalWorld> world_;
+  int rank_;
+};
+
+// Runs body(comm) on n_ranks threads. If any rank throws, the world is
+// aborted so the others stop instead of waiting, and the first failure is
+// rethrown here as Error(kDistributed) naming its rank.
+void run_local_ranks(int n_ranks, const std::function<void(Communicator&)>& body);
+
+}  // namespace shardlm

@@ -1,0 +1,144 @@
+#include "comm/mpi_comm.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <climits>
+
+#include "core/error.h"
+
+#ifdef SHARDLM_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace shardlm {
+
+bool launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
+
+#ifdef SHARDLM_HAVE_MPI
+
+namespace {
+
+void check_mpi(int rc, const char* what, int rank) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  fail(ErrorCode::kDistributed, "rank ", rank, ": ", what, " failed: ", std::string(text, len));
+}
+
+// MPI counts are int: move large buffers in pieces of at most 1 GiB.
+constexpr size_t kMaxPiece = size_t{1} << 30;
+
+class MpiComm final : public Communicator {
+ public:
+  explicit MpiComm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    // Errors come back as codes and become exceptions naming this rank;
+    // a dead peer is noticed by mpirun, which stops every rank.
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+  ~MpiComm() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce_sum(float* data, size_t count) override {
+    for (size_t off = 0; off < count; off += kMaxPiece / sizeof(float)) {
+      int n = static_cast<int>(std::min(count - off, kMaxPiece / sizeof(float)));
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce", rank_);
+    }
+  }
+
+  void all_gather(const float* in, float* out, const std::vector<size_t>& counts) override {
+    SHARDLM_CHECK(static_cast<int>(counts.size()) == size_);
+    std::vector<int> recv_counts(size_), displs(size_);
+    size_t offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      SHARDLM_CHECK(counts[r] <= static_cast<size_t>(INT_MAX) && offset <= static_cast<size_t>(INT_MAX));
+      recv_counts[r] = static_cast<int>(counts[r]);
+      displs[r] = static_cast<int>(offset);
+      offset += counts[r];
+    }
+    const void* send = in == out + displs[rank_] ? MPI_IN_PLACE : in;
+    check_mpi(MPI_Allgatherv(send, recv_counts[rank_], MPI_FLOAT, out, recv_counts.data(), displs.data(), MPI_FLOAT, comm_),
+              "MPI_Allgatherv", rank_);
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    auto* p = static_cast<uint8_t*>(data);
+    for (size_t off = 0; off < bytes; off += kMaxPiece) {
+      int n = static_cast<int>(std::min(bytes - off, kMaxPiece));
+      check_mpi(MPI_Bcast(p + off, n, MPI_BYTE, root, comm_), "MPI_Bcast", rank_);
+    }
+  }
+
+  void send(const void* data, size_t bytes, int dst) override {
+    const auto* p = static_cast<const uint8_t*>(data);
+    for (size_t off = 0; off < bytes || off == 0; off += kMaxPiece) {
+      int n = static_cast<int>(std::min(bytes - off, kMaxPiece));
+      check_mpi(MPI_Send(p + off, n, MPI_BYTE, dst, 0, comm_), "MPI_Send", rank_);
+      if (bytes == 0) break;
+    }
+  }
+
+  void recv(void* data, size_t bytes, int src) override {
+    auto* p = static_cast<uint8_t*>(data);
+    for (size_t off = 0; off < bytes || off == 0; off += kMaxPiece) {
+      int n = static_cast<int>(std::min(bytes - off, kMaxPiece));
+      MPI_Status status;
+      check_mpi(MPI_Recv(p + off, n, MPI_BYTE, src, 0, comm_, &status), "MPI_Recv", rank_);
+      int got = 0;
+      MPI_Get_count(&status, MPI_BYTE, &got);
+      if (got != n) fail(ErrorCode::kDistributed, "rank ", rank_, " expected ", n, " bytes from rank ", src, ", got ", got);
+      if (bytes == 0) break;
+    }
+  }
+
+  void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier", rank_); }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub;
+    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", rank_);
+    return std::make_unique<MpiComm>(sub, true);
+  }
+
+  void abort(const char* what) noexcept override {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    std::fprintf(stderr, "shardlm: rank %d failed: %s\n", world_rank, what);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+
+ private:
+  MPI_Comm comm_;
+  bool owned_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  if (rc != MPI_SUCCESS) fail(ErrorCode::kDistributed, "MPI_Init_thread failed (code ", rc, ")");
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::unique_ptr<Communicator> MpiRuntime::world() { return make_mpi_world_comm(); }
+
+std::unique_ptr<Communicator> make_mpi_world_comm() { return std::make_unique<MpiComm>(MPI_COMM_WORLD, false); }
+
+#endif  // SHARDLM_HAVE_MPI
+
+}  // namespace shardlm

@@ -1,0 +1,182 @@
+#include "loader/synthetic_checkpoint.h"
+
+#include <cmath>
+#include <algorithm>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "loader/model_catalog.h"
+#include "loader/safetensors_writer.h"
+#include "loader/synthetic_tokenizer.h"
+
+namespace shardlm {
+
+using nlohmann::json;
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t fnv1a64(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// (center, std) of a tensor's elements; see the header.
+std::pair<float, float> weight_distribution(const std::string& name, int64_t hidden_size,
+                                            const std::vector<int64_t>& shape, bool tied) {
+  if (ends_with(name, "norm.weight")) return {1.0f, 0.05f};  // input/post_attention/q/k/final norms
+  if (ends_with(name, ".bias")) return {0.0f, 0.1f};
+  const float head_std = 2.0f / std::sqrt(static_cast<float>(hidden_size));
+  if (name == "lm_head.weight") return {0.0f, head_std};
+  if (name == "model.embed_tokens.weight") return {0.0f, tied ? head_std : 1.0f};
+  const int64_t in = shape.size() == 2 ? shape[1] : 1;
+  return {0.0f, 1.0f / std::sqrt(static_cast<float>(in))};
+}
+
+void write_json(const std::filesystem::path& path, const json& value) {
+  std::ofstream out(path);
+  if (!out) fail(ErrorCode::kIo, path.string(), ": cannot open for writing");
+  out << value.dump(2) << "\n";
+  if (!out) fail(ErrorCode::kIo, path.string(), ": write failed");
+}
+
+void check_positive(int64_t value, const char* option) {
+  if (value < 0) fail(ErrorCode::kInvalidArgument, option, " must be positive, found ", value);
+}
+
+}  // namespace
+
+float synthetic_weight_value(uint64_t seed, const std::string& tensor_name, int64_t hidden_size,
+                             const std::vector<int64_t>& shape, bool tied, int64_t i) {
+  const auto [center, std] = weight_distribution(tensor_name, hidden_size, shape, tied);
+  const uint64_t key = splitmix64(seed ^ fnv1a64(tensor_name));
+  // Top 24 bits -> u in [-1, 1), exact in f32.
+  const float u = static_cast<float>(splitmix64(key + static_cast<uint64_t>(i)) >> 40) * (1.0f / 8388608.0f) - 1.0f;
+  return center + std * 1.7320508f * u;
+}
+
+ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
+  ModelSpec spec = catalog_model_spec(o.like);
+  if (spec.is_moe())
+    fail(ErrorCode::kUnsupported, "make-model: ", o.like, " is a mixture-of-experts model; synthetic checkpoints are written for dense families only (qwen2.5-*, qwen3-* dense, llama-*, mistral-*)");
+  check_positive(o.n_layers, "--layers");
+  check_positive(o.vocab_size, "--vocab");
+  check_positive(o.hidden_size, "--hidden");
+  check_positive(o.intermediate_size, "--intermediate");
+  check_positive(o.n_heads, "--heads");
+  check_positive(o.n_kv_heads, "--kv-heads");
+  check_positive(o.head_dim, "--head-dim");
+  if (o.n_layers > 0) spec.n_layers = o.n_layers;
+  if (o.vocab_size > 0) spec.vocab_size = o.vocab_size;
+  if (o.intermediate_size > 0) spec.intermediate_size = o.intermediate_size;
+  const bool reshaped = o.hidden_size > 0 || o.n_heads > 0;
+  if (o.hidden_size > 0) spec.hidden_size = o.hidden_size;
+  if (o.n_heads > 0) spec.n_heads = o.n_heads;
+  if (o.n_kv_heads > 0) spec.n_kv_heads = o.n_kv_heads;
+  else if (o.n_heads > 0 && spec.n_heads % spec.n_kv_heads != 0) spec.n_kv_heads = spec.n_heads;
+  if (o.head_dim > 0) {
+    spec.head_dim = o.head_dim;
+  } else if (reshaped) {
+    if (spec.hidden_size % spec.n_heads != 0)
+      fail(ErrorCode::kInvalidArgument, "--hidden (", spec.hidden_size, ") is not a multiple of --heads (", spec.n_heads,
+           "); give --head-dim explicitly");
+    spec.head_dim = spec.hidden_size / spec.n_heads;
+  }
+  if (spec.n_heads % spec.n_kv_heads != 0)
+    fail(ErrorCode::kInvalidArgument, "--heads (", spec.n_heads, ") must be a multiple of --kv-heads (", spec.n_kv_heads, ")");
+  if (spec.head_dim % 2 != 0)
+    fail(ErrorCode::kInvalidArgument, "--head-dim must be even (rotary embeddings rotate pairs), found ", spec.head_dim);
+  if (o.tie_word_embeddings) spec.tie_word_embeddings = *o.tie_word_embeddings;
+  spec.dtype = o.dtype;
+  if (o.n_shards < 1) fail(ErrorCode::kInvalidArgument, "--shards must be at least 1, found ", o.n_shards);
+
+  const SyntheticTokenizer tok = build_synthetic_tokenizer(spec.vocab_size);  // throws if --vocab < 259
+  spec.bos_token_id = tok.endoftext_id;
+  spec.eos_token_ids = {tok.im_end_id};
+  // Round trip through the strict parser: whatever we write must load.
+  return parse_model_config(model_config_json(spec), "make-model config.json");
+}
+
+std::vector<TensorSpec> synthetic_tensor_list(const ModelSpec& spec) {
+  std::vector<TensorSpec> out;
+  for (auto& t : expected_tensors(spec))
+    if (!t.optional) out.push_back(std::move(t));
+  return out;
+}
+
+SyntheticModelResult write_synthetic_model(const std::filesystem::path& dir, const SyntheticModelOptions& options) {
+  SyntheticModelResult result;
+  result.spec = synthetic_model_spec(options);
+  const ModelSpec& spec = result.spec;
+  const SyntheticTokenizer tok = build_synthetic_tokenizer(spec.vocab_size);
+  result.tokenizer_vocab = tok.n_vocab();
+  result.n_merges = static_cast<int64_t>(tok.merges.size());
+
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail(ErrorCode::kIo, dir.string(), ": cannot create directory: ", ec.message());
+  // Stale files of another shard count would confuse readers.
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (ends_with(name, ".safetensors") || name == "model.safetensors.index.json") std::filesystem::remove(entry.path());
+  }
+
+  json config = model_config_json(spec);
+  config["transformers_version"] = "4.43.1";
+  config["use_cache"] = true;
+  write_json(dir / "config.json", config);
+  write_json(dir / "generation_config.json", {{"bos_token_id", tok.endoftext_id},
+                                              {"eos_token_id", json::array({tok.im_end_id, tok.endoftext_id})},
+                                              {"pad_token_id", tok.endoftext_id},
+                                              {"do_sample", false},
+                                              {"transformers_version", "4.43.1"}});
+  write_json(dir / "tokenizer.json", synthetic_tokenizer_json(tok));
+  write_json(dir / "tokenizer_config.json", synthetic_tokenizer_config_json(tok, spec.max_position_embeddings));
+
+  std::vector<TensorToWrite> tensors;
+  for (const auto& t : synthetic_tensor_list(spec)) tensors.push_back({t.name, spec.dtype, t.shape});
+  const uint64_t seed = options.seed;
+  const bool tied = spec.tie_word_embeddings;
+  const int64_t hidden = spec.hidden_size;
+  auto fill = [seed, tied, hidden](const TensorToWrite& t, int64_t begin, int64_t count, void* out) {
+    const auto [center, std] = weight_distribution(t.name, hidden, t.shape, tied);
+    const uint64_t key = splitmix64(seed ^ fnv1a64(t.name));
+    const float scale = std * 1.7320508f;
+    const DType dtype = t.dtype;
+    auto run = [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const float u = static_cast<float>(splitmix64(key + static_cast<uint64_t>(begin + j)) >> 40) * (1.0f / 8388608.0f) - 1.0f;
+        store_from_f32(out, dtype, static_cast<size_t>(j), center + scale * u);
+      }
+    };
+    // Chunks are up to 16 MiB: split big ones over the cores.
+    const int64_t n_threads = count < (1 << 16) ? 1 : std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> threads;
+    for (int64_t t = 1; t < n_threads; ++t) threads.emplace_back(run, count * t / n_threads, count * (t + 1) / n_threads);
+    run(0, count / n_threads);
+    for (auto& th : threads) th.join();
+  };
+  ShardedWriteResult written = write_sharded_safetensors(dir, tensors, options.n_shards, fill);
+  result.weight_files = written.files;
+  result.total_size = written.total_size;
+  return result;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,78 @@
+// Synthetic checkpoints: a complete Hugging Face model directory with the
+// shapes of a real model (from the catalog, optionally overridden) and seeded
+// random weights. Like vLLM's "dummy" load format, but written to disk, so
+// every reader (shardlm, the Python reference, transformers) sees the same
+// bytes. The directory holds config.json, generation_config.json,
+// model.safetensors (or K shards + model.safetensors.index.json),
+// tokenizer.json and tokenizer_config.json.
+//
+// Weights. Element i of tensor T is center + std * sqrt(3) * u, with u
+// uniform in [-1, 1) taken from splitmix64(key(seed, T) + i), key =
+// splitmix64(seed ^ fnv1a64(T's name)). A counter-based generator: the value
+// of every element depends only on (seed, name, i), so generation is
+// parallel (threads) and streamed to disk in chunks, and any subset of a
+// checkpoint can be regenerated. Uniform noise with the stated std:
+//   Linear weights [out, in]     std 1/sqrt(in)       (activations stay O(1))
+//   q/k/v biases                 std 0.1
+//   RMSNorm weights (all)        1 + std 0.05
+//   embed_tokens (untied)        std 1                (residual stream O(1))
+//   lm_head, embed when tied     std 2/sqrt(hidden)   (logits std ~2: the
+//                                greedy top-1/top-2 margin is typically
+//                                > 0.1, far above f32 summation-order noise)
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "loader/model_spec.h"
+
+namespace shardlm {
+
+struct SyntheticModelOptions {
+  std::string like = "qwen2.5-7b";  // catalog name (model_catalog.h)
+  int64_t n_layers = 2;             // 0: the catalog's
+  int64_t vocab_size = 0;           // 0: the catalog's
+  DType dtype = DType::kBF16;
+  uint64_t seed = 0;
+  int n_shards = 1;
+  // Shape overrides; 0 keeps the catalog value. When hidden_size or n_heads
+  // is overridden and head_dim is not, head_dim = hidden_size / n_heads.
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  std::optional<bool> tie_word_embeddings;  // unset: the catalog's
+};
+
+// The spec make-model writes: catalog shape, overrides, bos/eos set to the
+// synthetic tokenizer's <|endoftext|> / <|im_end|> ids. Throws
+// Error(kInvalidArgument) naming the option (--heads, --vocab, ...) when a
+// value is out of range, Error(kNotFound) for an unknown catalog name,
+// Error(kUnsupported) for MoE families.
+ModelSpec synthetic_model_spec(const SyntheticModelOptions& options);
+
+// The tensors written, in expected_tensors order (lm_head omitted when tied).
+std::vector<TensorSpec> synthetic_tensor_list(const ModelSpec& spec);
+
+// The value of element i of a tensor (before rounding to the dtype).
+float synthetic_weight_value(uint64_t seed, const std::string& tensor_name, int64_t hidden_size,
+                             const std::vector<int64_t>& shape, bool tied, int64_t i);
+
+struct SyntheticModelResult {
+  ModelSpec spec;
+  std::vector<std::string> weight_files;  // file names inside the directory
+  uint64_t total_size = 0;                // tensor bytes
+  int64_t tokenizer_vocab = 0;            // ids the tokenizer uses (<= spec.vocab_size)
+  int64_t n_merges = 0;
+};
+
+// Writes the directory (created if missing; existing files of the same
+// names are replaced). Throws Error(kIo) naming the path on write failures.
+SyntheticModelResult write_synthetic_model(const std::filesystem::path& dir, const SyntheticModelOptions& options);
+
+}  // namespace shardlm

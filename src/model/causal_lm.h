@@ -1,0 +1,95 @@
+// A decoder-only causal LM as one rank of a TP × PP group holds it: the
+// weight slices plan's rank_tensors names (row slices are views into the
+// checkpoint mapping; column slices of o_proj/down_proj are copied into rank
+// buffers in the checkpoint dtype), the layers of its pipeline stage, and the
+// communicators of its tensor-parallel group and its pipeline.
+//
+// Every rank of the group calls forward with the same ForwardBatch. Stage 0
+// embeds; each stage runs its layers and sends hidden states [n_tokens,
+// hidden] f32 to the next; the last stage applies the final norm and the
+// vocab-parallel lm_head and hands the logits to the driver (tp 0, pp 0).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/family.h"
+#include "model/forward_batch.h"
+#include "model/kv_cache.h"
+#include "model/layers.h"
+#include "model/weight_source.h"
+#include "plan/sharding.h"
+
+namespace shardlm {
+
+// The two groups a rank belongs to. tp: the ranks of its stage, rank() ==
+// tp_rank. pp: the ranks with its tp_rank across stages, rank() == pp_rank.
+struct RankComms {
+  std::unique_ptr<Communicator> tp;
+  std::unique_ptr<Communicator> pp;
+};
+// Splits a world (or replica) communicator of layout.tp × layout.pp ranks
+// (world rank = pp_rank × tp + tp_rank). Collective over `world`.
+RankComms split_rank_comms(Communicator& world, const Layout& layout);
+
+class CausalLM {
+ public:
+  // Loads this rank's slices from weights. Throws kNotFound / kInvalidArgument
+  // naming the tensor when one is missing or shaped differently than spec says.
+  static std::unique_ptr<CausalLM> load(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
+                                        const Layout& layout, int tp_rank, int pp_rank, Communicator& tp,
+                                        Communicator& pp);
+  // config.json + *.safetensors of an HF model directory.
+  static std::unique_ptr<CausalLM> load_dir(const std::filesystem::path& model_dir, const Layout& layout, int tp_rank,
+                                            int pp_rank, Communicator& tp, Communicator& pp);
+
+  // A KV cache for this rank's layers and KV heads.
+  KvCache make_kv_cache(int64_t n_blocks, int64_t block_size, DType dtype) const;
+  // Bytes one KV block takes on this rank (what the block pool divides by).
+  int64_t kv_block_bytes(int64_t block_size, DType dtype) const;
+
+  // Runs one step. logits: [batch.n_logits(), vocab_size] f32, written on the
+  // driver rank only (may be nullptr elsewhere); the rows follow the order of
+  // the sequences with need_logits. Returns true where logits were written.
+  bool forward(const ForwardBatch& batch, KvCache& cache, float* logits);
+
+  bool is_driver() const { return shard_.tp_rank == 0 && shard_.pp_rank == 0; }
+  const ModelSpec& spec() const { return spec_; }
+  const Layout& layout() const { return layout_; }
+  const RankShard& shard() const { return shard_; }
+  const FamilyGraph& graph() const { return graph_; }
+  // Bytes of the weights this rank holds (views + copies); equals plan's
+  // rank_weight_bytes when the checkpoint stores spec.dtype throughout.
+  int64_t weight_bytes() const { return weight_bytes_; }
+  // Bytes this rank allocated for column slices (0 for TP = 1).
+  int64_t copied_bytes() const { return copied_bytes_; }
+
+ private:
+  CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank, Communicator& tp, Communicator& pp);
+  void load_weights(std::shared_ptr<const WeightSource> weights);
+
+  ModelSpec spec_;
+  Layout layout_;
+  RankShard shard_;
+  FamilyGraph graph_;
+  Communicator& tp_;
+  Communicator& pp_;
+  std::shared_ptr<const WeightSource> weights_;  // keeps the mapping alive for the views
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // column-slice copies
+  int64_t weight_bytes_ = 0;
+  int64_t copied_bytes_ = 0;
+  RankDims dims_;
+  std::vector<float> inv_freq_;                // [head_dim / 2]
+  std::vector<DecoderLayerWeights> layers_;    // this stage's layers, in order
+  backend::MatrixView embed_;                  // [vocab_local, hidden] (first stage)
+  backend::MatrixView lm_head_;                // [vocab_local, hidden] (last stage)
+  backend::VectorView final_norm_;             // [hidden] (last stage)
+  std::vector<Range> vocab_ranges_;            // per TP rank
+  Scratch scratch_;
+  std::vector<float> hidden_;                  // [n_tokens, hidden]
+};
+
+}  // namespace shardlm

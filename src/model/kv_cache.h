@@ -1,0 +1,39 @@
+// Paged KV cache of one rank: for each decoder layer of the rank's stage, K
+// and V as [n_blocks, block_size, n_kv_heads_on_rank, head_dim] in a chosen
+// dtype (bf16 halves the bytes; f32 for exactness). Blocks are indexed by the
+// block tables of ForwardBatch; the kv pool (src/kv) decides which are free.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/dtype.h"
+
+namespace shardlm {
+
+class KvCache {
+ public:
+  KvCache() = default;
+  KvCache(int64_t n_layers, int64_t n_blocks, int64_t block_size, int64_t n_kv_heads, int64_t head_dim, DType dtype);
+
+  // Bytes one block takes over all layers of this rank (K and V).
+  static int64_t block_bytes(int64_t n_layers, int64_t block_size, int64_t n_kv_heads, int64_t head_dim, DType dtype);
+
+  int64_t n_layers() const { return n_layers_; }
+  int64_t n_blocks() const { return n_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  int64_t n_kv_heads() const { return n_kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  DType dtype() const { return dtype_; }
+  int64_t bytes() const;  // allocated K + V bytes
+  // View of local layer i (0 = the first layer of this rank's stage).
+  backend::KvLayerView layer(int64_t i);
+
+ private:
+  int64_t n_layers_ = 0, n_blocks_ = 0, block_size_ = 0, n_kv_heads_ = 0, head_dim_ = 0;
+  DType dtype_ = DType::kBF16;
+  std::vector<std::vector<uint8_t>> k_, v_;  // per layer: [n_blocks, block_size, n_kv_heads, head_dim]
+};
+
+}  // namespace shardlm

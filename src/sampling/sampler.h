@@ -1,0 +1,82 @@
+// Turns one row of logits into the next token of one sequence.
+//
+// Order (vLLM v1): penalties (repetition over prompt+output, frequency and
+// presence over output) -> greedy argmax if temperature == 0, else
+// temperature -> min_p -> top_k -> top_p -> draw from the renormalised
+// distribution with the sequence's own RNG.
+//
+// Logprobs are those of the RAW model distribution, log_softmax(logits)
+// before penalties, temperature and filtering (vLLM's default
+// logprobs_mode "raw_logprobs"; OpenAI's API means the same).
+//
+// RNG: std::mt19937_64 seeded with params.seed (or from std::random_device
+// when unset); each non-greedy token consumes exactly one 64-bit draw, turned
+// into u in [0, 1) as (x >> 11) * 2^-53, and the token is the first (in
+// token-id order) whose cumulative kept probability exceeds u * total. The
+// state belongs to the sequence, so batching never changes a seeded result.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "sampling/sampling_params.h"
+
+namespace shardlm {
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;  // log_softmax of the raw logits
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.0f;                   // of the chosen token, raw distribution
+  std::vector<TokenLogprob> top_logprobs; // [params.logprobs], most likely first, lowest id on ties
+};
+
+// Sampling state of one sequence: its parameters, the tokens penalties look
+// at, and its RNG. Not thread-safe; one per sequence.
+class Sampler {
+ public:
+  // Validates params (throws Error(kInvalidArgument)); vocab_size > 0.
+  // Prompt ids outside [0, vocab_size) are ignored by the penalties.
+  Sampler(const SamplingParams& params, std::span<const int32_t> prompt_ids, int64_t vocab_size);
+
+  // logits: [vocab_size] f32 of the sequence's last position. Returns the
+  // chosen token and records it as an output token. Throws
+  // Error(kInvalidArgument) if logits.size() != vocab_size.
+  SampleResult sample(std::span<const float> logits);
+
+  // Records an output token chosen elsewhere (resuming after preemption,
+  // forced tokens): it counts for penalties but consumes no randomness.
+  void accept(int32_t token);
+
+  const SamplingParams& params() const { return params_; }
+  const std::vector<int32_t>& output_ids() const { return output_ids_; }
+
+ private:
+  SamplingParams params_;
+  int64_t vocab_size_;
+  std::vector<uint8_t> in_prompt_;                    // [vocab_size]: 1 if the token is in the prompt
+  std::unordered_map<int32_t, int32_t> output_count_; // token -> occurrences in the output
+  std::vector<int32_t> output_ids_;
+  std::mt19937_64 rng_;
+};
+
+// Applies the penalties of params to logits in place (exposed for tests).
+// output_count: occurrences in the output; in_prompt: [vocab] flags.
+void apply_penalties(const SamplingParams& params, std::span<float> logits, std::span<const uint8_t> in_prompt,
+                     const std::unordered_map<int32_t, int32_t>& output_count);
+
+// The distribution sample() draws from: probabilities [vocab] after
+// temperature, min_p, top_k and top_p (zeros for dropped tokens, summing to
+// 1), for already-penalised logits. Not for greedy params.
+std::vector<double> sampling_distribution(const SamplingParams& params, std::span<const float> logits);
+
+// Index of the largest value, lowest index on ties; NaN never wins.
+int32_t argmax(std::span<const float> logits);
+
+}  // namespace shardlm

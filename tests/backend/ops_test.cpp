@@ -1,0 +1,207 @@
+// Every optimised op against its scalar reference, for every dtype it takes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "backend/ops.h"
+
+namespace shardlm::backend {
+namespace {
+
+// Random values stored in dtype; returns the buffer of raw bytes.
+std::vector<uint8_t> random_buffer(DType dtype, int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<uint8_t> buf(static_cast<size_t>(n) * dtype_size(dtype));
+  for (int64_t i = 0; i < n; ++i) store_from_f32(buf.data(), dtype, static_cast<size_t>(i), dist(rng));
+  return buf;
+}
+
+std::vector<float> random_f32(int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rel, float abs_tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], abs_tol + rel * std::fabs(want[i])) << "element " << i;
+}
+
+const char* name_of(DType d) { return dtype_safetensors_name(d); }
+
+// (dtype, n tokens, m rows, k cols, bias)
+using MatmulParam = std::tuple<DType, int, int, int, bool>;
+class MatmulTest : public ::testing::TestWithParam<MatmulParam> {};
+
+TEST_P(MatmulTest, MatchesReference) {
+  auto [dtype, n, m, k, with_bias] = GetParam();
+  std::mt19937 rng(n * 7919 + m * 31 + k);
+  auto w = random_buffer(dtype, int64_t{m} * k, rng);
+  auto b = random_buffer(dtype, m, rng);
+  auto x = random_f32(int64_t{n} * k, rng);
+  MatrixView wv{w.data(), dtype, m, k};
+  VectorView bv{b.data(), dtype, m};
+  std::vector<float> got(static_cast<size_t>(n) * m), want(got.size());
+  matmul(x.data(), n, wv, with_bias ? &bv : nullptr, got.data());
+  ref::matmul(x.data(), n, wv, with_bias ? &bv : nullptr, want.data());
+  // f32 accumulation over k terms of unit variance: error ~ sqrt(k) ulp.
+  expect_close(got, want, 1e-4f, 2e-4f * std::sqrt(static_cast<float>(k)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MatmulTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16), ::testing::Values(1, 3, 4, 70),
+                       ::testing::Values(1, 7, 64), ::testing::Values(5, 64, 131), ::testing::Bool()),
+    [](const auto& info) {
+      return std::string(name_of(std::get<0>(info.param))) + "_n" + std::to_string(std::get<1>(info.param)) + "_m" +
+             std::to_string(std::get<2>(info.param)) + "_k" + std::to_string(std::get<3>(info.param)) +
+             (std::get<4>(info.param) ? "_bias" : "");
+    });
+
+class DTypeTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(DTypeTest, RmsNormMatchesReference) {
+  std::mt19937 rng(1);
+  const int64_t rows = 5, d = 96;
+  auto w = random_buffer(GetParam(), d, rng);
+  auto x = random_f32(rows * d, rng, 3.0f);
+  VectorView wv{w.data(), GetParam(), d};
+  std::vector<float> got(x.size()), want(x.size());
+  rms_norm(x.data(), rows, wv, 1e-6f, got.data());
+  ref::rms_norm(x.data(), rows, wv, 1e-6f, want.data());
+  expect_close(got, want, 1e-5f, 1e-6f);
+  // In place gives the same answer.
+  std::vector<float> inplace = x;
+  rms_norm(inplace.data(), rows, wv, 1e-6f, inplace.data());
+  expect_close(inplace, want, 1e-5f, 1e-6f);
+}
+
+// KV cache dtype: attention over a paged cache with several chunks (a
+// prefill chunk after cached tokens, a decode, a fresh prompt), GQA with an
+// offset head range as an uneven TP rank sees it.
+TEST_P(DTypeTest, PagedAttentionMatchesReference) {
+  const DType dtype = GetParam();
+  std::mt19937 rng(2);
+  const int64_t hd = 32, block = 4, n_blocks = 16;
+  // Rank holding global Q heads [3, 8) of a group-size-3 model: KV heads [1, 3).
+  AttentionHeads heads{5, 3, 1, 3};
+  const int64_t nkv = 2;
+  std::vector<uint8_t> kbuf(static_cast<size_t>(n_blocks * block * nkv * hd) * dtype_size(dtype));
+  std::vector<uint8_t> vbuf(kbuf.size());
+  KvLayerView cache{kbuf.data(), vbuf.data(), dtype, n_blocks, block, nkv, hd};
+  std::vector<int32_t> t0{3, 0, 7}, t1{5, 9, 2, 11}, t2{1, 4};
+  // seq0: 3 new after 6 cached; seq1: 1 new after 12 cached; seq2: 7 new.
+  std::vector<AttentionSeq> seqs{{0, 3, 6, t0.data(), 3}, {3, 1, 12, t1.data(), 4}, {4, 7, 0, t2.data(), 2}};
+  // Fill the cached prefix, then write the chunks.
+  auto past_k = random_f32(n_blocks * block * nkv * hd, rng), past_v = random_f32(past_k.size(), rng);
+  for (size_t i = 0; i < past_k.size(); ++i) {
+    store_from_f32(kbuf.data(), dtype, i, past_k[i]);
+    store_from_f32(vbuf.data(), dtype, i, past_v[i]);
+  }
+  const int64_t n_tok = 11;
+  auto k = random_f32(n_tok * nkv * hd, rng), v = random_f32(k.size(), rng);
+  kv_cache_write(cache, seqs.data(), 3, k.data(), v.data());
+  auto q = random_f32(n_tok * heads.n_q_heads * hd, rng);
+  std::vector<float> got(q.size()), want(q.size());
+  paged_attention(q.data(), cache, seqs.data(), 3, heads, got.data());
+  ref::paged_attention(q.data(), cache, seqs.data(), 3, heads, want.data());
+  expect_close(got, want, 1e-4f, 1e-5f);
+  // Writing stored the new keys where the block table says.
+  const int64_t pos = 6 + 2;  // seq0 token 2
+  const int64_t slot = t0[pos / block] * block + pos % block;
+  EXPECT_NEAR(load_as_f32(kbuf.data(), dtype, static_cast<size_t>(slot * nkv * hd + 5)), k[2 * nkv * hd + 5],
+              dtype == DType::kF32 ? 0.0f : 0.02f);
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, DTypeTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const auto& info) { return std::string(name_of(info.param)); });
+
+TEST(Ops, AttentionOfOneTokenReturnsItsValue) {
+  const int64_t hd = 8;
+  std::vector<float> kc(4 * hd, 0.0f), vc(4 * hd, 0.0f);
+  KvLayerView cache{kc.data(), vc.data(), DType::kF32, 1, 4, 1, hd};
+  std::vector<int32_t> table{0};
+  AttentionSeq s{0, 1, 0, table.data(), 1};
+  std::vector<float> k(hd, 1.0f), v(hd), q(hd, 0.5f), out(hd);
+  for (int i = 0; i < hd; ++i) v[i] = static_cast<float>(i);
+  kv_cache_write(cache, &s, 1, k.data(), v.data());
+  paged_attention(q.data(), cache, &s, 1, {1, 0, 0, 1}, out.data());
+  for (int i = 0; i < hd; ++i) EXPECT_FLOAT_EQ(out[i], static_cast<float>(i));
+}
+
+TEST(Ops, RopeMatchesReferenceAndRotatesPairs) {
+  std::mt19937 rng(3);
+  const int64_t n = 6, heads = 3, hd = 16;
+  RopeConfig rc;
+  rc.head_dim = hd;
+  rc.theta = 1e6;
+  std::vector<float> inv(hd / 2);
+  rope_inv_freq(rc, inv.data());
+  EXPECT_FLOAT_EQ(inv[0], 1.0f);
+  EXPECT_NEAR(inv[1], std::pow(1e6, -2.0 / 16), 1e-7);
+  std::vector<int32_t> pos{0, 1, 2, 17, 100, 4095};
+  auto x = random_f32(n * heads * hd, rng);
+  auto got = x, want = x;
+  rope(got.data(), n, heads, hd, pos.data(), inv.data());
+  ref::rope(want.data(), n, heads, hd, pos.data(), inv.data());
+  expect_close(got, want, 1e-6f, 1e-6f);
+  // Position 0 is the identity; rotation keeps each pair's norm.
+  for (int64_t i = 0; i < heads * hd; ++i) EXPECT_FLOAT_EQ(got[i], x[i]);
+  const float* a = &x[(4 * heads) * hd];
+  const float* b = &got[(4 * heads) * hd];
+  for (int64_t i = 0; i < hd / 2; ++i)
+    EXPECT_NEAR(a[i] * a[i] + a[i + hd / 2] * a[i + hd / 2], b[i] * b[i] + b[i + hd / 2] * b[i + hd / 2], 1e-4);
+}
+
+TEST(Ops, Llama3RopeScalingBands) {
+  // Llama-3.1-8B: theta 500000, factor 8, low 1, high 4, original 8192.
+  RopeConfig rc;
+  rc.head_dim = 128;
+  rc.theta = 500000.0;
+  rc.scaling = RopeConfig::Scaling::kLlama3;
+  rc.factor = 8.0;
+  rc.low_freq_factor = 1.0;
+  rc.high_freq_factor = 4.0;
+  rc.original_max_position = 8192;
+  std::vector<float> inv(64), plain(64);
+  rope_inv_freq(rc, inv.data());
+  RopeConfig base = rc;
+  base.scaling = RopeConfig::Scaling::kNone;
+  rope_inv_freq(base, plain.data());
+  for (int i = 0; i < 64; ++i) {
+    const double wavelen = 2 * M_PI / plain[i];
+    if (wavelen < 8192.0 / 4.0) {
+      EXPECT_FLOAT_EQ(inv[i], plain[i]) << i;  // high frequencies untouched
+    } else if (wavelen > 8192.0) {
+      EXPECT_FLOAT_EQ(inv[i], static_cast<float>(plain[i] / 8.0)) << i;  // low frequencies divided
+    } else {
+      EXPECT_LT(inv[i], plain[i]);
+      EXPECT_GT(inv[i], plain[i] / 8.0f);
+    }
+  }
+}
+
+TEST(Ops, SiluMulAndSoftmaxMatchReference) {
+  std::mt19937 rng(4);
+  auto g = random_f32(1000, rng, 4.0f), u = random_f32(1000, rng);
+  std::vector<float> got(1000), want(1000);
+  silu_mul(g.data(), u.data(), 1000, got.data());
+  ref::silu_mul(g.data(), u.data(), 1000, want.data());
+  expect_close(got, want, 1e-6f, 1e-7f);
+  auto s = random_f32(3 * 333, rng, 10.0f);
+  auto s2 = s;
+  softmax(s.data(), 3, 333);
+  ref::softmax(s2.data(), 3, 333);
+  expect_close(s, s2, 1e-5f, 1e-8f);
+  double sum = 0;
+  for (int i = 0; i < 333; ++i) sum += s[i];
+  EXPECT_NEAR(sum, 1.0, 1e-5);
+}
+
+}  // namespace
+}  // namespace shardlm::backend

@@ -1,0 +1,131 @@
+#include "test_files.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace shardlm::testing {
+
+namespace {
+
+uint16_t to_bf16(float value) {
+  uint32_t u;
+  std::memcpy(&u, &value, 4);
+  return static_cast<uint16_t>(u >> 16);  // truncation is exact for the small values tests use
+}
+
+}  // namespace
+
+std::vector<uint8_t> make_raw(std::string_view header_json, std::span<const uint8_t> data, size_t pad_to) {
+  std::string header(header_json);
+  if (pad_to > header.size()) header.append(pad_to - header.size(), ' ');
+  std::vector<uint8_t> out(8);
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
+  out.insert(out.end(), header.begin(), header.end());
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+std::vector<uint8_t> make_safetensors(const std::vector<RawTensor>& tensors, std::string_view metadata_json) {
+  std::ostringstream header;
+  header << "{";
+  bool first = true;
+  if (!metadata_json.empty()) {
+    header << "\"__metadata__\":" << metadata_json;
+    first = false;
+  }
+  std::vector<uint8_t> data;
+  for (const RawTensor& t : tensors) {
+    if (!first) header << ",";
+    first = false;
+    header << "\"" << t.name << "\":{\"dtype\":\"" << t.dtype << "\",\"shape\":[";
+    for (size_t i = 0; i < t.shape.size(); ++i) header << (i ? "," : "") << t.shape[i];
+    header << "],\"data_offsets\":[" << data.size() << "," << data.size() + t.data.size() << "]}";
+    data.insert(data.end(), t.data.begin(), t.data.end());
+  }
+  header << "}";
+  std::string text = header.str();
+  return make_raw(text, data, (text.size() + 7) / 8 * 8);
+}
+
+RawTensor f32_tensor(std::string name, std::vector<int64_t> shape, float start) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  RawTensor t{std::move(name), "F32", std::move(shape), std::vector<uint8_t>(static_cast<size_t>(n) * 4)};
+  for (int64_t i = 0; i < n; ++i) {
+    float v = start + static_cast<float>(i);
+    std::memcpy(t.data.data() + i * 4, &v, 4);
+  }
+  return t;
+}
+
+RawTensor bf16_tensor(std::string name, std::vector<int64_t> shape, float value) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  RawTensor t{std::move(name), "BF16", std::move(shape), std::vector<uint8_t>(static_cast<size_t>(n) * 2)};
+  uint16_t bits = to_bf16(value);
+  for (int64_t i = 0; i < n; ++i) std::memcpy(t.data.data() + i * 2, &bits, 2);
+  return t;
+}
+
+void write_bytes(const std::filesystem::path& path, std::span<const uint8_t> bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+void write_text(const std::filesystem::path& path, std::string_view text) {
+  write_bytes(path, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
+std::vector<uint8_t> read_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::filesystem::path fresh_dir(std::string_view name) {
+  const char* build = std::getenv("SHARDLM_BINARY_DIR");
+  std::filesystem::path root = build ? std::filesystem::path(build) / "test_tmp" / "loader"
+                                     : std::filesystem::temp_directory_path() / "shardlm_test_loader";
+  std::filesystem::path dir = root / std::string(name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+int run_command(const std::string& command, std::string* out, std::string* err) {
+  std::string full = command;
+  std::filesystem::path err_file;
+  if (err != nullptr) {
+    err_file = std::filesystem::temp_directory_path() /
+               ("shardlm_test_stderr_" + std::to_string(::getpid()) + ".txt");
+    full += " 2>'" + err_file.string() + "'";
+  }
+  FILE* pipe = ::popen(full.c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("popen failed: " + command);
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
+  int status = ::pclose(pipe);
+  if (out != nullptr) *out = text;
+  if (err != nullptr) {
+    *err = read_text(err_file);
+    std::filesystem::remove(err_file);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace shardlm::testing

@@ -1,0 +1,47 @@
+// Test helpers: a tiny safetensors writer (independent of the reader under
+// test) and scratch directories under the build tree.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardlm::testing {
+
+struct RawTensor {
+  std::string name;
+  std::string dtype;            // "F32", "BF16", "I64", ...
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> data;    // raw bytes, written as-is
+};
+
+// A well-formed image: tensors laid out back to back in the given order,
+// header padded with spaces to a multiple of 8 (as the Python writer does).
+std::vector<uint8_t> make_safetensors(const std::vector<RawTensor>& tensors,
+                                      std::string_view metadata_json = "");
+// An image from header text and data bytes exactly as given; the header is
+// padded with spaces to pad_to bytes when pad_to > its length.
+std::vector<uint8_t> make_raw(std::string_view header_json, std::span<const uint8_t> data,
+                              size_t pad_to = 0);
+
+// F32 tensor with values start, start+1, ...
+RawTensor f32_tensor(std::string name, std::vector<int64_t> shape, float start = 0.0f);
+// BF16 tensor, every element `value`.
+RawTensor bf16_tensor(std::string name, std::vector<int64_t> shape, float value = 1.0f);
+
+void write_bytes(const std::filesystem::path& path, std::span<const uint8_t> bytes);
+void write_text(const std::filesystem::path& path, std::string_view text);
+std::vector<uint8_t> read_bytes(const std::filesystem::path& path);
+std::string read_text(const std::filesystem::path& path);
+
+// An empty directory $SHARDLM_BINARY_DIR/test_tmp/loader/<name> (or under
+// the system temp dir when the variable is unset).
+std::filesystem::path fresh_dir(std::string_view name);
+
+// Runs a shell command; returns its exit status and stdout (stderr into *err if given).
+int run_command(const std::string& command, std::string* out, std::string* err = nullptr);
+
+}  // namespace shardlm::testing

@@ -1,0 +1,237 @@
+#!/usr/bin/python3
+"""Independent numpy reference for Qwen2 / Qwen3 / Llama-3 checkpoints.
+
+Shares no code with shardlm: it parses safetensors itself (struct + json),
+reads config.json / generation_config.json and runs the Hugging Face
+transformers forward (Qwen2Model, Qwen3Model, LlamaModel) in float64:
+
+  * weights: BF16 -> f32 by shifting the bits left 16 (exact), F16 via
+    numpy (exact), then widened to float64 (exact);
+  * every activation, the KV cache and the logits are float64, so the
+    reference is the exact-arithmetic answer for the stored weights up to
+    ~1e-15 relative; shardlm (f32 activations over bf16/f32 weights) should
+    differ from it only by its own f32 rounding.
+  * RMSNorm: x / sqrt(mean(x^2) + eps) * weight; rotate_half RoPE with
+    inv_freq = theta^(-2i/d) (llama3 rope_scaling applied as in
+    transformers' _compute_llama3_parameters); GQA (Q head h uses KV head
+    h // (n_heads / n_kv_heads)); causal softmax with scale 1/sqrt(head_dim);
+    SwiGLU MLP down(silu(gate(x)) * up(x)); Qwen2 q/k/v biases; Qwen3
+    q_norm/k_norm over each head before RoPE; tied embeddings when
+    tie_word_embeddings (or when lm_head.weight is absent).
+
+Greedy decoding (argmax, lowest id on ties) with an incremental KV cache.
+Stops at max_tokens or at an eos id (config.json eos_token_id and
+generation_config.json eos_token_id, unless --ignore-eos).
+
+usage: reference.py DIR --prompt-ids 1,2,3 --max-tokens 32 [--dump-logits F]
+prints JSON {"prompt_token_ids", "token_ids", "finish_reason", "margins"} (margins:
+top-1 minus top-2 logit at each generated step); --dump-logits
+writes the logits of the last prompt position as little-endian f32 [vocab].
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+
+def read_safetensors(path):
+    """name -> float64 ndarray, for F32/F16/BF16 tensors."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n].decode("utf-8"))
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        raw = data[base + begin : base + end]
+        shape = tuple(info["shape"])
+        dtype = info["dtype"]
+        if dtype == "F32":
+            arr = np.frombuffer(raw, dtype="<f4")
+        elif dtype == "F16":
+            arr = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+        elif dtype == "BF16":
+            arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise SystemExit(f"{path}: tensor {name}: dtype {dtype} not supported by the reference")
+        out[name] = arr.astype(np.float64).reshape(shape)
+    return out
+
+
+def load_weights(model_dir):
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    weights = {}
+    for name in files:
+        weights.update(read_safetensors(os.path.join(model_dir, name)))
+    return weights
+
+
+def llama3_inv_freq(inv_freq, rs):
+    factor = rs["factor"]
+    low = rs.get("low_freq_factor", 1.0)
+    high = rs.get("high_freq_factor", 4.0)
+    old = rs.get("original_max_position_embeddings", 8192)
+    low_wavelen = old / low
+    high_wavelen = old / high
+    wavelen = 2 * math.pi / inv_freq
+    out = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, out)
+
+
+class Model:
+    def __init__(self, model_dir):
+        with open(os.path.join(model_dir, "config.json")) as f:
+            self.config = c = json.load(f)
+        self.arch = c["architectures"][0]
+        if self.arch not in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"):
+            raise SystemExit(f"reference: architecture {self.arch} not supported")
+        self.w = load_weights(model_dir)
+        self.hidden = c["hidden_size"]
+        self.n_layers = c["num_hidden_layers"]
+        self.n_heads = c["num_attention_heads"]
+        self.n_kv = c.get("num_key_value_heads") or self.n_heads
+        self.head_dim = c.get("head_dim") or self.hidden // self.n_heads
+        self.eps = c.get("rms_norm_eps", 1e-6)
+        self.vocab = c["vocab_size"]
+        theta = c.get("rope_theta", 10000.0)
+        d = self.head_dim
+        inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float64) / d))
+        rs = c.get("rope_scaling")
+        if rs:
+            kind = rs.get("rope_type", rs.get("type"))
+            if kind == "llama3":
+                inv_freq = llama3_inv_freq(inv_freq, rs)
+            elif kind != "default":
+                raise SystemExit(f"reference: rope_scaling {kind} not supported")
+        self.inv_freq = inv_freq
+        self.lm_head = self.w.get("lm_head.weight")
+        if self.lm_head is None or c.get("tie_word_embeddings", False):
+            self.lm_head = self.w["model.embed_tokens.weight"]
+        self.eos = set()
+        for path in ("config.json", "generation_config.json"):
+            p = os.path.join(model_dir, path)
+            if os.path.exists(p):
+                with open(p) as f:
+                    e = json.load(f).get("eos_token_id")
+                if isinstance(e, int):
+                    self.eos.add(e)
+                elif isinstance(e, list):
+                    self.eos.update(e)
+        self.k_cache = [np.zeros((self.n_kv, 0, d)) for _ in range(self.n_layers)]
+        self.v_cache = [np.zeros((self.n_kv, 0, d)) for _ in range(self.n_layers)]
+
+    def rms_norm(self, x, weight):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * weight
+
+    def rope(self, x, positions):
+        # x: [n_heads, n_tokens, head_dim]
+        freqs = np.outer(positions.astype(np.float64), self.inv_freq)  # [n_tokens, d/2]
+        emb = np.concatenate([freqs, freqs], axis=-1)
+        cos, sin = np.cos(emb), np.sin(emb)
+        half = self.head_dim // 2
+        rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos + rot * sin
+
+    def linear(self, x, name, bias=False):
+        y = x @ self.w[name + ".weight"].T
+        if bias and (name + ".bias") in self.w:
+            y = y + self.w[name + ".bias"]
+        return y
+
+    def forward(self, token_ids, start):
+        """Appends token_ids at positions start.. to the cache; returns logits [n, vocab]."""
+        n = len(token_ids)
+        positions = np.arange(start, start + n)
+        x = self.w["model.embed_tokens.weight"][np.array(token_ids)]  # [n, hidden]
+        d, group = self.head_dim, self.n_heads // self.n_kv
+        for l in range(self.n_layers):
+            p = f"model.layers.{l}."
+            h = self.rms_norm(x, self.w[p + "input_layernorm.weight"])
+            q = self.linear(h, p + "self_attn.q_proj", True).reshape(n, self.n_heads, d).transpose(1, 0, 2)
+            k = self.linear(h, p + "self_attn.k_proj", True).reshape(n, self.n_kv, d).transpose(1, 0, 2)
+            v = self.linear(h, p + "self_attn.v_proj", True).reshape(n, self.n_kv, d).transpose(1, 0, 2)
+            if p + "self_attn.q_norm.weight" in self.w:
+                q = self.rms_norm(q, self.w[p + "self_attn.q_norm.weight"])
+                k = self.rms_norm(k, self.w[p + "self_attn.k_norm.weight"])
+            q = self.rope(q, positions)
+            k = self.rope(k, positions)
+            self.k_cache[l] = np.concatenate([self.k_cache[l], k], axis=1)
+            self.v_cache[l] = np.concatenate([self.v_cache[l], v], axis=1)
+            K = np.repeat(self.k_cache[l], group, axis=0)  # [n_heads, T, d]
+            V = np.repeat(self.v_cache[l], group, axis=0)
+            T = K.shape[1]
+            scores = q @ K.transpose(0, 2, 1) / math.sqrt(d)  # [n_heads, n, T]
+            mask = np.arange(T)[None, :] > (positions[:, None])  # key after query: masked
+            scores = np.where(mask[None], -np.inf, scores)
+            scores = scores - scores.max(axis=-1, keepdims=True)
+            probs = np.exp(scores)
+            probs /= probs.sum(axis=-1, keepdims=True)
+            attn = (probs @ V).transpose(1, 0, 2).reshape(n, self.n_heads * d)
+            x = x + self.linear(attn, p + "self_attn.o_proj")
+            h = self.rms_norm(x, self.w[p + "post_attention_layernorm.weight"])
+            gate = self.linear(h, p + "mlp.gate_proj")
+            up = self.linear(h, p + "mlp.up_proj")
+            x = x + (gate / (1 + np.exp(-gate)) * up) @ self.w[p + "mlp.down_proj.weight"].T
+        x = self.rms_norm(x, self.w["model.norm.weight"])
+        return x @ self.lm_head.T
+
+
+def generate(model, prompt, max_tokens, ignore_eos=False):
+    logits = model.forward(prompt, 0)
+    first_logits = logits[-1].copy()
+    out, margins, reason = [], [], "length"
+    last = logits[-1]
+    pos = len(prompt)
+    for _ in range(max_tokens):
+        tok = int(np.argmax(last))  # first maximum: lowest id on ties
+        top2 = np.sort(last)[-2:]
+        margins.append(float(top2[1] - top2[0]))
+        out.append(tok)
+        if not ignore_eos and tok in model.eos:
+            reason = "stop"
+            break
+        if len(out) == max_tokens:
+            break
+        last = model.forward([tok], pos)[-1]
+        pos += 1
+    return first_logits, out, reason, margins
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model_dir")
+    ap.add_argument("--prompt-ids", required=True)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--dump-logits")
+    ap.add_argument("--ignore-eos", action="store_true")
+    args = ap.parse_args()
+    prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+    model = Model(args.model_dir)
+    for t in prompt:
+        if not 0 <= t < model.vocab:
+            raise SystemExit(f"prompt id {t} outside [0, {model.vocab})")
+    first_logits, out, reason, margins = generate(model, prompt, args.max_tokens, args.ignore_eos)
+    if args.dump_logits:
+        first_logits.astype("<f4").tofile(args.dump_logits)
+    json.dump({"prompt_token_ids": prompt, "token_ids": out, "finish_reason": reason,
+               "margins": [round(m, 6) for m in margins]}, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
