@@ -26,7 +26,8 @@ class Detokenizer {
   virtual ~Detokenizer() = default;
   // prompt_ids: context for tokenizers whose text depends on the previous
   // token (leading-space rules); the prompt's own text is not returned.
-  virtual std::unique_ptr<DetokenizerStream> stream(std::span<const int32_t> prompt_ids) const = 0;
+  virtual std::unique_ptr<DetokenizerStream> stream(std::span<const int32_t> prompt_ids,
+                                                    bool skip_special_tokens) const = 0;
 };
 
 }  // namespace shardlm

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "core/error.h"
 #include "engine/batch_builder.h"
@@ -23,8 +24,7 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
       executor_(executor),
       detokenizer_(detokenizer),
       vocab_size_(executor.vocab_size()),
-      sched_(config.scheduler),
-      seed_rng_(std::random_device{}()) {
+      sched_(config.scheduler) {
   if (vocab_size_ < 1) fail(ErrorCode::kInvalidArgument, "engine: model vocab_size must be >= 1, got ", vocab_size_);
   update_gauges();
 }
@@ -46,7 +46,7 @@ void Engine::validate(const EngineRequest& r) const {
       fail(ErrorCode::kInvalidArgument, "prompt token ", i, " has id ", r.prompt_token_ids[i],
            ", outside the vocabulary [0, ", vocab_size_, ")");
   Scheduler::check_fits(config_.scheduler, static_cast<int32_t>(r.prompt_token_ids.size()), r.stop.max_tokens);
-  shardlm::validate(r.sampling, vocab_size_);
+  r.sampling.validate();
   if (r.stop.min_tokens < 0 || r.stop.min_tokens > r.stop.max_tokens)
     fail(ErrorCode::kInvalidArgument, "min_tokens must be between 0 and max_tokens (", r.stop.max_tokens,
          "), got ", r.stop.min_tokens);
@@ -65,6 +65,9 @@ void Engine::submit(EngineRequest request, RequestCallbacks callbacks) {
   validate(request);
   std::lock_guard<std::mutex> lock(mutex_);
   if (stop_requested_) fail(ErrorCode::kUnsupported, "the engine is shutting down and takes no new requests");
+  if (config_.max_live_requests > 0 && static_cast<int32_t>(live_ids_.size()) >= config_.max_live_requests)
+    fail(ErrorCode::kOutOfMemory, "the engine already holds ", live_ids_.size(),
+         " requests (max_live_requests); retry later");
   if (!live_ids_.insert(request.request_id).second)
     fail(ErrorCode::kInvalidArgument, "request_id '", request.request_id, "' is already in use by a live request");
   Command cmd;
@@ -177,15 +180,16 @@ void Engine::add_request(Command&& cmd) {
   rs->callbacks = std::move(cmd.callbacks);
   rs->arrival = cmd.time;
   const EngineRequest& r = rs->request;
-  const uint64_t base_seed = r.sampling.seed ? *r.sampling.seed : seed_rng_();
   SeqId lead = -1;
   for (int32_t i = 0; i < r.n; ++i) {
     auto s = std::make_unique<SeqState>();
     s->request = rs.get();
     s->index = i;
     s->id = next_seq_id_++;
-    s->seed = base_seed + uint64_t(i);
-    if (detokenizer_) s->detok = detokenizer_->stream(r.prompt_token_ids);
+    SamplingParams params = r.sampling;
+    if (params.seed) params.seed = *params.seed + uint64_t(i);  // siblings draw differently, reproducibly
+    s->sampler = std::make_unique<Sampler>(params, r.prompt_token_ids, vocab_size_);
+    if (detokenizer_) s->detok = detokenizer_->stream(r.prompt_token_ids, r.skip_special_tokens);
     s->stops = std::make_unique<StopStringMatcher>(r.stop.stop, r.stop.include_stop_str_in_output);
     sched_.add(s->id, r.prompt_token_ids, r.stop.max_tokens, lead);
     if (i == 0) lead = s->id;
@@ -294,15 +298,19 @@ bool Engine::step_inner() {
       banned = r.stop.stop_token_ids;
       if (!r.stop.ignore_eos) banned.insert(banned.end(), config_.eos_token_ids.begin(), config_.eos_token_ids.end());
     }
-    SamplingContext ctx;
-    ctx.prompt_ids = r.prompt_token_ids;
-    ctx.output_ids = seq.output_ids;
-    ctx.seed = seq.seed;
-    ctx.banned_token_ids = banned;
-    std::span<float> row_logits(logits_.data() + row * vocab_size_, size_t(vocab_size_));
-    SampleResult res = sample_token(row_logits, r.sampling, ctx);
-    sampled[k] = res.token_id;
-    logprobs[k] = std::move(res.logprobs);
+    float* row_logits = logits_.data() + row * vocab_size_;
+    for (int32_t t : banned) row_logits[t] = -std::numeric_limits<float>::infinity();
+    SampleResult res = seq.sampler->sample(std::span<const float>(row_logits, size_t(vocab_size_)));
+    sampled[k] = res.token;
+    if (r.logprobs) {
+      TokenLogprobs lp;
+      lp.token_id = res.token;
+      lp.logprob = res.logprob;
+      lp.rank = 1;
+      for (int64_t v = 0; v < vocab_size_; ++v) lp.rank += row_logits[v] > row_logits[res.token] ? 1 : 0;
+      lp.top = std::move(res.top_logprobs);
+      logprobs[k] = std::move(lp);
+    }
     ++row;
   }
   SHARDLM_CHECK(row == n_logits);

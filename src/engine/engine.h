@@ -15,7 +15,6 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -35,6 +34,7 @@ struct EngineConfig {
   SchedulerConfig scheduler;                 // pool size, block size, budgets, max_model_len
   std::vector<int32_t> eos_token_ids;        // end the sequence ("stop") unless ignore_eos
   int32_t max_n = 64;                        // largest accepted EngineRequest::n
+  int32_t max_live_requests = 0;             // > 0: submit refuses more (kOutOfMemory -> HTTP 429)
 };
 
 class Engine {
@@ -49,7 +49,8 @@ class Engine {
   // Validates on the caller's thread and queues. Throws shardlm::Error
   // (kInvalidArgument with the numbers: too long for max_model_len or the KV
   // pool, bad sampling values, token ids outside the vocabulary, a request_id
-  // already live; kUnsupported after stop()).
+  // already live; kOutOfMemory when max_live_requests are in flight;
+  // kUnsupported after stop()).
   void submit(EngineRequest request, RequestCallbacks callbacks);
   // Ends every sequence of the request at the engine's next turn, frees its
   // KV blocks, and sends a last output with finish_reason kAbort. Unknown or
@@ -83,7 +84,7 @@ class Engine {
     RequestState* request = nullptr;
     int32_t index = 0;
     SeqId id = 0;
-    uint64_t seed = 0;
+    std::unique_ptr<Sampler> sampler;        // penalties' token counts and the sequence's RNG
     std::vector<int32_t> output_ids;
     std::unique_ptr<DetokenizerStream> detok;
     std::unique_ptr<StopStringMatcher> stops;
@@ -130,7 +131,6 @@ class Engine {
   std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
   std::unordered_map<SeqId, std::unique_ptr<SeqState>> seqs_;
   SeqId next_seq_id_ = 1;
-  std::mt19937_64 seed_rng_;
   std::vector<float> logits_;  // [n_logits, vocab]
 
   // Shared with submitting threads.

@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampling_options.h"
+#include "sampling/sampler.h"
+#include "sampling/sampling_params.h"
 
 namespace shardlm {
 
@@ -24,9 +25,20 @@ struct StopOptions {
 struct EngineRequest {
   std::string request_id;                    // unique among live requests
   std::vector<int32_t> prompt_token_ids;     // [n_prompt]
-  SamplingOptions sampling;
+  SamplingParams sampling;                   // validated at submit; seed + i for sequence i of n
+  bool logprobs = false;                     // return each token's logprob (+ sampling.logprobs alternatives)
   StopOptions stop;
   int32_t n = 1;                             // sequences sharing this prompt (its cached KV blocks)
+  bool skip_special_tokens = true;           // passed to the detokenizer
+};
+
+// Log-probabilities of one generated token under the raw model distribution
+// (log_softmax of the logits, before penalties and temperature).
+struct TokenLogprobs {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;                          // 1 = the most likely token
+  std::vector<TokenLogprob> top;             // [sampling.logprobs] most likely, descending (sampling/sampler.h)
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
@@ -39,7 +51,7 @@ struct SequenceOutput {
   int32_t index = 0;                         // which of the request's n sequences
   std::vector<int32_t> new_token_ids;        // tokens generated since the previous callback
   std::string text_delta;                    // final text since the previous callback
-  std::vector<TokenLogprobs> logprobs;       // [new_token_ids.size()] if sampling.logprobs >= 0
+  std::vector<TokenLogprobs> logprobs;       // [new_token_ids.size()] if request.logprobs
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<std::string> stop_string;    // the stop string that ended it
   std::optional<int32_t> stop_token_id;      // or the stop/EOS token that ended it

@@ -231,7 +231,7 @@ TEST(Engine, RejectsWhatCanNeverFitWithTheNumbers) {
   EngineRequest bad = greedy("bad", {1, 2, 99}, 4);
   EXPECT_THROW(f.engine.submit(bad, f.out.callbacks()), Error);
   bad = greedy("bad", {1, 2}, 4);
-  bad.sampling.top_p = 0.0f;
+  bad.sampling.top_p = 0.0;
   EXPECT_THROW(f.engine.submit(bad, f.out.callbacks()), Error);
   bad = greedy("bad", {1, 2}, 4);
   bad.stop.min_tokens = 5;
@@ -425,6 +425,7 @@ TEST(Engine, SeededSamplingReproducibleAcrossBatchCompositions) {
 TEST(Engine, LogprobsOfTheRawDistribution) {
   Fixture f(config());
   EngineRequest r = greedy("l", make_prompt(6, 8), 5);
+  r.logprobs = true;
   r.sampling.logprobs = 3;
   f.engine.submit(r, f.out.callbacks());
   f.engine.run_until_idle();
@@ -435,7 +436,7 @@ TEST(Engine, LogprobsOfTheRawDistribution) {
     EXPECT_EQ(lp.token_id, s.tokens[i]);
     EXPECT_EQ(lp.rank, 1);  // greedy
     ASSERT_EQ(lp.top.size(), 3u);
-    EXPECT_EQ(lp.top[0].token_id, lp.token_id);
+    EXPECT_EQ(lp.top[0].token, lp.token_id);
     EXPECT_FLOAT_EQ(lp.top[0].logprob, lp.logprob);
     EXPECT_LT(lp.logprob, 0.0f);
     EXPECT_GE(lp.top[0].logprob, lp.top[1].logprob);

@@ -170,7 +170,7 @@ class ToyDetokenizer : public Detokenizer {
   };
 
  public:
-  std::unique_ptr<DetokenizerStream> stream(std::span<const int32_t>) const override {
+  std::unique_ptr<DetokenizerStream> stream(std::span<const int32_t>, bool) const override {
     return std::make_unique<Stream>();
   }
 };
