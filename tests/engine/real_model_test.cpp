@@ -6,6 +6,7 @@
 
 #include <map>
 
+#include "core/error.h"
 #include "engine/engine.h"
 #include "engine/local_group_executor.h"
 #include "model/generate.h"
@@ -29,6 +30,10 @@ void run_engine_against_reference(int tp, int pp, int32_t n_blocks, bool expect_
   std::map<int, std::vector<int32_t>> want;
   for (int i = 0; i < kRequests; ++i) {
     GenerateOptions opt;
+    // PP=2 over the 2 layers: the same arithmetic as one rank, but one backend
+    // thread per rank (generate_local gives hw/ranks), which keeps OpenMP from
+    // spinning on a busy 2-core machine.
+    opt.layout.pp = 2;
     opt.max_tokens = kMaxTokens;
     opt.kv_dtype = DType::kF32;
     opt.block_size = 4;
@@ -41,6 +46,7 @@ void run_engine_against_reference(int tp, int pp, int32_t n_blocks, bool expect_
   gopt.n_blocks = n_blocks;
   gopt.block_size = 4;
   gopt.kv_dtype = DType::kF32;
+  gopt.n_threads_per_rank = 1;  // OpenMP spinning on a shared 2-core machine costs more than it gives
   LocalGroupExecutor executor(spec, weights, gopt);
   EXPECT_GT(executor.kv_block_bytes_rank0(), 0);
   EngineConfig cfg;
@@ -83,7 +89,9 @@ void run_engine_against_reference(int tp, int pp, int32_t n_blocks, bool expect_
   EXPECT_EQ(again_tokens, want[4]);
   MetricsSnapshot m = engine.metrics().snapshot();
   EXPECT_GE(m.prefix_cache_hits_total, 24);
-  if (expect_preemption) EXPECT_GT(m.num_preemptions_total, 0);
+  if (expect_preemption) {
+    EXPECT_GT(m.num_preemptions_total, 0);
+  }
   EXPECT_DOUBLE_EQ(m.kv_cache_usage_perc, 0.0);
 }
 
@@ -101,7 +109,8 @@ TEST(EngineRealModel, ExecutorRejectsBadLayout) {
   gopt.layout.tp = 1;
   gopt.layout.dp = 2;
   gopt.n_blocks = 8;
-  EXPECT_THROW(LocalGroupExecutor(spec, testing::random_weights(spec, 3), gopt), Error);
+  auto w = testing::random_weights(spec, 3);
+  EXPECT_THROW({ LocalGroupExecutor e(spec, w, gopt); }, Error);
 }
 
 }  // namespace
