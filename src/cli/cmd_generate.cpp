@@ -16,6 +16,7 @@
 #include "loader/model_spec.h"
 #include "model/generate.h"
 #include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
 
 namespace shardlm::cli {
 namespace {
@@ -95,12 +96,17 @@ int run_generate(const GenerateCliOptions& o) {
   const int n_inputs = !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty();
   if (n_inputs != 1)
     fail(ErrorCode::kInvalidArgument, "give exactly one of --prompt TEXT, --prompt-ids 1,2,3 or --chat TEXT");
-  if (o.prompt_ids.empty())
-    fail(ErrorCode::kUnsupported, "--prompt and --chat need the tokenizer, which this build does not have yet; ",
-         "use --prompt-ids");
+  if (!o.chat.empty())
+    fail(ErrorCode::kUnsupported, "--chat needs the chat template renderer, which this build does not have yet; ",
+         "use --prompt with the rendered text or --prompt-ids");
   const std::filesystem::path dir(o.model);
   const ModelSpec spec = load_model_config(dir / "config.json");
-  const std::vector<int32_t> prompt = parse_ids(o.prompt_ids);
+  // The tokenizer is needed for --prompt; with --prompt-ids it only turns the
+  // output into text, when the directory has one.
+  std::optional<Tokenizer> tokenizer;
+  if (!o.prompt.empty() || std::filesystem::exists(dir / "tokenizer.json")) tokenizer = Tokenizer::load(dir);
+  const std::vector<int32_t> prompt = o.prompt.empty() ? parse_ids(o.prompt_ids) : tokenizer->encode(o.prompt, true);
+  if (prompt.empty()) fail(ErrorCode::kInvalidArgument, "--prompt encodes to no tokens; give some text");
 
   GenerateOptions g;
   g.layout.tp = o.tp;
@@ -137,13 +143,16 @@ int run_generate(const GenerateCliOptions& o) {
     nlohmann::json j;
     j["prompt_token_ids"] = prompt;
     j["token_ids"] = r.tokens;
-    j["text"] = "";  // detokenizing needs the tokenizer layer
+    // vLLM's default: special tokens (the EOS that stopped us) are not text.
+    j["text"] = tokenizer ? tokenizer->decode(r.tokens, /*skip_special_tokens=*/true) : "";
     j["finish_reason"] = r.finish_reason;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("token_ids:");
     for (int32_t t : r.tokens) std::printf(" %d", t);
-    std::printf("\nfinish_reason: %s\n", r.finish_reason.c_str());
+    std::printf("\n");
+    if (tokenizer) std::printf("text: %s\n", tokenizer->decode(r.tokens, true).c_str());
+    std::printf("finish_reason: %s\n", r.finish_reason.c_str());
     const double decode_tps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0;
     std::fprintf(stderr, "%s: prefill %zu tokens in %.3f s (%.1f tok/s), decode %.1f tok/s\n",
                  g.layout.to_string().c_str(), prompt.size(), r.prefill_seconds, prompt.size() / r.prefill_seconds,
