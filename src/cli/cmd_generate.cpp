@@ -16,6 +16,11 @@
 #include "loader/model_spec.h"
 #include "model/generate.h"
 #include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+#if __has_include("tokenizer/chat_template/chat_template.h")
+#include "tokenizer/chat_template/chat_template.h"
+#define SHARDLM_HAVE_CHAT_TEMPLATE 1
+#endif
 
 namespace shardlm::cli {
 namespace {
@@ -91,16 +96,72 @@ std::vector<int64_t> eos_ids(const std::filesystem::path& dir, const ModelSpec& 
   return spec.eos_token_ids;
 }
 
+#ifdef SHARDLM_HAVE_CHAT_TEMPLATE
+// tokenizer_config.json's "chat_template" (a string, or a list of {name,
+// template} where "default" is used) rendered for one user message.
+std::string render_chat_prompt(const std::filesystem::path& dir, const std::string& message) {
+  const auto path = dir / "tokenizer_config.json";
+  std::ifstream in(path);
+  if (!in) fail(ErrorCode::kNotFound, "--chat needs ", path.string(), " with a chat_template; it is missing");
+  nlohmann::json cfg;
+  try {
+    in >> cfg;
+  } catch (const std::exception& e) {
+    fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON (", e.what(), ")");
+  }
+  std::string source;
+  if (auto it = cfg.find("chat_template"); it != cfg.end() && it->is_string()) {
+    source = it->get<std::string>();
+  } else if (it != cfg.end() && it->is_array()) {
+    for (const auto& t : *it)
+      if (t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+        source = t["template"].get<std::string>();
+  }
+  if (source.empty())
+    fail(ErrorCode::kNotFound, path.string(), " has no \"chat_template\" string; use --prompt with the text");
+  auto special = [&](const char* key) -> std::string {
+    auto it = cfg.find(key);
+    if (it == cfg.end() || it->is_null()) return "";
+    if (it->is_string()) return it->get<std::string>();
+    if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
+    return "";
+  };
+  chat_template::ChatInputs inputs;
+  inputs.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", message}}});
+  inputs.add_generation_prompt = true;
+  inputs.bos_token = special("bos_token");
+  inputs.eos_token = special("eos_token");
+  return chat_template::render_chat(chat_template::ChatTemplate::compile(source), inputs);
+}
+#else
+std::string render_chat_prompt(const std::filesystem::path&, const std::string&) { return ""; }
+#endif
+
 int run_generate(const GenerateCliOptions& o) {
   const int n_inputs = !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty();
   if (n_inputs != 1)
     fail(ErrorCode::kInvalidArgument, "give exactly one of --prompt TEXT, --prompt-ids 1,2,3 or --chat TEXT");
-  if (o.prompt_ids.empty())
-    fail(ErrorCode::kUnsupported, "--prompt and --chat need the tokenizer, which this build does not have yet; ",
-         "use --prompt-ids");
+#ifndef SHARDLM_HAVE_CHAT_TEMPLATE
+  if (!o.chat.empty())
+    fail(ErrorCode::kUnsupported, "--chat needs the chat template renderer, which this build does not have; ",
+         "use --prompt with the rendered text or --prompt-ids");
+#endif
   const std::filesystem::path dir(o.model);
   const ModelSpec spec = load_model_config(dir / "config.json");
-  const std::vector<int32_t> prompt = parse_ids(o.prompt_ids);
+  // The tokenizer is needed for --prompt; with --prompt-ids it only turns the
+  // output into text, when the directory has one.
+  std::optional<Tokenizer> tokenizer;
+  if (o.prompt_ids.empty() || std::filesystem::exists(dir / "tokenizer.json")) tokenizer = Tokenizer::load(dir);
+  std::vector<int32_t> prompt;
+  if (!o.prompt_ids.empty()) {
+    prompt = parse_ids(o.prompt_ids);
+  } else if (!o.prompt.empty()) {
+    prompt = tokenizer->encode(o.prompt, true);
+  } else {
+    // As transformers' apply_chat_template(tokenize=True): render, then encode without the post-processor.
+    prompt = tokenizer->encode(render_chat_prompt(dir, o.chat), false);
+  }
+  if (prompt.empty()) fail(ErrorCode::kInvalidArgument, "--prompt encodes to no tokens; give some text");
 
   GenerateOptions g;
   g.layout.tp = o.tp;
@@ -137,13 +198,16 @@ int run_generate(const GenerateCliOptions& o) {
     nlohmann::json j;
     j["prompt_token_ids"] = prompt;
     j["token_ids"] = r.tokens;
-    j["text"] = "";  // detokenizing needs the tokenizer layer
+    // vLLM's default: special tokens (the EOS that stopped us) are not text.
+    j["text"] = tokenizer ? tokenizer->decode(r.tokens, /*skip_special_tokens=*/true) : "";
     j["finish_reason"] = r.finish_reason;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("token_ids:");
     for (int32_t t : r.tokens) std::printf(" %d", t);
-    std::printf("\nfinish_reason: %s\n", r.finish_reason.c_str());
+    std::printf("\n");
+    if (tokenizer) std::printf("text: %s\n", tokenizer->decode(r.tokens, true).c_str());
+    std::printf("finish_reason: %s\n", r.finish_reason.c_str());
     const double decode_tps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0;
     std::fprintf(stderr, "%s: prefill %zu tokens in %.3f s (%.1f tok/s), decode %.1f tok/s\n",
                  g.layout.to_string().c_str(), prompt.size(), r.prefill_seconds, prompt.size() / r.prefill_seconds,

@@ -95,6 +95,21 @@ TEST_F(GenerateCli, SeededSamplingRepeatsAndGreedyIsDefault) {
   EXPECT_EQ(nlohmann::json::parse(g.out)["token_ids"], nlohmann::json::parse(g0.out)["token_ids"]);
 }
 
+TEST_F(GenerateCli, PromptTextIsTokenizedAndOutputDetokenized) {
+  Proc t = sh(cli_ + " generate " + dir_ + " --prompt 'Hello world' --max-tokens 5 --json");
+  ASSERT_EQ(t.rc, 0) << t.out;
+  auto jt = nlohmann::json::parse(t.out);
+  ASSERT_FALSE(jt["prompt_token_ids"].empty());
+  std::string ids;
+  for (const auto& id : jt["prompt_token_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  Proc i = sh(cli_ + " generate " + dir_ + " --prompt-ids " + ids + " --max-tokens 5 --json");
+  ASSERT_EQ(i.rc, 0) << i.out;
+  auto ji = nlohmann::json::parse(i.out);
+  EXPECT_EQ(ji["token_ids"], jt["token_ids"]);
+  EXPECT_EQ(ji["text"], jt["text"]);
+  EXPECT_FALSE(jt["text"].get<std::string>().empty());
+}
+
 TEST_F(GenerateCli, BadInputsExplainThemselves) {
   const std::string base = cli_ + " generate " + dir_ + " --max-tokens 2";
   Proc r = sh(base + " --prompt-ids 1,x,3");
