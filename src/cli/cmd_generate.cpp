@@ -1,9 +1,12 @@
 // shardlm generate: one prompt through the model on this machine, ranks of a
-// TP × PP layout as threads (LocalComm). --json prints one object:
+// TP × PP layout as threads (LocalComm); under mpirun with more than one
+// process, the ranks are the processes (generate_mpi) and rank 0 prints. --json prints one object:
 //   {"prompt_token_ids": [...], "token_ids": [...], "text": "...", "finish_reason": "length"|"stop"}
 // --dump-logits FILE writes the logits of the last prompt position (the
 // distribution the first new token came from) as raw little-endian f32 [vocab].
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -12,7 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "comm/mpi_comm.h"
 #include "core/error.h"
+#include "engine/mpi_group_executor.h"
 #include "loader/model_spec.h"
 #include "model/generate.h"
 #include "sampling/sampler.h"
@@ -137,6 +142,12 @@ std::string render_chat_prompt(const std::filesystem::path& dir, const std::stri
 std::string render_chat_prompt(const std::filesystem::path&, const std::string&) { return ""; }
 #endif
 
+// Processes mpirun started (1 when not under mpirun).
+int mpi_world_size() {
+  const char* n = launched_by_mpirun() ? std::getenv("OMPI_COMM_WORLD_SIZE") : nullptr;
+  return n ? std::max(1, std::atoi(n)) : 1;
+}
+
 int run_generate(const GenerateCliOptions& o) {
   const int n_inputs = !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty();
   if (n_inputs != 1)
@@ -187,7 +198,22 @@ int run_generate(const GenerateCliOptions& o) {
     return (*sampler)->sample({logits, static_cast<size_t>(vocab)}).token;
   };
 
-  const GenerateResult r = generate_local(spec, open_checkpoint(dir), prompt, g);
+  GenerateResult r;
+  if (mpi_world_size() > 1) {
+#ifdef SHARDLM_HAVE_MPI
+    MpiRuntime runtime(nullptr, nullptr);
+    auto world = runtime.world();
+    std::vector<RankBytes> bytes;
+    r = generate_mpi(*world, dir, prompt, g, &bytes);
+    if (world->rank() != 0) return 0;  // rank 0 alone prints
+    std::fprintf(stderr, "%s", describe_rank_bytes(bytes).c_str());
+#else
+    fail(ErrorCode::kUnsupported, "started by mpirun with ", mpi_world_size(),
+         " processes, but this build has no MPI; configure with -DSHARDLM_MPI=ON");
+#endif
+  } else {
+    r = generate_local(spec, open_checkpoint(dir), prompt, g);
+  }
   if (!o.dump_logits.empty()) {
     std::ofstream out(o.dump_logits, std::ios::binary);
     out.write(reinterpret_cast<const char*>(r.prompt_logits.data()),
@@ -217,7 +243,7 @@ int run_generate(const GenerateCliOptions& o) {
 }
 
 void setup(CLI::App& app) {
-  auto* sub = app.add_subcommand("generate", "Generate tokens for one prompt on this machine (ranks as threads)");
+  auto* sub = app.add_subcommand("generate", "Generate tokens for one prompt (ranks as threads; as processes under mpirun)");
   auto o = std::make_shared<GenerateCliOptions>();
   sub->add_option("model", o->model, "Model directory (config.json + *.safetensors)")->required();
   sub->add_option("--prompt", o->prompt, "Prompt text (needs the tokenizer)");
@@ -231,8 +257,8 @@ void setup(CLI::App& app) {
   sub->add_option("--seed", o->seed, "Seed of the sampler's RNG");
   sub->add_flag("--json", o->json, "Print one JSON object");
   sub->add_option("--dump-logits", o->dump_logits, "Write the last prompt position's logits (f32 LE [vocab]) here");
-  sub->add_option("--tp,--tensor-parallel-size", o->tp, "Tensor-parallel ranks (threads)")->capture_default_str();
-  sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads)")->capture_default_str();
+  sub->add_option("--tp,--tensor-parallel-size", o->tp, "Tensor-parallel ranks (threads, or processes under mpirun)")->capture_default_str();
+  sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads, or processes under mpirun)")->capture_default_str();
   sub->add_option("--kv-cache-dtype", o->kv_dtype, "f32, bf16, f16, or auto (the weights' dtype)")->capture_default_str();
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();
   set_command_action(sub, [o] { return run_generate(*o); });

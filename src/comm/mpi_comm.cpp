@@ -125,7 +125,7 @@ class MpiComm final : public Communicator {
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int provided = 0;
-  int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
   if (rc != MPI_SUCCESS) fail(ErrorCode::kDistributed, "MPI_Init_thread failed (code ", rc, ")");
 }
 

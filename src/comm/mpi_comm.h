@@ -12,8 +12,9 @@ namespace shardlm {
 bool launched_by_mpirun();
 
 #ifdef SHARDLM_HAVE_MPI
-// Initialises MPI for the lifetime of the object (MPI_THREAD_FUNNELED: only
-// the engine thread communicates) and finalises it after.
+// Initialises MPI for the lifetime of the object and finalises it after.
+// MPI_THREAD_SERIALIZED: one thread communicates at a time, but not always
+// the one that initialised (serve's engine thread runs the collectives).
 class MpiRuntime {
  public:
   MpiRuntime(int* argc, char*** argv);

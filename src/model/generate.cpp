@@ -19,15 +19,82 @@ int32_t argmax_token(const float* logits, int64_t vocab_size) {
   return static_cast<int32_t>(best);
 }
 
-GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
-                              const std::vector<int32_t>& prompt, const GenerateOptions& opt, bool keep_all_logits) {
+void validate_generate(const ModelSpec& spec, const std::vector<int32_t>& prompt, const GenerateOptions& opt) {
   if (prompt.empty()) fail(ErrorCode::kInvalidArgument, "generate: the prompt has no tokens");
   if (opt.max_tokens < 1) fail(ErrorCode::kInvalidArgument, "generate: --max-tokens must be at least 1, got ", opt.max_tokens);
   validate_layout(spec, opt.layout);
   if (opt.layout.dp != 1) fail(ErrorCode::kInvalidArgument, "generate runs one replica; data parallelism is for serve");
-  const int n_ranks = opt.layout.tp * opt.layout.pp;
+}
+
+int64_t generate_kv_blocks(const std::vector<int32_t>& prompt, const GenerateOptions& opt) {
   const int64_t total = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
-  const int64_t n_blocks = (total + opt.block_size - 1) / opt.block_size;
+  return (total + opt.block_size - 1) / opt.block_size;
+}
+
+GenerateResult generate_steps(const GenerateStep& step, int64_t vocab_size, int64_t n_blocks,
+                              const std::vector<int32_t>& prompt, const GenerateOptions& opt, bool keep_all_logits,
+                              Communicator* group, bool is_driver) {
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>(b);
+  std::vector<float> logits(static_cast<size_t>(vocab_size));
+  std::vector<int32_t> generated;
+  GenerateResult local;
+  const int64_t chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk : static_cast<int64_t>(prompt.size());
+  auto t0 = std::chrono::steady_clock::now();
+  auto t_first = t0;
+  int64_t n_past = 0;
+  std::vector<int32_t> pending(prompt);  // tokens still to feed
+  while (true) {
+    // Feed the pending tokens (the prompt in chunks, then one token per step).
+    bool produced = false;
+    while (!pending.empty()) {
+      const int64_t take = std::min<int64_t>(chunk, static_cast<int64_t>(pending.size()));
+      ForwardBatch batch;
+      batch.token_ids.assign(pending.begin(), pending.begin() + take);
+      SequenceChunk c;
+      c.n_tokens = static_cast<int32_t>(take);
+      c.n_past = static_cast<int32_t>(n_past);
+      c.block_table = table;
+      c.need_logits = take == static_cast<int64_t>(pending.size());
+      batch.seqs.push_back(c);
+      step(batch, logits.data());
+      n_past += take;
+      pending.erase(pending.begin(), pending.begin() + take);
+      produced = c.need_logits;
+    }
+    SHARDLM_CHECK(produced);
+    int32_t next = 0;
+    if (is_driver) {
+      next = opt.pick ? opt.pick(logits.data(), vocab_size, generated) : argmax_token(logits.data(), vocab_size);
+      if (generated.empty()) {
+        local.prompt_logits = logits;
+        t_first = std::chrono::steady_clock::now();
+      }
+      if (keep_all_logits) local.step_logits.push_back(logits);
+    }
+    if (group) group->broadcast(&next, sizeof next, 0);
+    generated.push_back(next);
+    const bool stop = std::find(opt.eos_token_ids.begin(), opt.eos_token_ids.end(), next) != opt.eos_token_ids.end();
+    if (stop || static_cast<int64_t>(generated.size()) >= opt.max_tokens) {
+      local.finish_reason = stop ? "stop" : "length";
+      break;
+    }
+    pending.push_back(next);
+  }
+  if (is_driver) {
+    auto t_end = std::chrono::steady_clock::now();
+    local.tokens = generated;
+    local.prefill_seconds = std::chrono::duration<double>(t_first - t0).count();
+    local.decode_seconds = std::chrono::duration<double>(t_end - t_first).count();
+  }
+  return local;
+}
+
+GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
+                              const std::vector<int32_t>& prompt, const GenerateOptions& opt, bool keep_all_logits) {
+  validate_generate(spec, prompt, opt);
+  const int n_ranks = opt.layout.tp * opt.layout.pp;
+  const int64_t n_blocks = generate_kv_blocks(prompt, opt);
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   GenerateResult result;
   std::mutex mu;
@@ -37,58 +104,10 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
     const int tp_rank = world.rank() % opt.layout.tp, pp_rank = world.rank() / opt.layout.tp;
     auto model = CausalLM::load(spec, weights, opt.layout, tp_rank, pp_rank, *comms.tp, *comms.pp);
     KvCache cache = model->make_kv_cache(n_blocks, opt.block_size, opt.kv_dtype);
-    std::vector<int32_t> table(static_cast<size_t>(n_blocks));
-    for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>(b);
-    std::vector<float> logits(static_cast<size_t>(spec.vocab_size));
-    std::vector<int32_t> generated;
-    GenerateResult local;
-    const int64_t chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk : static_cast<int64_t>(prompt.size());
-    auto t0 = std::chrono::steady_clock::now();
-    auto t_first = t0;
-    int64_t n_past = 0;
-    std::vector<int32_t> pending(prompt);  // tokens still to feed
-    while (true) {
-      // Feed the pending tokens (the prompt in chunks, then one token per step).
-      bool produced = false;
-      while (!pending.empty()) {
-        const int64_t take = std::min<int64_t>(chunk, static_cast<int64_t>(pending.size()));
-        ForwardBatch batch;
-        batch.token_ids.assign(pending.begin(), pending.begin() + take);
-        SequenceChunk c;
-        c.n_tokens = static_cast<int32_t>(take);
-        c.n_past = static_cast<int32_t>(n_past);
-        c.block_table = table;
-        c.need_logits = take == static_cast<int64_t>(pending.size());
-        batch.seqs.push_back(c);
-        model->forward(batch, cache, logits.data());
-        n_past += take;
-        pending.erase(pending.begin(), pending.begin() + take);
-        produced = c.need_logits;
-      }
-      SHARDLM_CHECK(produced);
-      int32_t next = 0;
-      if (model->is_driver()) {
-        next = opt.pick ? opt.pick(logits.data(), spec.vocab_size, generated) : argmax_token(logits.data(), spec.vocab_size);
-        if (generated.empty()) {
-          local.prompt_logits = logits;
-          t_first = std::chrono::steady_clock::now();
-        }
-        if (keep_all_logits) local.step_logits.push_back(logits);
-      }
-      world.broadcast(&next, sizeof next, 0);
-      generated.push_back(next);
-      const bool stop = std::find(opt.eos_token_ids.begin(), opt.eos_token_ids.end(), next) != opt.eos_token_ids.end();
-      if (stop || static_cast<int64_t>(generated.size()) >= opt.max_tokens) {
-        local.finish_reason = stop ? "stop" : "length";
-        break;
-      }
-      pending.push_back(next);
-    }
+    auto step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
+    GenerateResult local =
+        generate_steps(step, spec.vocab_size, n_blocks, prompt, opt, keep_all_logits, &world, model->is_driver());
     if (model->is_driver()) {
-      auto t_end = std::chrono::steady_clock::now();
-      local.tokens = generated;
-      local.prefill_seconds = std::chrono::duration<double>(t_first - t0).count();
-      local.decode_seconds = std::chrono::duration<double>(t_end - t_first).count();
       local.weight_bytes_rank0 = model->weight_bytes();
       std::lock_guard<std::mutex> lock(mu);
       result = std::move(local);

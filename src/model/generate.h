@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
+#include "model/forward_batch.h"
 #include "model/weight_source.h"
 #include "plan/sharding.h"
 
@@ -38,6 +40,22 @@ struct GenerateResult {
 
 // Greedy with the lowest id on ties.
 int32_t argmax_token(const float* logits, int64_t vocab_size);
+
+// Runs one step of the group: logits [batch.n_logits(), vocab] written on the driver.
+using GenerateStep = std::function<void(const ForwardBatch& batch, float* logits)>;
+
+// The token loop of one request, shared by the thread and MPI paths.
+// step runs a batch on the whole group. group == nullptr: only the driver runs
+// the loop (step reaches the other ranks itself, as an executor does); else
+// every rank of `group` runs it and the driver's token is broadcast over it.
+// The result (tokens, logits, timings) is filled on the driver.
+GenerateResult generate_steps(const GenerateStep& step, int64_t vocab_size, int64_t kv_blocks,
+                              const std::vector<int32_t>& prompt, const GenerateOptions& options, bool keep_all_logits,
+                              Communicator* group, bool is_driver);
+// KV blocks one request of prompt + max_tokens needs.
+int64_t generate_kv_blocks(const std::vector<int32_t>& prompt, const GenerateOptions& options);
+// Checks prompt, max_tokens and the layout (dp must be 1); throws kInvalidArgument.
+void validate_generate(const ModelSpec& spec, const std::vector<int32_t>& prompt, const GenerateOptions& options);
 
 GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
                               const std::vector<int32_t>& prompt, const GenerateOptions& options,

@@ -1,0 +1,234 @@
+#include "engine/mpi_group_executor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "loader/model_spec.h"
+#include "model/generate.h"
+
+namespace shardlm {
+
+namespace {
+
+enum : int32_t { kMsgShutdown = 0, kMsgBatch = 1 };
+
+// Ranks sharing this host: mpirun says; else assume all ranks of the replica.
+int local_ranks(int fallback) {
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    int n = std::atoi(s);
+    if (n > 0) return n;
+  }
+  return fallback;
+}
+
+}  // namespace
+
+std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch) {
+  std::vector<int32_t> m;
+  size_t n = 3 + batch.token_ids.size();
+  for (const auto& s : batch.seqs) n += 4 + s.block_table.size();
+  m.reserve(n);
+  m.push_back(kMsgBatch);
+  m.push_back(static_cast<int32_t>(batch.seqs.size()));
+  m.push_back(static_cast<int32_t>(batch.token_ids.size()));
+  m.insert(m.end(), batch.token_ids.begin(), batch.token_ids.end());
+  for (const auto& s : batch.seqs) {
+    m.push_back(s.n_tokens);
+    m.push_back(s.n_past);
+    m.push_back(s.need_logits ? 1 : 0);
+    m.push_back(static_cast<int32_t>(s.block_table.size()));
+    m.insert(m.end(), s.block_table.begin(), s.block_table.end());
+  }
+  return m;
+}
+
+std::vector<int32_t> encode_shutdown() { return {kMsgShutdown}; }
+
+bool decode_forward_batch(const std::vector<int32_t>& m, ForwardBatch* batch) {
+  auto bad = [&](const char* what) {
+    fail(ErrorCode::kCorruptFile, "batch message of ", m.size(), " ints from the driver: ", what,
+         "; the ranks run different shardlm binaries or a message was cut");
+  };
+  if (m.empty()) bad("empty");
+  if (m[0] == kMsgShutdown) return false;
+  if (m[0] != kMsgBatch || m.size() < 3) bad("unknown kind or no header");
+  const int64_t n_seqs = m[1], n_tokens = m[2];
+  if (n_seqs < 0 || n_tokens < 0 || 3 + n_tokens > static_cast<int64_t>(m.size())) bad("token count out of range");
+  size_t at = 3;
+  batch->token_ids.assign(m.begin() + at, m.begin() + at + n_tokens);
+  at += static_cast<size_t>(n_tokens);
+  batch->seqs.resize(static_cast<size_t>(n_seqs));
+  int64_t sum = 0;
+  for (auto& s : batch->seqs) {
+    if (at + 4 > m.size()) bad("sequence header past the end");
+    s.n_tokens = m[at];
+    s.n_past = m[at + 1];
+    s.need_logits = m[at + 2] != 0;
+    const int32_t n_blocks = m[at + 3];
+    at += 4;
+    if (n_blocks < 0 || at + static_cast<size_t>(n_blocks) > m.size()) bad("block table past the end");
+    s.block_table.assign(m.begin() + at, m.begin() + at + n_blocks);
+    at += static_cast<size_t>(n_blocks);
+    sum += s.n_tokens;
+  }
+  if (at != m.size() || sum != n_tokens) bad("sizes do not add up");
+  return true;
+}
+
+MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& options)
+    : world_(world), options_(options) {
+  const Layout& layout = options.layout;
+  if (layout.tp < 1 || layout.pp < 1 || layout.dp < 1)
+    fail(ErrorCode::kInvalidArgument, "layout ", layout.to_string(), ": every degree must be at least 1");
+  if (world.size() != layout.world_size())
+    fail(ErrorCode::kInvalidArgument, "mpirun started ", world.size(), " processes but ", layout.to_string(), " needs ",
+         layout.world_size(), " (tp × pp × dp = ", layout.tp, " × ", layout.pp, " × ", layout.dp,
+         "); run mpirun -np ", layout.world_size(), " or change -tp/-pp/-dp");
+  if (options.n_blocks < 1) fail(ErrorCode::kInvalidArgument, "executor: n_blocks must be >= 1, got ", options.n_blocks);
+  world_config_.rank = world.rank();
+  world_config_.layout = layout;
+  dp_rank_ = world_config_.dp_rank();
+  try {
+    const ModelSpec spec = load_model_config(options.model_dir / "config.json");
+    vocab_size_ = spec.vocab_size;
+    Layout replica_layout = layout;
+    replica_layout.dp = 1;
+    validate_layout(spec, replica_layout);
+    // Replica ranks ordered as in the world: tp fastest, then pp.
+    replica_ = world.split(dp_rank_, world.rank());
+    comms_ = split_rank_comms(*replica_, replica_layout);
+    const int tp_rank = replica_->rank() % layout.tp, pp_rank = replica_->rank() / layout.tp;
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    backend::set_num_threads(options.n_threads_per_rank > 0
+                                 ? options.n_threads_per_rank
+                                 : std::max(1, static_cast<int>(hw) / local_ranks(replica_->size())));
+    if (const char* s = std::getenv("SHARDLM_TEST_FAIL_RANK"); s && std::atoi(s) == world.rank())
+      fail(ErrorCode::kInternal, "SHARDLM_TEST_FAIL_RANK=", s, ": this rank fails its load on purpose");
+    model_ = CausalLM::load(spec, open_checkpoint(options.model_dir), replica_layout, tp_rank, pp_rank, *comms_.tp,
+                            *comms_.pp);
+    cache_ = model_->make_kv_cache(options.n_blocks, options.block_size, options.kv_dtype);
+    RankBytes mine;
+    mine.world_rank = world.rank();
+    mine.tp_rank = tp_rank;
+    mine.pp_rank = pp_rank;
+    mine.weight_bytes = model_->weight_bytes();
+    mine.kv_bytes = model_->kv_block_bytes(options.block_size, options.kv_dtype) * options.n_blocks;
+    // Every rank reports to its driver; the driver keeps them in replica rank order.
+    rank_bytes_.assign(1, mine);
+    if (is_driver()) {
+      rank_bytes_.resize(static_cast<size_t>(replica_->size()));
+      for (int r = 1; r < replica_->size(); ++r) replica_->recv(&rank_bytes_[r], sizeof(RankBytes), r);
+    } else {
+      replica_->send(&mine, sizeof mine, 0);
+    }
+  } catch (const std::exception& e) {
+    abort_world("loading the model", e);
+  }
+}
+
+MpiGroupExecutor::~MpiGroupExecutor() {
+  if (replica_ && is_driver() && !shut_down_) {
+    try {
+      shutdown();
+    } catch (...) {
+      // The world already failed; the workers were stopped by the abort.
+    }
+  }
+}
+
+void MpiGroupExecutor::abort_world(const char* where, const std::exception& e) {
+  std::string what = std::string("rank ") + std::to_string(world_.rank()) + " (tp " +
+                     std::to_string(world_config_.tp_rank()) + ", pp " + std::to_string(world_config_.pp_rank()) +
+                     ", replica " + std::to_string(dp_rank_) + ") failed " + where + ": " + e.what();
+  world_.abort(what.c_str());  // MPI: MPI_Abort, does not return
+  throw Error(ErrorCode::kDistributed, what);
+}
+
+void MpiGroupExecutor::execute(const ForwardBatch& batch, float* logits) {
+  if (!is_driver()) fail(ErrorCode::kInternal, "execute is for the replica's driver; other ranks call run_worker");
+  if (shut_down_) fail(ErrorCode::kInternal, "execute after shutdown");
+  try {
+    const std::vector<int32_t> message = encode_forward_batch(batch);
+    int64_t n = static_cast<int64_t>(message.size());
+    replica_->broadcast(&n, sizeof n, 0);
+    replica_->broadcast(const_cast<int32_t*>(message.data()), message.size() * sizeof(int32_t), 0);
+    model_->forward(batch, cache_, logits);
+  } catch (const std::exception& e) {
+    abort_world("running a batch", e);
+  }
+}
+
+void MpiGroupExecutor::run_worker() {
+  if (is_driver()) fail(ErrorCode::kInternal, "run_worker is for the non-driver ranks");
+  try {
+    std::vector<int32_t> message;
+    for (;;) {
+      int64_t n = 0;
+      replica_->broadcast(&n, sizeof n, 0);
+      if (n < 1 || n > (int64_t{1} << 31))
+        fail(ErrorCode::kCorruptFile, "batch message of ", n, " ints announced by the driver");
+      message.resize(static_cast<size_t>(n));
+      replica_->broadcast(message.data(), message.size() * sizeof(int32_t), 0);
+      if (!decode_forward_batch(message, &batch_)) return;
+      model_->forward(batch_, cache_, nullptr);
+    }
+  } catch (const std::exception& e) {
+    abort_world("running a batch", e);
+  }
+}
+
+void MpiGroupExecutor::shutdown() {
+  if (!is_driver() || shut_down_) return;
+  shut_down_ = true;
+  std::vector<int32_t> message = encode_shutdown();
+  int64_t n = static_cast<int64_t>(message.size());
+  replica_->broadcast(&n, sizeof n, 0);
+  replica_->broadcast(message.data(), message.size() * sizeof(int32_t), 0);
+}
+
+std::string describe_rank_bytes(const std::vector<RankBytes>& ranks) {
+  std::string s;
+  for (const auto& r : ranks)
+    s += "rank " + std::to_string(r.world_rank) + " (tp " + std::to_string(r.tp_rank) + ", pp " +
+         std::to_string(r.pp_rank) + "): weights " + std::to_string(r.weight_bytes) + " bytes, kv " +
+         std::to_string(r.kv_bytes) + " bytes\n";
+  return s;
+}
+
+GenerateResult generate_mpi(Communicator& world, const std::filesystem::path& model_dir,
+                            const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+                            std::vector<RankBytes>* rank_bytes) {
+  const ModelSpec spec = load_model_config(model_dir / "config.json");
+  validate_generate(spec, prompt, opt);
+  MpiGroupOptions mo;
+  mo.model_dir = model_dir;
+  mo.layout = opt.layout;
+  mo.n_blocks = generate_kv_blocks(prompt, opt);
+  mo.block_size = opt.block_size;
+  mo.kv_dtype = opt.kv_dtype;
+  MpiGroupExecutor executor(world, mo);
+  if (!executor.is_driver()) {
+    executor.run_worker();
+    return {};
+  }
+  GenerateResult r;
+  try {
+    auto step = [&](const ForwardBatch& batch, float* logits) { executor.execute(batch, logits); };
+    r = generate_steps(step, spec.vocab_size, mo.n_blocks, prompt, opt, false, nullptr, true);
+  } catch (const std::exception& e) {
+    // The workers wait for the next batch: stop them with the reason.
+    std::string what = std::string("rank 0 failed generating: ") + e.what();
+    world.abort(what.c_str());
+    throw;
+  }
+  executor.shutdown();
+  r.weight_bytes_rank0 = executor.model().weight_bytes();
+  if (rank_bytes) *rank_bytes = executor.rank_bytes();
+  return r;
+}
+
+}  // namespace shardlm

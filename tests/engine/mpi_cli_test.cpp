@@ -1,0 +1,199 @@
+// `mpirun -np N shardlm generate` (ranks as OpenMPI processes) against the
+// single-process TP=1 run of the same synthetic checkpoints: greedy tokens
+// equal, last-prompt-position logits within 2e-4 of the largest |logit|
+// (f32 KV; only the summation order of the TP all-reduces differs), per-rank
+// weight bytes equal plan's rank_weight_bytes, a world of the wrong size is
+// refused naming both numbers, and a rank that fails stops the whole run
+// within seconds naming it.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "loader/model_spec.h"
+#include "plan/sharding.h"
+
+namespace {
+
+struct Proc {
+  int rc = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+  double seconds = 0;
+};
+
+Proc run(const std::string& cmd, const std::string& tag) {
+  const std::string err_path = std::string(std::getenv("SHARDLM_BINARY_DIR") ? std::getenv("SHARDLM_BINARY_DIR") : ".") +
+                               "/tests/engine/mpi_cli_" + tag + ".stderr";
+  Proc r;
+  auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen((cmd + " 2>" + err_path).c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+std::vector<float> read_f32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  std::vector<float> v(static_cast<size_t>(in.tellg()) / 4);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  return v;
+}
+
+class MpiGenerate : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // mpirun refuses root without these; OpenMPI's plugins leak at exit.
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    const char* cli = std::getenv("SHARDLM_CLI");
+    const char* build = std::getenv("SHARDLM_BINARY_DIR");
+    cli_ = cli ? cli : SHARDLM_CLI_PATH;
+    root_ = std::string(build ? build : SHARDLM_BUILD_DIR) + "/tests/engine";
+    // 28 Q / 4 KV heads (Qwen2.5-7B's), 3 layers; 40 Q / 8 KV heads
+    // (Qwen2.5-14B's), 5 layers: PP 2 and 3 split it unevenly. Hidden sizes
+    // shrunk (head_dim 16) to keep every run to about a second.
+    m7_ = root_ + "/mpi_q7";
+    m14_ = root_ + "/mpi_q14";
+    make(m7_, "--like qwen2.5-7b --layers 3 --vocab 512 --hidden 448 --intermediate 512 --seed 7");
+    make(m14_, "--like qwen2.5-14b --layers 5 --vocab 512 --hidden 640 --intermediate 384 --seed 14");
+  }
+  static void make(const std::string& dir, const std::string& args) {
+    if (std::filesystem::exists(dir + "/config.json")) return;
+    Proc r = run(cli_ + " make-model " + args + " --out " + dir, "make");
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  }
+  static std::string mpirun(int np) {
+    return std::string(SHARDLM_MPIRUN_PATH) + " --oversubscribe --allow-run-as-root --mca btl self,vader -np " +
+           std::to_string(np) + " ";
+  }
+  static std::string generate(const std::string& dir, const std::string& tag) {
+    return cli_ + " generate " + dir + " --prompt-ids 3,141,59,26,5,35,8 --max-tokens 6 --json --dump-logits " +
+           root_ + "/mpi_" + tag + ".logits";
+  }
+
+  // The mpirun run of tp x pp equals the single-process TP=1 run.
+  void expect_same_as_tp1(const std::string& dir, int tp, int pp) {
+    const std::string name = std::filesystem::path(dir).filename().string();
+    Proc one = run(generate(dir, name + "_tp1"), name + "_tp1");
+    ASSERT_EQ(one.rc, 0) << one.out << one.err;
+    const auto j1 = nlohmann::json::parse(one.out);
+    ASSERT_EQ(j1["token_ids"].size(), 6u);
+    const std::string tag = name + "_tp" + std::to_string(tp) + "pp" + std::to_string(pp);
+    Proc r = run(mpirun(tp * pp) + generate(dir, tag) + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp),
+                 tag);
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    // Only rank 0 prints: exactly one JSON object.
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["token_ids"], j1["token_ids"]) << tag;
+    const auto l1 = read_f32(root_ + "/mpi_" + name + "_tp1.logits");
+    const auto l = read_f32(root_ + "/mpi_" + tag + ".logits");
+    ASSERT_EQ(l1.size(), 512u);
+    ASSERT_EQ(l.size(), l1.size()) << tag;
+    float scale = 1.0f, worst = 0.0f;
+    for (size_t i = 0; i < l.size(); ++i) {
+      scale = std::max(scale, std::fabs(l1[i]));
+      worst = std::max(worst, std::fabs(l[i] - l1[i]));
+    }
+    EXPECT_LT(worst / scale, 2e-4f) << tag;
+    // rank 0 logs each rank's bytes; they are plan's.
+    const shardlm::ModelSpec spec = shardlm::load_model_config(dir + "/config.json");
+    shardlm::Layout layout;
+    layout.tp = tp;
+    layout.pp = pp;
+    std::regex line(R"(rank (\d+) \(tp (\d+), pp (\d+)\): weights (\d+) bytes, kv (\d+) bytes)");
+    int n_lines = 0;
+    for (std::sregex_iterator it(r.err.begin(), r.err.end(), line), end; it != end; ++it, ++n_lines) {
+      const int rank = std::stoi((*it)[1]), t = std::stoi((*it)[2]), p = std::stoi((*it)[3]);
+      EXPECT_EQ(rank, p * tp + t);
+      EXPECT_EQ(std::stoll((*it)[4]), shardlm::rank_weight_bytes(spec, layout, t, p)) << tag << " rank " << rank;
+      EXPECT_GT(std::stoll((*it)[5]), 0);
+    }
+    EXPECT_EQ(n_lines, tp * pp) << r.err;
+  }
+
+  static std::string cli_, root_, m7_, m14_;
+};
+std::string MpiGenerate::cli_, MpiGenerate::root_, MpiGenerate::m7_, MpiGenerate::m14_;
+
+TEST_F(MpiGenerate, Tp2) { expect_same_as_tp1(m7_, 2, 1); }
+TEST_F(MpiGenerate, Tp3) { expect_same_as_tp1(m7_, 3, 1); }
+TEST_F(MpiGenerate, Tp6) { expect_same_as_tp1(m7_, 6, 1); }
+TEST_F(MpiGenerate, Tp4Heads40) { expect_same_as_tp1(m14_, 4, 1); }
+TEST_F(MpiGenerate, Tp5Heads40) { expect_same_as_tp1(m14_, 5, 1); }
+TEST_F(MpiGenerate, Pp2Of5Layers) { expect_same_as_tp1(m14_, 1, 2); }
+TEST_F(MpiGenerate, Pp3Of5Layers) { expect_same_as_tp1(m14_, 1, 3); }
+TEST_F(MpiGenerate, Tp2Pp3) { expect_same_as_tp1(m14_, 2, 3); }
+
+TEST_F(MpiGenerate, WorldOfTheWrongSizeIsRefused) {
+  Proc r = run(mpirun(3) + generate(m7_, "wrong") + " --tp 2", "wrong");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("3 processes"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("needs 2"), std::string::npos) << r.err;
+}
+
+TEST_F(MpiGenerate, AFailingRankStopsTheRunNamingIt) {
+  // Rank 2 throws at load while ranks 0 and 1 wait for it in a collective.
+  Proc r = run("SHARDLM_TEST_FAIL_RANK=2 " + mpirun(3) + "-x SHARDLM_TEST_FAIL_RANK " + generate(m14_, "dead") +
+                   " --pp 3",
+               "dead");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(r.seconds, 20.0);
+  EXPECT_NE(r.err.find("shardlm: rank 2 (tp 0, pp 2, replica 0) failed loading the model"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("MPI_ABORT was invoked on rank 2"), std::string::npos) << r.err;
+}
+
+TEST_F(MpiGenerate, AMissingTensorOnlyTheLastStageReadsStopsTheRun) {
+  // A copy of the checkpoint whose last layer's down_proj is renamed (same
+  // length, so the header stays valid): only PP stage 2 (layer 4) needs it.
+  const std::string dir = root_ + "/mpi_q14_broken";
+  std::filesystem::create_directories(dir);
+  for (const auto& e : std::filesystem::directory_iterator(m14_))
+    std::filesystem::copy_file(e.path(), dir + "/" + e.path().filename().string(),
+                               std::filesystem::copy_options::overwrite_existing);
+  const std::string file = dir + "/model.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    bytes = ss.str();
+  }
+  const std::string from = "model.layers.4.mlp.down_proj.weight", to = "model.layers.4.mlp.down_proj.weigXX";
+  const size_t at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, from.size(), to);
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << bytes;
+  }
+  Proc r = run(mpirun(3) + generate(dir, "broken") + " --pp 3", "broken");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(r.seconds, 20.0);
+  EXPECT_NE(r.err.find("shardlm: rank 2 (tp 0, pp 2, replica 0) failed loading the model"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("model.layers.4.mlp.down_proj.weight"), std::string::npos) << r.err;
+}
+
+}  // namespace

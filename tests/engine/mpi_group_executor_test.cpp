@@ -1,0 +1,175 @@
+// MpiGroupExecutor without mpirun: its world is LocalComm threads, so the
+// replica split, the batch broadcast, the worker loop, the per-rank byte
+// report and the failure path run in-process. (tests/engine/mpi_cli_test.cpp
+// runs the same code as OpenMPI processes.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+
+#include "comm/local_comm.h"
+#include "core/error.h"
+#include "engine/mpi_group_executor.h"
+#include "loader/synthetic_checkpoint.h"
+#include "model/generate.h"
+#include "plan/sharding.h"
+
+namespace shardlm {
+namespace {
+
+TEST(MpiBatchWire, RoundTripsAndRejectsCutMessages) {
+  ForwardBatch b;
+  b.token_ids = {5, 6, 7, 8};
+  b.seqs.resize(2);
+  b.seqs[0] = {3, 0, {4, 9}, true};
+  b.seqs[1] = {1, 17, {1, 2, 3}, false};
+  const std::vector<int32_t> m = encode_forward_batch(b);
+  EXPECT_EQ(m.size(), 3u + 4u + (4u + 2u) + (4u + 3u));
+  ForwardBatch d;
+  ASSERT_TRUE(decode_forward_batch(m, &d));
+  EXPECT_EQ(d.token_ids, b.token_ids);
+  ASSERT_EQ(d.seqs.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(d.seqs[i].n_tokens, b.seqs[i].n_tokens);
+    EXPECT_EQ(d.seqs[i].n_past, b.seqs[i].n_past);
+    EXPECT_EQ(d.seqs[i].block_table, b.seqs[i].block_table);
+    EXPECT_EQ(d.seqs[i].need_logits, b.seqs[i].need_logits);
+  }
+  EXPECT_FALSE(decode_forward_batch(encode_shutdown(), &d));
+  std::vector<int32_t> cut(m.begin(), m.end() - 1);
+  EXPECT_THROW(decode_forward_batch(cut, &d), Error);
+  std::vector<int32_t> wrong_sum = m;
+  wrong_sum[7] = 2;  // seq 0 claims 2 tokens: 2 + 1 != 4
+  EXPECT_THROW(decode_forward_batch(wrong_sum, &d), Error);
+}
+
+class MpiExecutorThreads : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* build = std::getenv("SHARDLM_BINARY_DIR");
+    dir_ = std::filesystem::path(build ? build : ".") / "tests/engine/mpi_executor_model";
+    SyntheticModelOptions o;
+    o.like = "qwen2.5-7b";  // 28 Q heads, 4 KV heads
+    o.n_layers = 3;
+    o.vocab_size = 512;
+    o.hidden_size = 448;  // head_dim 16
+    o.intermediate_size = 512;
+    o.seed = 21;
+    spec_ = write_synthetic_model(dir_, o).spec;
+  }
+  static std::filesystem::path dir_;
+  static ModelSpec spec_;
+};
+std::filesystem::path MpiExecutorThreads::dir_;
+ModelSpec MpiExecutorThreads::spec_;
+
+struct ReplicaOut {
+  GenerateResult result;
+  std::vector<RankBytes> bytes;
+};
+
+// Every thread builds the executor; each replica's driver runs the token loop.
+std::vector<ReplicaOut> run_replicas(const std::filesystem::path& dir, const Layout& layout,
+                                     const std::vector<int32_t>& prompt, const GenerateOptions& g) {
+  std::vector<ReplicaOut> out(static_cast<size_t>(layout.dp));
+  std::mutex mu;
+  run_local_ranks(layout.world_size(), [&](Communicator& world) {
+    MpiGroupOptions mo;
+    mo.model_dir = dir;
+    mo.layout = layout;
+    mo.n_blocks = generate_kv_blocks(prompt, g);
+    mo.block_size = g.block_size;
+    mo.kv_dtype = g.kv_dtype;
+    mo.n_threads_per_rank = 1;
+    MpiGroupExecutor ex(world, mo);
+    if (!ex.is_driver()) {
+      ex.run_worker();
+      return;
+    }
+    auto step = [&](const ForwardBatch& b, float* logits) { ex.execute(b, logits); };
+    GenerateResult r = generate_steps(step, ex.vocab_size(), mo.n_blocks, prompt, g, false, nullptr, true);
+    ex.shutdown();
+    std::lock_guard<std::mutex> lock(mu);
+    out[static_cast<size_t>(ex.replica_index())] = {std::move(r), ex.rank_bytes()};
+  });
+  return out;
+}
+
+TEST_F(MpiExecutorThreads, ReplicasMatchOneRankAndReportPlanBytes) {
+  const std::vector<int32_t> prompt = {3, 141, 59, 26, 5, 35};
+  GenerateOptions g;
+  g.max_tokens = 5;
+  g.block_size = 4;
+  g.kv_dtype = DType::kF32;
+  const GenerateResult want = generate_local(spec_, open_checkpoint(dir_), prompt, g);
+  ASSERT_EQ(want.tokens.size(), 5u);
+  // TP2 x PP2; TP3 x DP2 (two replicas of three ranks); PP3.
+  for (Layout layout : {Layout{2, 2, 1, {}}, Layout{3, 1, 2, {}}, Layout{1, 3, 1, {}}}) {
+    const auto got = run_replicas(dir_, layout, prompt, g);
+    ASSERT_EQ(got.size(), static_cast<size_t>(layout.dp));
+    for (int d = 0; d < layout.dp; ++d) {
+      const ReplicaOut& r = got[d];
+      EXPECT_EQ(r.result.tokens, want.tokens) << layout.to_string() << " replica " << d;
+      ASSERT_EQ(r.result.prompt_logits.size(), want.prompt_logits.size());
+      float scale = 1.0f, worst = 0.0f;
+      for (size_t i = 0; i < want.prompt_logits.size(); ++i) {
+        scale = std::max(scale, std::fabs(want.prompt_logits[i]));
+        worst = std::max(worst, std::fabs(r.result.prompt_logits[i] - want.prompt_logits[i]));
+      }
+      EXPECT_LT(worst / scale, 2e-4f) << layout.to_string();
+      // One report per rank of the replica, equal to what plan computes.
+      ASSERT_EQ(r.bytes.size(), static_cast<size_t>(layout.tp * layout.pp));
+      Layout one = layout;
+      one.dp = 1;
+      for (size_t i = 0; i < r.bytes.size(); ++i) {
+        const RankBytes& b = r.bytes[i];
+        EXPECT_EQ(b.world_rank, WorldConfig::rank_of(layout, b.tp_rank, b.pp_rank, d));
+        EXPECT_EQ(static_cast<int>(i), b.pp_rank * layout.tp + b.tp_rank);
+        EXPECT_EQ(b.weight_bytes, rank_weight_bytes(spec_, one, b.tp_rank, b.pp_rank))
+            << layout.to_string() << " tp " << b.tp_rank << " pp " << b.pp_rank;
+        EXPECT_GT(b.kv_bytes, 0);
+      }
+    }
+  }
+}
+
+TEST_F(MpiExecutorThreads, WorldSizeMustMatchTheLayout) {
+  try {
+    run_local_ranks(3, [&](Communicator& world) {
+      MpiGroupOptions mo;
+      mo.model_dir = dir_;
+      mo.layout.tp = 2;
+      mo.n_blocks = 4;
+      MpiGroupExecutor ex(world, mo);
+    });
+    FAIL() << "a world of 3 ranks ran TP=2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 processes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(MpiExecutorThreads, ARankFailingItsLoadStopsTheOthersNamingIt) {
+  setenv("SHARDLM_TEST_FAIL_RANK", "2", 1);
+  try {
+    run_local_ranks(3, [&](Communicator& world) {
+      MpiGroupOptions mo;
+      mo.model_dir = dir_;
+      mo.layout.pp = 3;
+      mo.n_blocks = 4;
+      MpiGroupExecutor ex(world, mo);
+      if (!ex.is_driver()) ex.run_worker();
+    });
+    unsetenv("SHARDLM_TEST_FAIL_RANK");
+    FAIL() << "rank 2 failed but the group ran";
+  } catch (const Error& e) {
+    unsetenv("SHARDLM_TEST_FAIL_RANK");
+    EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardlm
