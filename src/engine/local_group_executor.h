@@ -40,6 +40,8 @@ class LocalGroupExecutor final : public ModelExecutor {
 
   int64_t vocab_size() const override { return vocab_size_; }
   void execute(const ForwardBatch& batch, float* logits) override;
+  int64_t n_kv_blocks() const override { return options_.n_blocks; }
+  int64_t kv_block_size() const override { return options_.block_size; }
 
   // Bytes one KV block takes on rank 0 (what the block pool divides by).
   int64_t kv_block_bytes_rank0() const { return kv_block_bytes_rank0_; }
