@@ -64,6 +64,8 @@ class MpiGroupExecutor final : public ModelExecutor {
   int64_t vocab_size() const override { return vocab_size_; }
   // Driver only. logits: [batch.n_logits(), vocab_size()].
   void execute(const ForwardBatch& batch, float* logits) override;
+  int64_t n_kv_blocks() const override { return options_.n_blocks; }
+  int64_t kv_block_size() const override { return options_.block_size; }
   // Non-driver ranks: run every batch the driver broadcasts; returns after
   // its shutdown.
   void run_worker();
