@@ -144,7 +144,13 @@ void MpiGroupExecutor::abort_world(const char* where, const std::exception& e) {
   std::string what = std::string("rank ") + std::to_string(world_.rank()) + " (tp " +
                      std::to_string(world_config_.tp_rank()) + ", pp " + std::to_string(world_config_.pp_rank()) +
                      ", replica " + std::to_string(dp_rank_) + ") failed " + where + ": " + e.what();
-  world_.abort(what.c_str());  // MPI: MPI_Abort, does not return
+  // MPI: the first call is MPI_Abort on the world and does not return. Over
+  // LocalComm each communicator is aborted, so a peer blocked in any of them
+  // (replica broadcast, TP all-reduce, PP send) throws instead of waiting.
+  if (comms_.tp) comms_.tp->abort(what.c_str());
+  if (comms_.pp) comms_.pp->abort(what.c_str());
+  if (replica_) replica_->abort(what.c_str());
+  world_.abort(what.c_str());
   throw Error(ErrorCode::kDistributed, what);
 }
 
