@@ -159,9 +159,8 @@ TEST_F(MpiGenerate, AFailingRankStopsTheRunNamingIt) {
                "dead");
   EXPECT_NE(r.rc, 0);
   EXPECT_LT(r.seconds, 20.0);
-  EXPECT_NE(r.err.find("shardlm: rank 2 (tp 0, pp 2, replica 0) failed loading the model"), std::string::npos)
+  EXPECT_NE(r.err.find("shardlm: rank 2 failed: rank 2 (tp 0, pp 2, replica 0) failed loading the model"), std::string::npos)
       << r.err;
-  EXPECT_NE(r.err.find("MPI_ABORT was invoked on rank 2"), std::string::npos) << r.err;
 }
 
 TEST_F(MpiGenerate, AMissingTensorOnlyTheLastStageReadsStopsTheRun) {
@@ -191,7 +190,7 @@ TEST_F(MpiGenerate, AMissingTensorOnlyTheLastStageReadsStopsTheRun) {
   Proc r = run(mpirun(3) + generate(dir, "broken") + " --pp 3", "broken");
   EXPECT_NE(r.rc, 0);
   EXPECT_LT(r.seconds, 20.0);
-  EXPECT_NE(r.err.find("shardlm: rank 2 (tp 0, pp 2, replica 0) failed loading the model"), std::string::npos)
+  EXPECT_NE(r.err.find("shardlm: rank 2 failed: rank 2 (tp 0, pp 2, replica 0) failed loading the model"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("model.layers.4.mlp.down_proj.weight"), std::string::npos) << r.err;
 }
