@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite: install, build, run every test; then the same tests
+# again under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+jobs=$(nproc)
+
+BUILD_DIR=build bash scripts/build.sh
+ctest --test-dir build --output-on-failure -j"$jobs" --timeout 600
+
+# Sanitizers: debug-optimised build, no -march=native so reports are stable;
+# tests labelled "slow" (large numerics) are left to the first pass.
+BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DSHARDLM_SANITIZE=ON -DSHARDLM_NATIVE=OFF -DCMAKE_CXX_FLAGS=-O1
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 -LE slow

@@ -1,0 +1,378 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include <ctime>
+#include <thread>
+
+#include "core/error.h"
+#include "server/listener.h"
+
+namespace shardlm::server {
+
+namespace {
+
+void reply_json(httplib::Response& res, int status, const ordered_json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+}
+
+void reply_error(httplib::Response& res, const ApiError& error) { reply_json(res, error.status, error_json(error)); }
+
+const char* status_type(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable";
+    default: return status >= 500 ? "internal_server_error" : "invalid_request_error";
+  }
+}
+
+std::array<unsigned char, 32> sha256(const std::string& s) {
+  std::array<unsigned char, 32> out{};
+  unsigned int len = 0;
+  EVP_Digest(s.data(), s.size(), out.data(), &len, EVP_sha256(), nullptr);
+  return out;
+}
+
+bool needs_auth(const std::string& path) {
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+}
+
+}  // namespace
+
+// The backend requests of one HTTP request. Whatever way the handler exits
+// (answer sent, client gone, exception), unfinished requests are cancelled
+// and the server stops tracking them.
+struct HttpServer::Streams {
+  HttpServer* server;
+  std::vector<std::unique_ptr<RequestStream>> list;
+  explicit Streams(HttpServer* s) : server(s) {}
+  void add(std::unique_ptr<RequestStream> s) {
+    server->track(s.get());
+    list.push_back(std::move(s));
+  }
+  ~Streams() {
+    for (auto& s : list) {
+      if (!s->done()) s->cancel();
+      server->untrack(s.get());
+    }
+  }
+};
+
+namespace {
+
+bool sse_write(httplib::DataSink& sink, const std::string& payload) {
+  std::string frame = "data: " + payload + "\n\n";
+  return sink.write(frame.data(), frame.size());
+}
+
+}  // namespace
+
+HttpServer::HttpServer(ServingBackend& backend, ServerOptions options)
+    : backend_(backend), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+  if (options_.served_model_names.empty()) options_.served_model_names.push_back("model");
+  const int n_threads = std::max(2, options_.n_http_threads);
+  http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+  http_->set_payload_max_length(options_.max_body_bytes);
+  http_->set_read_timeout(30, 0);
+  http_->set_write_timeout(30, 0);
+  http_->set_tcp_nodelay(true);
+  listen_fd_ = configure_listener(*http_);
+  install_routes();
+}
+
+HttpServer::~HttpServer() { stop(std::chrono::milliseconds(0)); }
+
+bool HttpServer::authorised(const std::string& header) const {
+  if (options_.api_key.empty()) return true;
+  const std::string prefix = "Bearer ";
+  std::string given = header.rfind(prefix, 0) == 0 ? header.substr(prefix.size()) : std::string();
+  // Compare digests in constant time: neither the key's length nor its
+  // matching prefix leaks through timing.
+  auto a = sha256(given);
+  auto b = sha256(options_.api_key);
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0 && !given.empty();
+}
+
+void HttpServer::track(RequestStream* s) {
+  std::lock_guard<std::mutex> lock(active_mutex_);
+  active_.insert(s);
+}
+
+void HttpServer::untrack(RequestStream* s) {
+  std::lock_guard<std::mutex> lock(active_mutex_);
+  active_.erase(s);
+}
+
+size_t HttpServer::active_requests() const {
+  std::lock_guard<std::mutex> lock(active_mutex_);
+  return active_.size();
+}
+
+void HttpServer::bind() {
+  if (options_.port == 0) {
+    port_ = http_->bind_to_any_port(options_.host);
+  } else {
+    port_ = http_->bind_to_port(options_.host, options_.port) ? options_.port : -1;
+  }
+  if (port_ < 0)
+    fail(ErrorCode::kIo, "cannot listen on ", options_.host, ":", options_.port,
+         " (is another server using the port? choose another with --port)");
+  widen_backlog(listen_fd_);
+}
+
+void HttpServer::run() { http_->listen_after_bind(); }
+
+void HttpServer::stop(std::chrono::milliseconds grace) {
+  draining_ = true;
+  auto deadline = std::chrono::steady_clock::now() + grace;
+  while (active_requests() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  {
+    std::lock_guard<std::mutex> lock(active_mutex_);
+    for (RequestStream* s : active_) s->cancel();
+  }
+  if (http_->is_running()) http_->stop();
+}
+
+void HttpServer::install_routes() {
+  using httplib::Request;
+  using httplib::Response;
+  auto& http = *http_;
+
+  http.set_pre_routing_handler([this](const Request& req, Response& res) {
+    if (draining_ && req.path != "/health") {
+      reply_error(res, {503, "the server is shutting down", "service_unavailable", "", "shutting_down"});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (needs_auth(req.path) && !authorised(req.get_header_value("Authorization"))) {
+      reply_error(res, {401, "Incorrect or missing API key: pass it as 'Authorization: Bearer <key>'",
+                        "authentication_error", "", "invalid_api_key"});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  // Errors that httplib raises itself (404 route, 413 body, 400 framing)
+  // get an OpenAI-shaped body too.
+  http.set_error_handler([this](const Request& req, Response& res) {
+    if (!res.body.empty()) return;
+    std::string message;
+    if (res.status == 404) message = "no route for " + req.method + " " + req.path;
+    else if (res.status == 413) message = str_cat("the request body exceeds the limit of ", options_.max_body_bytes, " bytes");
+    else message = str_cat("HTTP error ", res.status);
+    reply_error(res, {res.status, message, status_type(res.status), "", ""});
+  });
+
+  http.set_exception_handler([](const Request&, Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    reply_error(res, {500, what, "internal_server_error", "", ""});
+  });
+
+  http.Get("/health", [this](const Request&, Response& res) {
+    if (draining_ || !backend_.ready()) {
+      reply_error(res, {503, draining_ ? "shutting down" : "the model is still loading", "service_unavailable", "", ""});
+      return;
+    }
+    res.status = 200;
+  });
+
+  http.Get("/version", [this](const Request&, Response& res) { reply_json(res, 200, {{"version", options_.version}}); });
+
+  http.Get("/metrics", [this](const Request&, Response& res) {
+    res.set_content(backend_.metrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+
+  http.Get("/v1/models", [this](const Request&, Response& res) {
+    ordered_json data = ordered_json::array();
+    const int64_t created = static_cast<int64_t>(std::time(nullptr));
+    for (const auto& name : options_.served_model_names) {
+      data.push_back({{"id", name}, {"object", "model"}, {"created", created}, {"owned_by", "shardlm"},
+                      {"root", options_.served_model_names[0]}, {"parent", nullptr},
+                      {"max_model_len", backend_.ready() ? backend_.max_model_len() : 0}});
+    }
+    reply_json(res, 200, {{"object", "list"}, {"data", data}});
+  });
+
+  auto json_body = [](const Request& req) {
+    std::string type = req.get_header_value("Content-Type");
+    if (type.rfind("application/json", 0) != 0)
+      throw ApiException({415, "Content-Type must be application/json, got '" + type + "'", "invalid_request_error", "", ""});
+    ordered_json body;
+    try {
+      body = ordered_json::parse(req.body);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw ApiException({400, std::string("the request body is not valid JSON: ") + e.what(), "invalid_request_error", "", ""});
+    }
+    if (!body.is_object()) throw ApiException({400, "the request body must be a JSON object", "invalid_request_error", "", ""});
+    return body;
+  };
+
+  auto guarded = [this](auto&& fn) {
+    return [this, fn](const Request& req, Response& res) {
+      try {
+        if (!backend_.ready())
+          throw ApiException({503, "the model is still loading; retry shortly", "service_unavailable", "", "model_loading"});
+        fn(req, res);
+      } catch (const ApiException& e) {
+        reply_error(res, e.error());
+      } catch (const Error& e) {
+        int status = e.code() == ErrorCode::kInvalidArgument ? 400 : 500;
+        reply_error(res, {status, e.what(), status_type(status), "", ""});
+      } catch (const std::exception& e) {
+        reply_error(res, {500, e.what(), "internal_server_error", "", ""});
+      }
+    };
+  };
+
+  http.Post("/tokenize", guarded([this, json_body](const Request& req, Response& res) {
+    ordered_json body = json_body(req);
+    std::vector<int32_t> ids;
+    if (body.contains("messages")) {
+      ParsedRequest parsed = parse_request(Endpoint::kChat, req.body, backend_, options_.limits);
+      ids = parsed.prompts.at(0).prompt_ids;
+    } else {
+      auto p = body.find("prompt");
+      if (p == body.end() || !p->is_string())
+        throw ApiException({400, "'prompt' (a string) or 'messages' is required", "invalid_request_error", "prompt", ""});
+      bool add_special = body.value("add_special_tokens", true);
+      ids = backend_.tokenize(p->get<std::string>(), add_special);
+    }
+    reply_json(res, 200, {{"count", ids.size()}, {"max_model_len", backend_.max_model_len()}, {"tokens", ids}});
+  }));
+
+  http.Post("/detokenize", guarded([this, json_body](const Request& req, Response& res) {
+    ordered_json body = json_body(req);
+    auto t = body.find("tokens");
+    if (t == body.end() || !t->is_array())
+      throw ApiException({400, "'tokens' (a list of token ids) is required", "invalid_request_error", "tokens", ""});
+    std::vector<int32_t> ids;
+    for (const auto& x : *t) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+        throw ApiException({400, "'tokens' must hold non-negative integers", "invalid_request_error", "tokens", ""});
+      ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+    }
+    reply_json(res, 200, {{"prompt", backend_.detokenize(ids)}});
+  }));
+
+  auto generate = [this, json_body](Endpoint endpoint) {
+    return [this, json_body, endpoint](const Request& req, Response& res) {
+      json_body(req);  // content type and shape first
+      ParsedRequest parsed = parse_request(endpoint, req.body, backend_, options_.limits);
+      const auto& names = options_.served_model_names;
+      if (!parsed.model.empty() && std::find(names.begin(), names.end(), parsed.model) == names.end())
+        throw ApiException({404, "The model `" + parsed.model + "` does not exist.", "not_found_error", "model", "model_not_found"});
+      const std::string model = parsed.model.empty() ? names[0] : parsed.model;
+      const std::string id = new_request_id(endpoint);
+      const int64_t created = static_cast<int64_t>(std::time(nullptr));
+
+      // One backend request per prompt; all share the response id.
+      auto tracked = std::make_shared<Streams>(this);
+      auto* streams = &tracked->list;
+      for (size_t i = 0; i < parsed.prompts.size(); ++i) {
+        parsed.prompts[i].request_id = id + "-" + std::to_string(i);
+        tracked->add(backend_.submit(parsed.prompts[i]));
+      }
+      const int n = parsed.prompts.empty() ? 1 : parsed.prompts[0].n;
+
+      if (!parsed.stream) {
+        std::vector<std::vector<ChoiceResult>> results(streams->size(), std::vector<ChoiceResult>(n));
+        int64_t prompt_tokens = 0, completion_tokens = 0;
+        std::string error;
+        for (size_t p = 0; p < streams->size(); ++p) {
+          RequestStream& s = *(*streams)[p];
+          std::vector<GenerateEvent> events;
+          while (!s.done()) {
+            events.clear();
+            s.next(&events, std::chrono::milliseconds(100));
+            for (auto& e : events) {
+              if (!e.error.empty()) error = e.error;
+              ChoiceResult& c = results[p].at(e.index);
+              c.text += e.text;
+              c.token_ids.insert(c.token_ids.end(), e.token_ids.begin(), e.token_ids.end());
+              c.logprobs.insert(c.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
+              c.top_logprobs.insert(c.top_logprobs.end(), e.top_logprobs.begin(), e.top_logprobs.end());
+              c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+              if (e.finish_reason) c.finish_reason = *e.finish_reason;
+            }
+          }
+          prompt_tokens += s.prompt_tokens();
+          completion_tokens += s.completion_tokens();
+        }
+        if (!error.empty()) throw ApiException({500, error, "internal_server_error", "", ""});
+        reply_json(res, 200, completion_response(parsed, id, created, model, results, prompt_tokens, completion_tokens));
+        return;
+      }
+
+      auto request = std::make_shared<ParsedRequest>(std::move(parsed));
+      auto first_sent = std::make_shared<std::vector<bool>>(streams->size() * n, false);
+          res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [tracked, streams, request, first_sent, id, created, model, n](size_t, httplib::DataSink& sink) {
+            auto cancel_all = [&] {
+              for (auto& s : *streams) s->cancel();
+            };
+            bool all_done = true;
+            for (size_t p = 0; p < streams->size(); ++p) {
+              RequestStream& s = *(*streams)[p];
+              if (s.done()) continue;
+              all_done = false;
+              std::vector<GenerateEvent> events;
+              s.next(&events, std::chrono::milliseconds(streams->size() == 1 ? 50 : 5));
+              for (auto& e : events) {
+                const int choice = static_cast<int>(p) * n + e.index;
+                if (!e.error.empty()) {
+                  sse_write(sink, error_json({500, e.error, "internal_server_error", "", ""}).dump());
+                  cancel_all();
+                  return false;
+                }
+                bool first = !(*first_sent)[choice];
+                (*first_sent)[choice] = true;
+                if (!sse_write(sink, stream_chunk(*request, id, created, model, choice, e, first)
+                                         .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))) {
+                  cancel_all();  // the client went away: free its sequences now
+                  return false;
+                }
+              }
+            }
+            if (!all_done) {
+              if (!sink.is_writable()) {
+                cancel_all();
+                return false;
+              }
+              return true;
+            }
+            if (request->include_usage) {
+              int64_t pt = 0, ct = 0;
+              for (auto& s : *streams) {
+                pt += s->prompt_tokens();
+                ct += s->completion_tokens();
+              }
+              sse_write(sink, usage_chunk(*request, id, created, model, pt, ct).dump());
+            }
+            std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
+            sink.done();
+            return true;
+          },
+          [tracked](bool) mutable { tracked.reset(); });
+    };
+  };
+
+  http.Post("/v1/chat/completions", guarded(generate(Endpoint::kChat)));
+  http.Post("/v1/completions", guarded(generate(Endpoint::kCompletions)));
+}
+
+}  // namespace shardlm::server

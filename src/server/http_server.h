@@ -1,0 +1,68 @@
+// The OpenAI-compatible HTTP front end (cpp-httplib). HTTP threads parse and
+// validate, post work to the backend, and relay its events; they never touch
+// engine state.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "server/openai_protocol.h"
+#include "server/serving_backend.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace shardlm::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";  // loopback unless told otherwise
+  int port = 8000;                 // 0: any free port (see HttpServer::port())
+  std::vector<std::string> served_model_names;  // first is reported by /v1/models
+  std::string api_key;             // empty: no authentication
+  size_t max_body_bytes = 8u << 20;  // larger bodies get 413
+  int n_http_threads = 64;         // connections beyond this wait in the accept queue
+  RequestLimits limits;
+  std::string version = "0.0.0";
+};
+
+class HttpServer {
+ public:
+  HttpServer(ServingBackend& backend, ServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the listening socket; throws Error(kIo) naming host:port on failure.
+  void bind();
+  int port() const { return port_; }
+  // Serves until stop(); returns when the listener has closed.
+  void run();
+  // Graceful stop: refuse new requests (503), let in-flight ones finish for
+  // up to `grace`, abort the rest (finish_reason "abort"), then close.
+  void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
+  size_t active_requests() const;
+
+ private:
+  struct Streams;
+  void install_routes();
+  bool authorised(const std::string& authorization_header) const;
+  void track(RequestStream* stream);
+  void untrack(RequestStream* stream);
+
+  ServingBackend& backend_;
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  int port_ = 0;
+  std::shared_ptr<int> listen_fd_;
+  std::atomic<bool> draining_{false};
+  mutable std::mutex active_mutex_;
+  std::set<RequestStream*> active_;
+};
+
+}  // namespace shardlm::server

@@ -1,0 +1,433 @@
+#include "server/openai_protocol.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+
+namespace shardlm::server {
+
+namespace {
+
+[[noreturn]] void bad_request(const std::string& param, const std::string& message) {
+  throw ApiException(ApiError{400, message, "invalid_request_error", param, ""});
+}
+
+const ordered_json* find(const ordered_json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+double number_param(const ordered_json& body, const char* key, double fallback, double lo, double hi,
+                    bool lo_open = false) {
+  const ordered_json* v = find(body, key);
+  if (!v) return fallback;
+  if (!v->is_number()) bad_request(key, str_cat("'", key, "' must be a number, got ", v->dump()));
+  double x = v->get<double>();
+  bool below = lo_open ? !(x > lo) : !(x >= lo);
+  if (below || !(x <= hi) || std::isnan(x))
+    bad_request(key, str_cat("'", key, "' must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", v->dump()));
+  return x;
+}
+
+int64_t int_param(const ordered_json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
+  const ordered_json* v = find(body, key);
+  if (!v) return fallback;
+  // Accept 3.0 as 3 (some clients serialise integers as floats), nothing fractional.
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (std::floor(d) != d || std::abs(d) > 9e15) bad_request(key, str_cat("'", key, "' must be an integer, got ", v->dump()));
+    int64_t i = static_cast<int64_t>(d);
+    if (i < lo || i > hi) bad_request(key, str_cat("'", key, "' must be between ", lo, " and ", hi, ", got ", v->dump()));
+    return i;
+  }
+  if (!v->is_number_integer()) bad_request(key, str_cat("'", key, "' must be an integer, got ", v->dump()));
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    bad_request(key, str_cat("'", key, "' must be between ", lo, " and ", hi, ", got ", v->dump()));
+  int64_t i = v->get<int64_t>();
+  if (i < lo || i > hi) bad_request(key, str_cat("'", key, "' must be between ", lo, " and ", hi, ", got ", v->dump()));
+  return i;
+}
+
+bool bool_param(const ordered_json& body, const char* key, bool fallback) {
+  const ordered_json* v = find(body, key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad_request(key, str_cat("'", key, "' must be true or false, got ", v->dump()));
+  return v->get<bool>();
+}
+
+// Chat message content: a string, null, or a list of {"type": "text", "text": ...} parts.
+ordered_json normalise_messages(const ordered_json& messages) {
+  if (!messages.is_array()) bad_request("messages", "'messages' must be a list of message objects");
+  if (messages.empty()) bad_request("messages", "'messages' must contain at least one message");
+  ordered_json out = ordered_json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    const std::string where = str_cat("messages[", i, "]");
+    if (!m.is_object()) bad_request(where, where + " must be an object with 'role' and 'content'");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) bad_request(where + ".role", where + ".role must be a string");
+    const std::string r = role->get<std::string>();
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool" && r != "developer")
+      bad_request(where + ".role", str_cat(where, ".role must be one of system, user, assistant, tool, developer; got '", r, "'"));
+    ordered_json copy = m;
+    auto content = m.find("content");
+    if (content != m.end() && content->is_array()) {
+      std::string text;
+      for (const auto& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          bad_request(where + ".content", str_cat(where, ".content: only text parts ({\"type\": \"text\", \"text\": ...}) are supported"));
+        text += part["text"].get<std::string>();
+      }
+      copy["content"] = text;
+    } else if (content != m.end() && !content->is_string() && !content->is_null()) {
+      bad_request(where + ".content", where + ".content must be a string, a list of text parts, or null");
+    } else if (content == m.end() && r != "assistant") {
+      bad_request(where + ".content", where + ".content is required");
+    }
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
+std::vector<std::string> stop_param(const ordered_json& body, const RequestLimits& limits) {
+  const ordered_json* v = find(body, "stop");
+  std::vector<std::string> out;
+  if (!v) return out;
+  if (v->is_string()) {
+    out.push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    if (static_cast<int>(v->size()) > limits.max_stop_strings)
+      bad_request("stop", str_cat("'stop' may hold at most ", limits.max_stop_strings, " strings, got ", v->size()));
+    for (const auto& s : *v) {
+      if (!s.is_string()) bad_request("stop", "'stop' must be a string or a list of strings");
+      out.push_back(s.get<std::string>());
+    }
+  } else {
+    bad_request("stop", "'stop' must be a string or a list of strings");
+  }
+  for (const auto& s : out) {
+    if (s.empty()) bad_request("stop", "'stop' strings must not be empty");
+    if (s.size() > limits.max_stop_length)
+      bad_request("stop", str_cat("'stop' strings may be at most ", limits.max_stop_length, " bytes, got one of ", s.size()));
+  }
+  return out;
+}
+
+// Prompt token lists for /v1/completions: a string, a list of strings, a list
+// of token ids, or a list of lists of token ids.
+std::vector<std::vector<int32_t>> completion_prompts(const ordered_json& body, const ServingBackend& backend,
+                                                     const RequestLimits& limits, std::vector<std::string>* texts) {
+  const ordered_json* p = find(body, "prompt");
+  if (!p) bad_request("prompt", "'prompt' is required");
+  std::vector<std::vector<int32_t>> out;
+  auto ids_from = [&](const ordered_json& list) {
+    std::vector<int32_t> ids;
+    for (const auto& t : list) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+        bad_request("prompt", "token ids in 'prompt' must be non-negative integers");
+      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    return ids;
+  };
+  if (p->is_string()) {
+    out.push_back(backend.tokenize(p->get<std::string>(), true));
+    texts->push_back(p->get<std::string>());
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+    out.push_back(ids_from(*p));
+    texts->push_back(backend.detokenize(out.back()));
+  } else if (p->is_array() && !p->empty()) {
+    if (static_cast<int>(p->size()) > limits.max_prompts)
+      bad_request("prompt", str_cat("'prompt' may hold at most ", limits.max_prompts, " prompts, got ", p->size()));
+    for (const auto& item : *p) {
+      if (item.is_string()) {
+        out.push_back(backend.tokenize(item.get<std::string>(), true));
+        texts->push_back(item.get<std::string>());
+      } else if (item.is_array()) {
+        out.push_back(ids_from(item));
+        texts->push_back(backend.detokenize(out.back()));
+      } else {
+        bad_request("prompt", "'prompt' must be a string, a list of strings, or token ids");
+      }
+    }
+  } else {
+    bad_request("prompt", "'prompt' must be a non-empty string, list of strings, or token ids");
+  }
+  for (const auto& ids : out)
+    if (ids.empty()) bad_request("prompt", "'prompt' must not be empty");
+  return out;
+}
+
+}  // namespace
+
+ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const ServingBackend& backend,
+                            const RequestLimits& limits) {
+  ordered_json body;
+  try {
+    body = ordered_json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    bad_request("", str_cat("the request body is not valid JSON: ", e.what()));
+  }
+  if (!body.is_object()) bad_request("", "the request body must be a JSON object");
+
+  ParsedRequest req;
+  req.endpoint = endpoint;
+  if (const ordered_json* m = find(body, "model")) {
+    if (!m->is_string()) bad_request("model", "'model' must be a string");
+    req.model = m->get<std::string>();
+  }
+  req.stream = bool_param(body, "stream", false);
+  if (const ordered_json* so = find(body, "stream_options")) {
+    if (!so->is_object()) bad_request("stream_options", "'stream_options' must be an object");
+    if (!req.stream) bad_request("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    req.include_usage = bool_param(*so, "include_usage", false);
+  }
+  if (const ordered_json* rf = find(body, "response_format")) {
+    if (!rf->is_object() || rf->value("type", "") != "text")
+      bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
+  }
+
+  GenerateParams base;
+  base.n = static_cast<int>(int_param(body, "n", 1, 1, limits.max_n));
+  base.temperature = number_param(body, "temperature", 1.0, 0.0, 2.0);
+  base.top_p = number_param(body, "top_p", 1.0, 0.0, 1.0, /*lo_open=*/true);
+  base.top_k = int_param(body, "top_k", -1, -1, INT32_MAX);
+  if (base.top_k == 0) base.top_k = -1;  // vLLM: 0 also means off
+  base.min_p = number_param(body, "min_p", 0.0, 0.0, 1.0);
+  base.presence_penalty = number_param(body, "presence_penalty", 0.0, -2.0, 2.0);
+  base.frequency_penalty = number_param(body, "frequency_penalty", 0.0, -2.0, 2.0);
+  base.repetition_penalty = number_param(body, "repetition_penalty", 1.0, 0.0, 2.0, /*lo_open=*/true);
+  if (find(body, "seed")) base.seed = int_param(body, "seed", 0, INT64_MIN, INT64_MAX);
+  base.stop = stop_param(body, limits);
+  if (const ordered_json* st = find(body, "stop_token_ids")) {
+    if (!st->is_array() || static_cast<int>(st->size()) > limits.max_stop_strings)
+      bad_request("stop_token_ids", str_cat("'stop_token_ids' must be a list of at most ", limits.max_stop_strings, " token ids"));
+    for (const auto& t : *st) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+        bad_request("stop_token_ids", "'stop_token_ids' must hold non-negative integers");
+      base.stop_token_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  }
+  base.ignore_eos = bool_param(body, "ignore_eos", false);
+  base.skip_special_tokens = bool_param(body, "skip_special_tokens", true);
+  if (endpoint == Endpoint::kChat) {
+    req.chat_logprobs = bool_param(body, "logprobs", false);
+    int64_t top = int_param(body, "top_logprobs", 0, 0, limits.max_top_logprobs);
+    if (find(body, "top_logprobs") && !req.chat_logprobs)
+      bad_request("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+    base.logprobs = req.chat_logprobs ? static_cast<int>(top) : -1;
+  } else {
+    base.logprobs = find(body, "logprobs") ? static_cast<int>(int_param(body, "logprobs", 0, 0, limits.max_top_logprobs)) : -1;
+    req.echo = bool_param(body, "echo", false);
+  }
+
+  // Prompts.
+  std::vector<std::vector<int32_t>> prompts;
+  if (endpoint == Endpoint::kChat) {
+    const ordered_json* messages = find(body, "messages");
+    if (!messages) bad_request("messages", "'messages' is required");
+    ordered_json normalised = normalise_messages(*messages);
+    ordered_json tools = ordered_json();
+    if (const ordered_json* t = find(body, "tools")) {
+      if (!t->is_array()) bad_request("tools", "'tools' must be a list");
+      tools = *t;
+    }
+    ordered_json kwargs = ordered_json::object();
+    if (const ordered_json* k = find(body, "chat_template_kwargs")) {
+      if (!k->is_object()) bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      kwargs = *k;
+    }
+    bool add_generation_prompt = bool_param(body, "add_generation_prompt", true);
+    std::string rendered = backend.render_chat(normalised, tools, add_generation_prompt, kwargs);
+    prompts.push_back(backend.tokenize(rendered, false));
+    req.prompt_texts.push_back(rendered);
+  } else {
+    prompts = completion_prompts(body, backend, limits, &req.prompt_texts);
+  }
+
+  const int64_t max_len = backend.max_model_len();
+  const bool has_max_tokens = find(body, "max_tokens") || find(body, "max_completion_tokens");
+  const char* max_key = find(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  int64_t requested_max = int_param(body, max_key, -1, 1, INT64_MAX / 4);
+  for (auto& ids : prompts) {
+    GenerateParams p = base;
+    p.prompt_ids = std::move(ids);
+    const int64_t n_prompt = static_cast<int64_t>(p.prompt_ids.size());
+    const char* what = endpoint == Endpoint::kChat ? "messages" : "prompt";
+    if (n_prompt >= max_len)
+      bad_request(what, str_cat("This model's maximum context length is ", max_len, " tokens. However, your ", what,
+                                " resulted in ", n_prompt, " tokens. Please reduce the length of the ", what, "."));
+    if (has_max_tokens) {
+      p.max_tokens = requested_max;
+    } else {
+      p.max_tokens = endpoint == Endpoint::kChat ? max_len - n_prompt : std::min<int64_t>(16, max_len - n_prompt);
+    }
+    if (n_prompt + p.max_tokens > max_len)
+      bad_request(max_key, str_cat("This model's maximum context length is ", max_len, " tokens. However, you requested ",
+                                   n_prompt + p.max_tokens, " tokens (", n_prompt, " in the ", what, ", ", p.max_tokens,
+                                   " in the completion). Please reduce the length of the ", what, " or completion."));
+    p.min_tokens = int_param(body, "min_tokens", 0, 0, p.max_tokens);
+    req.prompts.push_back(std::move(p));
+  }
+  return req;
+}
+
+ordered_json error_json(const ApiError& error) {
+  ordered_json e;
+  e["message"] = error.message;
+  e["type"] = error.type;
+  e["param"] = error.param.empty() ? ordered_json() : ordered_json(error.param);
+  e["code"] = error.code.empty() ? ordered_json(error.status) : ordered_json(error.code);
+  return ordered_json{{"error", e}};
+}
+
+std::string new_request_id(Endpoint endpoint) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}() ^ static_cast<uint64_t>(
+      std::chrono::steady_clock::now().time_since_epoch().count());
+  uint64_t x = salt + 0x9e3779b97f4a7c15ull * (++counter);
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 29;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(x));
+  return std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + buf;
+}
+
+ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  return ordered_json{{"prompt_tokens", prompt_tokens},
+                      {"total_tokens", prompt_tokens + completion_tokens},
+                      {"completion_tokens", completion_tokens}};
+}
+
+namespace {
+
+ordered_json bytes_of(const std::string& s) {
+  ordered_json b = ordered_json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// Chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}
+ordered_json chat_logprobs(const std::vector<std::string>& tokens, const std::vector<float>& logprobs,
+                           const std::vector<std::vector<TopLogprob>>& tops) {
+  ordered_json content = ordered_json::array();
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    ordered_json item;
+    std::string tok = i < tokens.size() ? tokens[i] : "";
+    item["token"] = tok;
+    item["logprob"] = logprobs[i];
+    item["bytes"] = bytes_of(tok);
+    ordered_json top = ordered_json::array();
+    if (i < tops.size())
+      for (const auto& t : tops[i]) top.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytes_of(t.token)}});
+    item["top_logprobs"] = top;
+    content.push_back(item);
+  }
+  return ordered_json{{"content", content}};
+}
+
+// Completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
+ordered_json completion_logprobs(const std::vector<std::string>& tokens, const std::vector<float>& logprobs,
+                                 const std::vector<std::vector<TopLogprob>>& tops, size_t text_offset) {
+  ordered_json out;
+  ordered_json toks = ordered_json::array(), lps = ordered_json::array(), top = ordered_json::array(),
+               offs = ordered_json::array();
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    std::string tok = i < tokens.size() ? tokens[i] : "";
+    toks.push_back(tok);
+    lps.push_back(logprobs[i]);
+    ordered_json t = ordered_json::object();
+    if (i < tops.size())
+      for (const auto& x : tops[i]) t[x.token] = x.logprob;
+    top.push_back(t);
+    offs.push_back(text_offset);
+    text_offset += tok.size();
+  }
+  out["tokens"] = toks;
+  out["token_logprobs"] = lps;
+  out["top_logprobs"] = top;
+  out["text_offset"] = offs;
+  return out;
+}
+
+bool wants_logprobs(const ParsedRequest& r) { return !r.prompts.empty() && r.prompts[0].logprobs >= 0; }
+
+}  // namespace
+
+ordered_json completion_response(const ParsedRequest& request, const std::string& id, int64_t created,
+                                 const std::string& model, const std::vector<std::vector<ChoiceResult>>& choices,
+                                 int64_t prompt_tokens, int64_t completion_tokens) {
+  ordered_json out;
+  const bool chat = request.endpoint == Endpoint::kChat;
+  out["id"] = id;
+  out["object"] = chat ? "chat.completion" : "text_completion";
+  out["created"] = created;
+  out["model"] = model;
+  ordered_json list = ordered_json::array();
+  int index = 0;
+  for (size_t p = 0; p < choices.size(); ++p) {
+    for (const ChoiceResult& c : choices[p]) {
+      ordered_json choice;
+      choice["index"] = index++;
+      if (chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        choice["logprobs"] = wants_logprobs(request) ? chat_logprobs(c.tokens, c.logprobs, c.top_logprobs) : ordered_json();
+      } else {
+        std::string prefix = request.echo && p < request.prompt_texts.size() ? request.prompt_texts[p] : "";
+        choice["text"] = prefix + c.text;
+        choice["logprobs"] = wants_logprobs(request) ? completion_logprobs(c.tokens, c.logprobs, c.top_logprobs, prefix.size())
+                                                     : ordered_json();
+      }
+      choice["finish_reason"] = c.finish_reason;
+      list.push_back(choice);
+    }
+  }
+  out["choices"] = list;
+  out["usage"] = usage_json(prompt_tokens, completion_tokens);
+  return out;
+}
+
+ordered_json stream_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
+                          const std::string& model, int choice_index, const GenerateEvent& event, bool first) {
+  ordered_json out;
+  const bool chat = request.endpoint == Endpoint::kChat;
+  out["id"] = id;
+  out["object"] = chat ? "chat.completion.chunk" : "text_completion";
+  out["created"] = created;
+  out["model"] = model;
+  ordered_json choice;
+  choice["index"] = choice_index;
+  if (chat) {
+    ordered_json delta = ordered_json::object();
+    if (first) delta["role"] = "assistant";
+    if (!event.text.empty() || first) delta["content"] = event.text;
+    choice["delta"] = delta;
+    choice["logprobs"] = wants_logprobs(request) ? chat_logprobs(event.tokens, event.logprobs, event.top_logprobs) : ordered_json();
+  } else {
+    choice["text"] = event.text;
+    choice["logprobs"] = wants_logprobs(request) ? completion_logprobs(event.tokens, event.logprobs, event.top_logprobs, 0)
+                                                 : ordered_json();
+  }
+  choice["finish_reason"] = event.finish_reason ? ordered_json(*event.finish_reason) : ordered_json();
+  out["choices"] = ordered_json::array({choice});
+  if (request.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+ordered_json usage_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
+                         const std::string& model, int64_t prompt_tokens, int64_t completion_tokens) {
+  ordered_json out;
+  out["id"] = id;
+  out["object"] = request.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion";
+  out["created"] = created;
+  out["model"] = model;
+  out["choices"] = ordered_json::array();
+  out["usage"] = usage_json(prompt_tokens, completion_tokens);
+  return out;
+}
+
+}  // namespace shardlm::server

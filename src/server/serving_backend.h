@@ -1,0 +1,113 @@
+// The boundary between the HTTP layer and whatever generates tokens. The
+// server validates OpenAI requests into GenerateParams, hands them to a
+// ServingBackend and relays its events; the engine adapter implements it over
+// the real engine, tests implement it with scripted tokens.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace shardlm::server {
+
+using ordered_json = nlohmann::ordered_json;
+
+// An error that becomes an OpenAI-shaped JSON body with this HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty -> null
+  std::string code;   // empty -> null
+};
+
+class ApiException : public std::exception {
+ public:
+  explicit ApiException(ApiError error) : error_(std::move(error)) {}
+  const ApiError& error() const { return error_; }
+  const char* what() const noexcept override { return error_.message.c_str(); }
+
+ private:
+  ApiError error_;
+};
+
+// One generation request, validated. Mirrors vLLM's SamplingParams.
+struct GenerateParams {
+  std::string request_id;
+  std::vector<int32_t> prompt_ids;
+  int n = 1;                       // independent completions of the prompt
+  int64_t max_tokens = 16;
+  int64_t min_tokens = 0;
+  double temperature = 1.0;        // 0 = greedy
+  double top_p = 1.0;
+  int64_t top_k = -1;              // -1 = off
+  double min_p = 0.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;
+  std::optional<int64_t> seed;
+  std::vector<std::string> stop;   // stop strings, excluded from the output text
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;
+  int logprobs = -1;               // -1: none; k >= 0: chosen token's logprob + top-k
+};
+
+struct TopLogprob {
+  int32_t token_id = 0;
+  std::string token;  // decoded text of the token
+  float logprob = 0.0f;
+};
+
+// What the backend reports as a request progresses. One event may carry
+// several tokens; finish_reason is set on the last event of a choice.
+struct GenerateEvent {
+  int index = 0;                      // which of the n choices
+  std::string text;                   // new text (stop strings removed)
+  std::vector<int32_t> token_ids;     // new tokens
+  std::vector<float> logprobs;        // per new token, when requested
+  std::vector<std::vector<TopLogprob>> top_logprobs;  // per new token
+  std::vector<std::string> tokens;    // per new token, decoded text (for logprobs)
+  std::optional<std::string> finish_reason;  // "stop", "length", "abort"
+  std::string error;                  // non-empty: the request failed
+};
+
+// A request in flight. The HTTP thread polls it; cancel() (client gone)
+// frees its sequences and KV blocks at once.
+class RequestStream {
+ public:
+  virtual ~RequestStream() = default;
+  // Waits up to `timeout` for events; returns false on timeout.
+  virtual bool next(std::vector<GenerateEvent>* events, std::chrono::milliseconds timeout) = 0;
+  // True once every choice has finished and all events were taken.
+  virtual bool done() const = 0;
+  virtual void cancel() = 0;
+  virtual int64_t prompt_tokens() const = 0;
+  virtual int64_t completion_tokens() const = 0;
+};
+
+class ServingBackend {
+ public:
+  virtual ~ServingBackend() = default;
+  // False while the model is loading: requests get 503.
+  virtual bool ready() const = 0;
+  virtual int64_t max_model_len() const = 0;
+  virtual std::vector<int32_t> tokenize(const std::string& text, bool add_special_tokens) const = 0;
+  virtual std::string detokenize(const std::vector<int32_t>& ids) const = 0;
+  // Renders the model's chat template. Throws ApiException(400) for a
+  // template error caused by the messages.
+  virtual std::string render_chat(const ordered_json& messages, const ordered_json& tools,
+                                  bool add_generation_prompt, const ordered_json& template_kwargs) const = 0;
+  // Starts a request. Throws ApiException(429) when the waiting queue is
+  // full, ApiException(400) when it cannot ever fit.
+  virtual std::unique_ptr<RequestStream> submit(const GenerateParams& params) = 0;
+  // Prometheus text for GET /metrics.
+  virtual std::string metrics() const = 0;
+};
+
+}  // namespace shardlm::server

@@ -1,0 +1,140 @@
+// A scripted ServingBackend: one token per byte, output "abcd..." produced
+// by a thread at a fixed pace. Lets the HTTP layer be tested without a model.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "server/serving_backend.h"
+
+namespace shardlm::server::testing {
+
+class FakeStream : public RequestStream {
+ public:
+  FakeStream(const GenerateParams& p, std::chrono::milliseconds pace, std::atomic<int>* cancelled, std::atomic<int>* live)
+      : params_(p), cancelled_(cancelled), live_(live) {
+    ++*live_;
+    worker_ = std::thread([this, pace] {
+      for (int c = 0; c < params_.n; ++c) remaining_.push_back(params_.max_tokens);
+      for (int64_t step = 0;; ++step) {
+        std::this_thread::sleep_for(pace);
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (cancel_) break;
+        bool any = false;
+        for (int c = 0; c < params_.n; ++c) {
+          if (remaining_[c] == 0) continue;
+          any = true;
+          GenerateEvent e;
+          e.index = c;
+          char ch = static_cast<char>('a' + (step % 26));
+          e.text = std::string(1, ch);
+          e.token_ids = {static_cast<int32_t>(ch)};
+          if (params_.logprobs >= 0) {
+            e.logprobs = {-0.5f};
+            e.tokens = {e.text};
+            e.top_logprobs = {{TopLogprob{ch, e.text, -0.5f}}};
+          }
+          if (--remaining_[c] == 0) e.finish_reason = "length";
+          ++completion_;
+          events_.push_back(e);
+        }
+        cv_.notify_all();
+        if (!any) break;
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (cancel_) {
+        for (int c = 0; c < params_.n; ++c) {
+          if (remaining_[c] == 0) continue;
+          GenerateEvent e;
+          e.index = c;
+          e.finish_reason = "abort";
+          events_.push_back(e);
+          remaining_[c] = 0;
+        }
+      }
+      producing_ = false;
+      cv_.notify_all();
+    });
+  }
+  ~FakeStream() override {
+    cancel();
+    worker_.join();
+    --*live_;
+  }
+  bool next(std::vector<GenerateEvent>* out, std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait_for(lock, timeout, [&] { return !events_.empty() || !producing_; });
+    if (events_.empty()) return false;
+    while (!events_.empty()) {
+      out->push_back(events_.front());
+      events_.pop_front();
+    }
+    return true;
+  }
+  bool done() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !producing_ && events_.empty();
+  }
+  void cancel() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!cancel_ && producing_) ++*cancelled_;
+    cancel_ = true;
+  }
+  int64_t prompt_tokens() const override { return static_cast<int64_t>(params_.prompt_ids.size()); }
+  int64_t completion_tokens() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return completion_;
+  }
+
+ private:
+  GenerateParams params_;
+  std::atomic<int>* cancelled_;
+  std::atomic<int>* live_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<GenerateEvent> events_;
+  std::vector<int64_t> remaining_;
+  int64_t completion_ = 0;
+  bool cancel_ = false;
+  bool producing_ = true;
+  std::thread worker_;
+};
+
+class FakeBackend : public ServingBackend {
+ public:
+  std::atomic<bool> is_ready{true};
+  std::atomic<int> cancelled{0};
+  std::atomic<int> live{0};
+  int max_live = 1000;  // more concurrent requests than this: 429
+  std::chrono::milliseconds pace{5};
+  int64_t max_len = 256;
+
+  bool ready() const override { return is_ready; }
+  int64_t max_model_len() const override { return max_len; }
+  std::vector<int32_t> tokenize(const std::string& text, bool) const override {
+    return std::vector<int32_t>(text.begin(), text.end());
+  }
+  std::string detokenize(const std::vector<int32_t>& ids) const override {
+    std::string s;
+    for (int32_t id : ids) s.push_back(static_cast<char>(id));
+    return s;
+  }
+  std::string render_chat(const ordered_json& messages, const ordered_json&, bool add_generation_prompt,
+                          const ordered_json&) const override {
+    std::string out;
+    for (const auto& m : messages) out += m["role"].get<std::string>() + ":" + m.value("content", "") + "\n";
+    if (add_generation_prompt) out += "assistant:";
+    return out;
+  }
+  std::unique_ptr<RequestStream> submit(const GenerateParams& params) override {
+    if (live >= max_live) throw ApiException({429, "the waiting queue is full", "rate_limit_error", "", "queue_full"});
+    return std::make_unique<FakeStream>(params, pace, &cancelled, &live);
+  }
+  std::string metrics() const override { return "vllm:num_requests_running " + std::to_string(live.load()) + "\n"; }
+};
+
+}  // namespace shardlm::server::testing

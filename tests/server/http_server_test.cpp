@@ -1,0 +1,304 @@
+#include "server/http_server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <thread>
+
+#include "core/error.h"
+#include "fake_backend.h"
+
+namespace shardlm::server {
+namespace {
+
+using testing::FakeBackend;
+using json = nlohmann::json;
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void start(ServerOptions options = {}) {
+    options.port = 0;
+    if (options.served_model_names.empty()) options.served_model_names = {"tiny"};
+    options.version = "9.9.9";
+    options.max_body_bytes = 64 * 1024;
+    server_ = std::make_unique<HttpServer>(backend_, options);
+    server_->bind();
+    thread_ = std::thread([this] { server_->run(); });
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client_->set_read_timeout(10, 0);
+  }
+  void TearDown() override {
+    if (server_) server_->stop(std::chrono::milliseconds(0));
+    if (thread_.joinable()) thread_.join();
+  }
+  httplib::Result post(const std::string& path, const json& body, httplib::Headers headers = {}) {
+    return client_->Post(path.c_str(), headers, body.dump(), "application/json");
+  }
+  // Asserts an OpenAI-shaped error with this status, naming `param` when given.
+  json expect_error(const httplib::Result& r, int status, const std::string& param = "", const std::string& needle = "") {
+    EXPECT_TRUE(r) << "no response";
+    if (!r) return {};
+    EXPECT_EQ(r->status, status) << r->body;
+    json body = json::parse(r->body);
+    EXPECT_TRUE(body["error"]["message"].is_string());
+    EXPECT_TRUE(body["error"]["type"].is_string());
+    EXPECT_TRUE(body["error"].contains("param"));
+    EXPECT_TRUE(body["error"].contains("code"));
+    if (!param.empty()) {
+      EXPECT_EQ(body["error"]["param"], param) << r->body;
+    }
+    if (!needle.empty()) {
+      EXPECT_NE(body["error"]["message"].get<std::string>().find(needle), std::string::npos) << r->body;
+    }
+    return body;
+  }
+  json chat(int max_tokens) {
+    return {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", max_tokens}};
+  }
+
+  FakeBackend backend_;
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(HttpServerTest, ModelsHealthVersion) {
+  start();
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  json m = json::parse(models->body);
+  EXPECT_EQ(m["object"], "list");
+  EXPECT_EQ(m["data"][0]["id"], "tiny");
+  EXPECT_EQ(m["data"][0]["max_model_len"], 256);
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+  EXPECT_EQ(json::parse(client_->Get("/version")->body)["version"], "9.9.9");
+  EXPECT_EQ(client_->Get("/metrics")->status, 200);
+}
+
+TEST_F(HttpServerTest, ChatCompletionHasOpenAIShape) {
+  start();
+  auto r = post("/v1/chat/completions", chat(5));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json body = json::parse(r->body);
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_TRUE(body["created"].is_number_integer());
+  EXPECT_EQ(body["model"], "tiny");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "abcde");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  // Prompt "user:hi\nassistant:" is 18 bytes = 18 fake tokens.
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 18);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(body["usage"]["total_tokens"], 23);
+}
+
+TEST_F(HttpServerTest, CompletionsAcceptStringsListsAndTokenIds) {
+  start();
+  auto r = post("/v1/completions", {{"model", "tiny"}, {"prompt", {"ab", "cde"}}, {"max_tokens", 3}, {"n", 2}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  json body = json::parse(r->body);
+  EXPECT_EQ(body["object"], "text_completion");
+  ASSERT_EQ(body["choices"].size(), 4u);  // 2 prompts x n=2
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(body["choices"][i]["index"], i);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 12);
+  auto ids = post("/v1/completions", {{"prompt", {104, 105}}, {"max_tokens", 2}, {"echo", true}, {"logprobs", 1}});
+  ASSERT_EQ(ids->status, 200) << ids->body;
+  json b2 = json::parse(ids->body);
+  EXPECT_EQ(b2["choices"][0]["text"], "hiab");
+  EXPECT_EQ(b2["choices"][0]["logprobs"]["tokens"].size(), 2u);
+}
+
+TEST_F(HttpServerTest, StreamingSendsChunksUsageAndDone) {
+  start();
+  json req = chat(4);
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  std::string raw;
+  auto r = client_->Post("/v1/chat/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  raw = r->body;
+  std::vector<json> chunks;
+  size_t pos = 0;
+  bool done = false;
+  while ((pos = raw.find("data: ", pos)) != std::string::npos) {
+    size_t end = raw.find("\n\n", pos);
+    std::string payload = raw.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    chunks.push_back(json::parse(payload));
+  }
+  EXPECT_TRUE(done);
+  ASSERT_GE(chunks.size(), 5u);
+  EXPECT_EQ(chunks[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+    EXPECT_TRUE(chunks[i]["usage"].is_null());
+    text += chunks[i]["choices"][0]["delta"].value("content", "");
+  }
+  EXPECT_EQ(text, "abcd");
+  EXPECT_EQ(chunks[chunks.size() - 2]["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(chunks.back()["choices"].empty());
+  EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], 4);
+}
+
+TEST_F(HttpServerTest, InvalidValuesAre400NamingTheParameter) {
+  start();
+  auto with = [&](const char* key, json value) {
+    json r = chat(4);
+    r[key] = value;
+    return post("/v1/chat/completions", r);
+  };
+  expect_error(with("temperature", 2.5), 400, "temperature", "[0, 2]");
+  expect_error(with("temperature", -0.1), 400, "temperature");
+  expect_error(with("top_p", 0), 400, "top_p", "(0, 1]");
+  expect_error(with("top_p", 1.5), 400, "top_p");
+  expect_error(with("max_tokens", 0), 400, "max_tokens");
+  expect_error(with("n", 100000), 400, "n");
+  expect_error(with("max_tokens", 1e30), 400, "max_tokens");
+  expect_error(with("stop", json(std::vector<std::string>(1000, "x"))), 400, "stop");
+  expect_error(with("messages", json::array()), 400, "messages");
+  expect_error(with("messages", "hello"), 400, "messages");
+  expect_error(with("stream_options", {{"include_usage", true}}), 400, "stream_options");
+  expect_error(with("temperature", "hot"), 400, "temperature", "must be a number");
+  // 18 prompt tokens + 239 > 256: the message gives the numbers.
+  expect_error(with("max_tokens", 239), 400, "max_tokens",
+               "maximum context length is 256 tokens. However, you requested 257 tokens (18 in the messages, 239 in the completion)");
+  EXPECT_EQ(with("max_tokens", 238)->status, 200);
+}
+
+TEST_F(HttpServerTest, MalformedBodiesAre4xxAndTheServerStaysUp) {
+  start();
+  expect_error(client_->Post("/v1/chat/completions", "{not json", "application/json"), 400, "", "not valid JSON");
+  expect_error(client_->Post("/v1/chat/completions", "[1, 2]", "application/json"), 400, "", "JSON object");
+  expect_error(client_->Post("/v1/chat/completions", "\"text\"", "application/json"), 400);
+  expect_error(client_->Post("/v1/chat/completions", chat(2).dump(), "text/plain"), 415, "", "application/json");
+  std::string huge(100 * 1024, ' ');
+  expect_error(client_->Post("/v1/chat/completions", huge, "application/json"), 413, "", "exceeds the limit");
+  expect_error(client_->Get("/v1/nothing"), 404);
+  expect_error(post("/v1/chat/completions", {{"model", "other"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}}), 404,
+               "model", "does not exist");
+  EXPECT_EQ(post("/v1/chat/completions", chat(2))->status, 200);
+}
+
+TEST_F(HttpServerTest, ApiKeyIsRequiredExceptForHealth) {
+  ServerOptions options;
+  options.api_key = "s3cret";
+  start(options);
+  expect_error(post("/v1/chat/completions", chat(2)), 401, "", "API key");
+  expect_error(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer wrong"}}), 401);
+  expect_error(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer s3cre"}}), 401);
+  expect_error(client_->Get("/v1/models"), 401);
+  EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer s3cret"}})->status, 200);
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+}
+
+TEST_F(HttpServerTest, LoadingIs503AndQueueFullIs429) {
+  start();
+  backend_.is_ready = false;
+  expect_error(post("/v1/chat/completions", chat(2)), 503, "", "loading");
+  EXPECT_EQ(client_->Get("/health")->status, 503);
+  backend_.is_ready = true;
+  backend_.max_live = 0;
+  expect_error(post("/v1/chat/completions", chat(2)), 429, "", "queue is full");
+}
+
+TEST_F(HttpServerTest, ClientDisconnectMidStreamCancelsTheRequest) {
+  backend_.pace = std::chrono::milliseconds(20);
+  start();
+  json req = chat(200);
+  req["stream"] = true;
+  int chunks = 0;
+  httplib::Client c("127.0.0.1", server_->port());
+  httplib::Request hr;
+  hr.method = "POST";
+  hr.path = "/v1/chat/completions";
+  hr.body = req.dump();
+  hr.set_header("Content-Type", "application/json");
+  hr.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };  // hang up early
+  c.send(hr);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((backend_.live > 0 || server_->active_requests() > 0) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(backend_.cancelled, 1);
+  EXPECT_EQ(backend_.live, 0);
+  EXPECT_EQ(server_->active_requests(), 0u);
+}
+
+TEST_F(HttpServerTest, ManyImpatientClientsLeaveItHealthy) {
+  backend_.pace = std::chrono::milliseconds(10);
+  ServerOptions options;
+  options.n_http_threads = 16;
+  start(options);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 200; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", server_->port());
+      c.set_read_timeout(0, 50 * 1000);  // 50 ms: gives up long before 100 tokens
+      json req = chat(100);
+      req["stream"] = (i % 2) == 0;
+      c.Post("/v1/chat/completions", req.dump(), "application/json");
+    });
+  }
+  for (auto& t : clients) t.join();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (backend_.live > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(backend_.live, 0);
+  auto start_time = std::chrono::steady_clock::now();
+  auto r = post("/v1/chat/completions", chat(2));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - start_time, std::chrono::seconds(1));
+}
+
+TEST_F(HttpServerTest, GracefulStopAbortsInFlightRequests) {
+  backend_.pace = std::chrono::milliseconds(20);
+  start();
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", server_->port());
+    json req = chat(200);
+    req["stream"] = true;
+    c.Post("/v1/chat/completions", req.dump(), "application/json");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(server_->active_requests(), 1u);
+  server_->stop(std::chrono::milliseconds(100));
+  client.join();
+  thread_.join();
+  EXPECT_EQ(backend_.cancelled, 1);
+  EXPECT_EQ(server_->active_requests(), 0u);
+}
+
+}  // namespace
+}  // namespace shardlm::server
+
+namespace shardlm::server {
+namespace {
+
+TEST(HttpServerBind, APortInUseIsRefusedNotShared) {
+  testing::FakeBackend backend;
+  ServerOptions o;
+  o.port = 0;
+  HttpServer first(backend, o);
+  first.bind();
+  o.port = first.port();
+  HttpServer second(backend, o);
+  try {
+    second.bind();
+    FAIL() << "bound a port that is in use";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen on 127.0.0.1:" + std::to_string(o.port)), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace shardlm::server
