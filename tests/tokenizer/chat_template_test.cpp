@@ -322,6 +322,9 @@ std::vector<Case> unit_cases() {
       {"err_in_string_int", "{{ 1 in 'abc' }}"},
       {"err_range_too_big", "{{ range(200000)|length }}"},
       {"err_leading_zero", "{{ 007 }}"},
+      {"err_break_outside_loop", "a{% break %}b"},
+      {"err_continue_in_macro_in_loop", "{% for i in [1] %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}"},
+      {"break_in_for_else_of_outer", "{% for i in [1, 2] %}{% for j in [] %}{% else %}{% break %}{% endfor %}{{ i }}{% endfor %}|"},
       {"err_unpack", "{% for a, b in [[1, 2, 3]] %}{% endfor %}"},
   };
   std::vector<Case> cases;
@@ -589,6 +592,14 @@ TEST(ChatTemplate, LimitsStopRunawayTemplates) {
   e = error_of([] { render("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"); });
   EXPECT_NE(e.find("nests deeper"), std::string::npos) << e;
   e = error_of([] { render("{{ " + std::string(3000, '-') + "1 }}"); });
+  EXPECT_NE(e.find("nests deeper"), std::string::npos) << e;
+  // Deep values, built by a template or passed in, are refused rather than overflowing the stack.
+  e = error_of([] { render("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}"); });
+  EXPECT_NE(e.find("nest deeper"), std::string::npos) << e;
+  e = error_of([] { render("{% set ns = namespace() %}{% set ns.self = ns %}{{ ns }}"); });
+  EXPECT_NE(e.find("deeper"), std::string::npos) << e;
+  std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  e = error_of([&] { render("{{ x }}", json{{"x", json::parse(deep, nullptr, true, false)}}); });
   EXPECT_NE(e.find("nests deeper"), std::string::npos) << e;
 }
 

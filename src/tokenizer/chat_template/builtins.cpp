@@ -982,6 +982,7 @@ void add_globals(std::unordered_map<std::string, Value>& vars) {
       for (const auto& [k, v] : p.as_dict()->items) d->set(k, v);
     }
     for (const auto& [k, v] : a.keyword) d->set(k, v);
+    in.track_namespace(d);
     return Value(d);
   });
   vars["dict"] = Value::callable("dict", [](Interpreter& in, const CallArgs& a) {

@@ -539,7 +539,9 @@ class Parser {
       }
       if (is_name("recursive")) syntax_error(cur().line, "recursive for loops are not supported");
       expect(Tok::kBlockEnd);
+      ++loop_depth_;
       s->body = subparse({"endfor", "else"});
+      --loop_depth_;
       if (is_name("else")) {
         next();
         expect(Tok::kBlockEnd);
@@ -584,11 +586,15 @@ class Parser {
       }
       next();
       expect(Tok::kBlockEnd);
+      int saved_loop_depth = loop_depth_;  // a macro body is not inside the caller's loop
+      loop_depth_ = 0;
       s->body = subparse({"endmacro"});
+      loop_depth_ = saved_loop_depth;
       next();  // endmacro
       if (cur().kind == Tok::kName && cur().text == s->name) next();
     } else if (tag == "break" || tag == "continue") {
       s->kind = tag == "break" ? StmtKind::kBreak : StmtKind::kContinue;
+      if (loop_depth_ == 0) syntax_error(line, "'" + tag + "' outside of a for loop");
       next();
     } else if (tag == "generation") {
       // transformers' AssistantTracker tag: marks assistant text, renders its body unchanged.
@@ -1025,6 +1031,7 @@ class Parser {
   size_t i_ = 0;
   const Limits& limits_;
   int depth_ = 0;
+  int loop_depth_ = 0;  // enclosing for-loop bodies, for break/continue
 };
 
 }  // namespace

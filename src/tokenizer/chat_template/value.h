@@ -21,14 +21,20 @@ namespace shardlm::chat_template {
 class Value;
 class Interpreter;
 
+// Containers nest at most this deep: deeper values (from JSON input or built by a
+// template) are refused before recursive printing or destruction could exhaust the stack.
+constexpr uint32_t kMaxValueDepth = 512;
+
 struct List {
   std::vector<Value> items;
+  uint32_t depth = 1;           // 1 + the deepest child container
   bool is_tuple = false;        // only changes repr: (1, 2) vs [1, 2]
   const char* view = nullptr;   // "dict_items" etc.: the result of d.items(), repr dict_items([...])
 };
 
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;
+  uint32_t depth = 1;  // maintained by set()
   bool is_namespace = false;  // jinja2 namespace(): the only object `set x.y = ...` may write
 
   const Value* find(std::string_view key) const;
@@ -98,6 +104,7 @@ class Value {
   bool truthy() const;           // Python truthiness; Undefined is false
   std::string str() const;       // Python str(); Undefined prints as ""
   std::string repr() const;      // Python repr()
+  uint32_t depth() const;        // 0 for scalars, else the container's depth
   const char* type_name() const;  // Python type name, for error messages
 
  private:
