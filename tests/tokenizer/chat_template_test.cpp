@@ -576,6 +576,25 @@ TEST(ChatTemplate, ErrorsNameTheLine) {
   EXPECT_NE(e.find("unsupported tag 'include'"), std::string::npos) << e;
 }
 
+TEST(ChatTemplate, TransformersExtras) {
+  // transformers' {% generation %} tag (AssistantTracker) renders its body unchanged.
+  EXPECT_EQ(render("a{% generation %}\n{{ x }}{% endgeneration %}b", json{{"x", 1}}), "a1b");
+  RenderOptions at;
+  at.now = 1721952000;  // 2024-07-26 00:00:00 UTC
+  setenv("TZ", "UTC", 1);
+  tzset();
+  EXPECT_EQ(ChatTemplate::compile("{{ strftime_now('%d %b %Y') }}").render(json::object(), at), "26 Jul 2024");
+  std::string e = error_of([] { ChatTemplate::compile("x").render(json::array()); });
+  EXPECT_NE(e.find("must be a JSON object"), std::string::npos) << e;
+  ChatInputs in;
+  in.messages = json::parse(R"([{"role": "user", "content": "q"}])");
+  in.extra = {{"bos_token", "<B>"}, {"custom", json::array({1, 2})}};
+  json ctx = chat_context(in);
+  EXPECT_EQ(ctx["bos_token"], "<B>");  // kwargs override the defaults, as in transformers
+  EXPECT_TRUE(ctx["tools"].is_null());
+  EXPECT_EQ(render("{{ bos_token }}{{ custom|length }}{{ tools is none }}", ctx), "<B>2True");
+}
+
 TEST(ChatTemplate, LimitsStopRunawayTemplates) {
   Limits small;
   small.max_loop_iterations = 1000;
