@@ -13,6 +13,12 @@ function(shardlm_test name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
-    PROPERTIES ENVIRONMENT "SHARDLM_SOURCE_DIR=${CMAKE_SOURCE_DIR};SHARDLM_BINARY_DIR=${CMAKE_BINARY_DIR};SHARDLM_CLI=$<TARGET_FILE:shardlm>")
+  add_dependencies(${name} shardlm)
+  # Tests find the sources, the build and the CLI through the environment.
+  # ctest's ENVIRONMENT property holds only one variable when passed through
+  # gtest_discover_tests, so the variables are set by running each test under
+  # env(1), which gtest_discover_tests honours as the target's "emulator".
+  set_target_properties(${name} PROPERTIES CROSSCOMPILING_EMULATOR
+    "/usr/bin/env;SHARDLM_SOURCE_DIR=${CMAKE_SOURCE_DIR};SHARDLM_BINARY_DIR=${CMAKE_BINARY_DIR};SHARDLM_CLI=$<TARGET_FILE:shardlm>")
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -350,6 +350,7 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> bytes, std::
                    kFixCorrupt);
     return header;
   }
+  header.parsed = true;
   for (const std::string& name : duplicates) {
     problems.error(ErrorCode::kCorruptFile, name == "__metadata__" ? "" : name,
                    str_cat("\"", name, "\" appears more than once in the header"), kFixCorrupt);

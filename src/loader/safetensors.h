@@ -46,6 +46,9 @@ struct SafetensorsHeader {
   uint64_t file_size = 0;
   uint64_t header_size = 0;     // N, from the first 8 bytes
   uint64_t data_start = 0;      // 8 + N: file offset of the data section
+  // The header JSON was read (an object); tensors lists what it names. False
+  // when the file is too short, the length is wrong or the JSON is broken.
+  bool parsed = false;
   // Entries whose shape and data_offsets are well formed, sorted by begin
   // (bad dtypes or byte counts are still listed; their problems say so).
   std::vector<SafetensorsEntry> tensors;

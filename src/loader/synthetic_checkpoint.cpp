@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <climits>
 #include <fstream>
 #include <thread>
 
@@ -155,15 +156,19 @@ SyntheticModelResult write_synthetic_model(const std::filesystem::path& dir, con
   const uint64_t seed = options.seed;
   const bool tied = spec.tie_word_embeddings;
   const int64_t hidden = spec.hidden_size;
-  auto fill = [seed, tied, hidden](const TensorToWrite& t, int64_t begin, int64_t count, void* out) {
-    const auto [center, std] = weight_distribution(t.name, hidden, t.shape, tied);
+  // First element of the output-projection rows of ids the tokenizer lacks.
+  const int64_t unused_from = result.tokenizer_vocab * hidden;
+  auto fill = [seed, tied, hidden, unused_from](const TensorToWrite& t, int64_t begin, int64_t count, void* out) {
+    auto [center, std] = weight_distribution(t.name, hidden, t.shape, tied);
+    const bool output_rows = t.name == "lm_head.weight" || (tied && t.name == "model.embed_tokens.weight");
+    const int64_t zero_from = output_rows ? unused_from : INT64_MAX;
     const uint64_t key = splitmix64(seed ^ fnv1a64(t.name));
     const float scale = std * 1.7320508f;
     const DType dtype = t.dtype;
     auto run = [&](int64_t j0, int64_t j1) {
       for (int64_t j = j0; j < j1; ++j) {
         const float u = static_cast<float>(splitmix64(key + static_cast<uint64_t>(begin + j)) >> 40) * (1.0f / 8388608.0f) - 1.0f;
-        store_from_f32(out, dtype, static_cast<size_t>(j), center + scale * u);
+        store_from_f32(out, dtype, static_cast<size_t>(j), begin + j >= zero_from ? 0.0f : center + scale * u);
       }
     };
     // Chunks are up to 16 MiB: split big ones over the cores.

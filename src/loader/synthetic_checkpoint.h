@@ -19,6 +19,11 @@
 //   lm_head, embed when tied     std 2/sqrt(hidden)   (logits std ~2: the
 //                                greedy top-1/top-2 margin is typically
 //                                > 0.1, far above f32 summation-order noise)
+//   rows of lm_head (and of the tied embedding) for ids >= the tokenizer's
+//   vocabulary are zero: their logits are exactly 0, below the best of the
+//   >= 259 real tokens (std 2), so greedy decoding emits decodable ids even
+//   when --vocab leaves ids without a token. (Sampling at temperature 1 can
+//   still pick them; use --vocab = the tokenizer size to have none.)
 #pragma once
 
 #include <cstdint>
@@ -59,7 +64,8 @@ ModelSpec synthetic_model_spec(const SyntheticModelOptions& options);
 // The tensors written, in expected_tensors order (lm_head omitted when tied).
 std::vector<TensorSpec> synthetic_tensor_list(const ModelSpec& spec);
 
-// The value of element i of a tensor (before rounding to the dtype).
+// The value of element i of a tensor (before rounding to the dtype, and
+// before the zeroing of unused output rows).
 float synthetic_weight_value(uint64_t seed, const std::string& tensor_name, int64_t hidden_size,
                              const std::vector<int64_t>& shape, bool tied, int64_t i);
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "server/listener.h"
 
 namespace shardlm::server {
 
@@ -81,6 +82,7 @@ HttpServer::HttpServer(ServingBackend& backend, ServerOptions options)
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
   http_->set_tcp_nodelay(true);
+  listen_fd_ = configure_listener(*http_);
   install_routes();
 }
 
@@ -121,6 +123,7 @@ void HttpServer::bind() {
   if (port_ < 0)
     fail(ErrorCode::kIo, "cannot listen on ", options_.host, ":", options_.port,
          " (is another server using the port? choose another with --port)");
+  widen_backlog(listen_fd_);
 }
 
 void HttpServer::run() { http_->listen_after_bind(); }

@@ -59,6 +59,7 @@ class HttpServer {
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   int port_ = 0;
+  std::shared_ptr<int> listen_fd_;
   std::atomic<bool> draining_{false};
   mutable std::mutex active_mutex_;
   std::set<RequestStream*> active_;

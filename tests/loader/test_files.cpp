@@ -1,5 +1,9 @@
 #include "test_files.h"
 
+#include <nlohmann/json.hpp>
+
+#include "loader/model_spec.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,12 +101,78 @@ std::string read_text(const std::filesystem::path& path) {
 
 std::filesystem::path fresh_dir(std::string_view name) {
   const char* build = std::getenv("SHARDLM_BINARY_DIR");
+#ifdef SHARDLM_TEST_BINARY_DIR
+  if (build == nullptr) build = SHARDLM_TEST_BINARY_DIR;
+#endif
   std::filesystem::path root = build ? std::filesystem::path(build) / "test_tmp" / "loader"
                                      : std::filesystem::temp_directory_path() / "shardlm_test_loader";
   std::filesystem::path dir = root / std::string(name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+const char* const kTinyConfig = R"({
+  "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+  "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 128,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "eos_token_id": 2
+})";
+
+std::string shard_name(int i, int n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", i, n);
+  return buf;
+}
+
+std::vector<std::vector<std::string>> write_tiny_model(const std::filesystem::path& dir,
+                                                       const std::string& config_json,
+                                                       const TinyModelOptions& options) {
+  write_text(dir / "config.json", config_json);
+  ModelSpec spec = parse_model_config(nlohmann::json::parse(config_json), "config.json");
+  std::vector<RawTensor> tensors;
+  for (const TensorSpec& t : expected_tensors(spec)) {
+    if (t.optional || options.drop.count(t.name)) continue;
+    std::vector<int64_t> shape = t.shape;
+    if (auto it = options.reshape.find(t.name); it != options.reshape.end()) shape = it->second;
+    tensors.push_back(options.f32.count(t.name) ? f32_tensor(t.name, shape) : bf16_tensor(t.name, shape));
+  }
+  for (const RawTensor& t : options.extra) tensors.push_back(t);
+  const int n = options.n_shards;
+  std::vector<std::vector<std::string>> names(n);
+  nlohmann::json weight_map = nlohmann::json::object();
+  size_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    size_t lo = tensors.size() * i / n, hi = tensors.size() * (i + 1) / n;
+    std::vector<RawTensor> shard(tensors.begin() + lo, tensors.begin() + hi);
+    std::string file = n == 1 ? "model.safetensors" : shard_name(i + 1, n);
+    for (RawTensor& t : shard) {
+      names[i].push_back(t.name);
+      weight_map[t.name] = file;
+      total += t.data.size();
+      if (auto it = options.rename.find(t.name); it != options.rename.end()) t.name = it->second;
+    }
+    write_bytes(dir / file, make_safetensors(shard));
+  }
+  if (n > 1) {
+    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text(dir / "model.safetensors.index.json", index.dump(2));
+  }
+  if (options.tokenizer) {
+    write_text(dir / "tokenizer.json", R"({"version":"1.0","model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":[]}})");
+    write_text(dir / "tokenizer_config.json", R"({"eos_token":"<|im_end|>","chat_template":"{{ messages }}"})");
+  }
+  return names;
+}
+
+std::string cli_path() {
+  if (const char* cli = std::getenv("SHARDLM_CLI"); cli != nullptr && *cli != 0) return cli;
+#ifdef SHARDLM_TEST_CLI
+  return SHARDLM_TEST_CLI;
+#else
+  throw std::runtime_error("SHARDLM_CLI is not set");
+#endif
 }
 
 int run_command(const std::string& command, std::string* out, std::string* err) {

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -40,6 +42,33 @@ std::string read_text(const std::filesystem::path& path);
 // An empty directory $SHARDLM_BINARY_DIR/test_tmp/loader/<name> (or under
 // the system temp dir when the variable is unset).
 std::filesystem::path fresh_dir(std::string_view name);
+
+// A tiny Qwen2-shaped config.json: vocab 32, hidden 16, intermediate 32,
+// 2 layers, 4 heads of 4, 2 KV heads, bf16, untied: 27 tensors.
+extern const char* const kTinyConfig;
+
+struct TinyModelOptions {
+  int n_shards = 1;                                 // >1: model-0000i-of-0000N + index
+  std::set<std::string> drop;                       // tensors left out (of files and index)
+  std::map<std::string, std::string> rename;        // in the shard only; the index keeps the old name
+  std::map<std::string, std::vector<int64_t>> reshape;
+  std::map<std::string, std::string> f32;           // tensors written as F32 (value ignored)
+  std::vector<RawTensor> extra;                     // added to the last shard and the index
+  bool tokenizer = true;                            // write tokenizer.json and tokenizer_config.json
+};
+
+// Writes config.json, the weights of every tensor config.json implies (bf16,
+// values 1.0; shard i holds a contiguous run of them) and the tokenizer files.
+// Returns the tensor names in each shard.
+std::vector<std::vector<std::string>> write_tiny_model(const std::filesystem::path& dir,
+                                                       const std::string& config_json,
+                                                       const TinyModelOptions& options = {});
+
+// "model-00002-of-00003.safetensors"
+std::string shard_name(int i, int n);
+
+// The shardlm binary: $SHARDLM_CLI, or the path CMake compiled in.
+std::string cli_path();
 
 // Runs a shell command; returns its exit status and stdout (stderr into *err if given).
 int run_command(const std::string& command, std::string* out, std::string* err = nullptr);

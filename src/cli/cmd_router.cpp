@@ -1,0 +1,44 @@
+// shardlm router --backend http://HOST:PORT [--backend ...]: one OpenAI
+// endpoint in front of replicas on other hosts.
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#include "cli/command.h"
+#include "server/router.h"
+
+namespace shardlm::cli {
+namespace {
+
+server::Router* g_router = nullptr;
+
+void on_signal(int) {
+  if (g_router) std::thread([] { g_router->stop(); }).detach();
+}
+
+void setup(CLI::App& app) {
+  auto* sub = app.add_subcommand("router", "Route OpenAI requests over replicas on other hosts (least work, prefix affinity, retries)");
+  auto opts = std::make_shared<server::RouterOptions>();
+  sub->add_option("--backend", opts->backends, "Base URL of a replica, e.g. http://10.0.0.2:8000 (repeat)")->required();
+  sub->add_option("--host", opts->host, "Address to listen on")->capture_default_str();
+  sub->add_option("--port", opts->port, "Port to listen on")->capture_default_str();
+  sub->add_option("--api-key", opts->api_key, "Require this key from clients (and pass it on)");
+  sub->add_option("--health-interval-ms", opts->health_interval_ms, "Backend health check period")->capture_default_str();
+  sub->add_option("--max-attempts", opts->max_attempts, "Backends tried per request")->capture_default_str()->check(CLI::Range(1, 100));
+  set_command_action(sub, [opts] {
+    server::Router router(*opts);
+    router.bind();
+    g_router = &router;
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    std::cerr << "shardlm router listening on http://" << opts->host << ":" << router.port() << " for "
+              << opts->backends.size() << " backends\n";
+    router.run();
+    g_router = nullptr;
+    return 0;
+  });
+}
+
+}  // namespace
+SHARDLM_REGISTER_COMMAND(setup);
+}  // namespace shardlm::cli

@@ -1,0 +1,11 @@
+// StepPlan (sched, plain data) -> ForwardBatch (what the model runs).
+#pragma once
+
+#include "model/forward_batch.h"
+#include "sched/step_plan.h"
+
+namespace shardlm {
+
+ForwardBatch make_forward_batch(const StepPlan& plan);
+
+}  // namespace shardlm

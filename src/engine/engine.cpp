@@ -1,0 +1,409 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "core/error.h"
+#include "engine/batch_builder.h"
+
+namespace shardlm {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone: return "";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+  }
+  return "";
+}
+
+Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detokenizer* detokenizer)
+    : config_(config),
+      executor_(executor),
+      detokenizer_(detokenizer),
+      vocab_size_(executor.vocab_size()),
+      sched_(config.scheduler) {
+  if (vocab_size_ < 1) fail(ErrorCode::kInvalidArgument, "engine: model vocab_size must be >= 1, got ", vocab_size_);
+  const auto& sc = config.scheduler;
+  if ((executor.n_kv_blocks() > 0 && executor.n_kv_blocks() != sc.n_blocks) ||
+      (executor.kv_block_size() > 0 && executor.kv_block_size() != sc.block_size))
+    fail(ErrorCode::kInvalidArgument, "engine: the model's KV cache has ", executor.n_kv_blocks(), " blocks of ",
+         executor.kv_block_size(), " tokens but the scheduler was configured for ", sc.n_blocks, " blocks of ",
+         sc.block_size, "; build both from the same numbers");
+  update_gauges();
+}
+
+Engine::~Engine() {
+  try {
+    stop(/*drain=*/false);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardlm engine: error while stopping: %s\n", e.what());
+  }
+}
+
+void Engine::validate(const EngineRequest& r) const {
+  if (r.request_id.empty()) fail(ErrorCode::kInvalidArgument, "request_id must not be empty");
+  if (r.n < 1 || r.n > config_.max_n)
+    fail(ErrorCode::kInvalidArgument, "n must be between 1 and ", config_.max_n, ", got ", r.n);
+  for (size_t i = 0; i < r.prompt_token_ids.size(); ++i)
+    if (r.prompt_token_ids[i] < 0 || r.prompt_token_ids[i] >= vocab_size_)
+      fail(ErrorCode::kInvalidArgument, "prompt token ", i, " has id ", r.prompt_token_ids[i],
+           ", outside the vocabulary [0, ", vocab_size_, ")");
+  Scheduler::check_fits(config_.scheduler, static_cast<int32_t>(r.prompt_token_ids.size()), r.stop.max_tokens);
+  r.sampling.validate();
+  if (r.stop.min_tokens < 0 || r.stop.min_tokens > r.stop.max_tokens)
+    fail(ErrorCode::kInvalidArgument, "min_tokens must be between 0 and max_tokens (", r.stop.max_tokens,
+         "), got ", r.stop.min_tokens);
+  for (int32_t t : r.stop.stop_token_ids)
+    if (t < 0 || t >= vocab_size_)
+      fail(ErrorCode::kInvalidArgument, "stop_token_ids contains ", t, ", outside the vocabulary [0, ",
+           vocab_size_, ")");
+  for (const auto& s : r.stop.stop) {
+    if (s.empty()) fail(ErrorCode::kInvalidArgument, "stop strings must not be empty");
+    if (!detokenizer_)
+      fail(ErrorCode::kUnsupported, "stop strings need a tokenizer, and this engine runs without one");
+  }
+}
+
+void Engine::submit(EngineRequest request, RequestCallbacks callbacks) {
+  validate(request);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_requested_) fail(ErrorCode::kUnsupported, "the engine is shutting down and takes no new requests");
+  if (config_.max_live_requests > 0 && static_cast<int32_t>(live_ids_.size()) >= config_.max_live_requests)
+    fail(ErrorCode::kOutOfMemory, "the engine already holds ", live_ids_.size(),
+         " requests (max_live_requests); retry later");
+  if (!live_ids_.insert(request.request_id).second)
+    fail(ErrorCode::kInvalidArgument, "request_id '", request.request_id, "' is already in use by a live request");
+  Command cmd;
+  cmd.kind = Command::Kind::kSubmit;
+  cmd.request = std::move(request);
+  cmd.callbacks = std::move(callbacks);
+  cmd.time = Clock::now();
+  queue_.push_back(std::move(cmd));
+  cv_.notify_one();
+}
+
+void Engine::abort(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Command cmd;
+  cmd.kind = Command::Kind::kAbort;
+  cmd.request_id = request_id;
+  cmd.time = Clock::now();
+  queue_.push_back(std::move(cmd));
+  cv_.notify_one();
+}
+
+void Engine::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (thread_.joinable() || stop_requested_) return;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::stop(bool drain) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stop_requested_) {
+      stop_requested_ = true;
+      drain_ = drain;
+    } else if (!drain) {
+      drain_ = false;
+    }
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) {
+    thread_.join();
+    return;
+  }
+  // Not started: finish (or abort) what is queued on this thread.
+  drain_queue();
+  if (!drain) abort_all("");
+  run_until_idle();
+}
+
+void Engine::loop() {
+  for (;;) {
+    bool stopping = false, drain = true;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return !queue_.empty() || stop_requested_ || !sched_.idle(); });
+      stopping = stop_requested_;
+      drain = drain_;
+    }
+    try {
+      drain_queue();
+      if (stopping && !drain) abort_all("");
+      if (sched_.idle()) {
+        if (stopping) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (queue_.empty()) break;
+        }
+        continue;
+      }
+      step_inner();
+    } catch (const std::exception& e) {
+      // A bug, not user input: fail what is in flight, keep serving.
+      std::fprintf(stderr, "shardlm engine: step failed: %s\n", e.what());
+      abort_all(std::string("internal engine error: ") + e.what());
+    }
+  }
+}
+
+bool Engine::run_step() {
+  drain_queue();
+  if (sched_.idle()) {
+    update_gauges();
+    return false;
+  }
+  return step_inner();
+}
+
+void Engine::run_until_idle() {
+  while (run_step()) {
+  }
+}
+
+void Engine::drain_queue() {
+  std::deque<Command> cmds;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cmds.swap(queue_);
+  }
+  for (Command& cmd : cmds) {
+    if (cmd.kind == Command::Kind::kSubmit) {
+      add_request(std::move(cmd));
+    } else {
+      abort_request(cmd.request_id, "");
+    }
+  }
+  update_gauges();
+}
+
+void Engine::add_request(Command&& cmd) {
+  auto rs = std::make_unique<RequestState>();
+  rs->request = std::move(cmd.request);
+  rs->callbacks = std::move(cmd.callbacks);
+  rs->arrival = cmd.time;
+  const EngineRequest& r = rs->request;
+  SeqId lead = -1;
+  for (int32_t i = 0; i < r.n; ++i) {
+    auto s = std::make_unique<SeqState>();
+    s->request = rs.get();
+    s->index = i;
+    s->id = next_seq_id_++;
+    SamplingParams params = r.sampling;
+    if (params.seed) params.seed = *params.seed + uint64_t(i);  // siblings draw differently, reproducibly
+    s->sampler = std::make_unique<Sampler>(params, r.prompt_token_ids, vocab_size_);
+    if (detokenizer_) s->detok = detokenizer_->stream(r.prompt_token_ids, r.skip_special_tokens);
+    s->stops = std::make_unique<StopStringMatcher>(r.stop.stop, r.stop.include_stop_str_in_output);
+    sched_.add(s->id, r.prompt_token_ids, r.stop.max_tokens, lead);
+    if (i == 0) lead = s->id;
+    rs->seq_ids.push_back(s->id);
+    seqs_.emplace(s->id, std::move(s));
+  }
+  rs->n_unfinished = r.n;
+  std::string id = r.request_id;
+  requests_.emplace(std::move(id), std::move(rs));
+}
+
+SequenceOutput Engine::make_output(const SeqState& seq) const {
+  SequenceOutput out;
+  out.request_id = seq.request->request.request_id;
+  out.index = seq.index;
+  out.n_prompt_tokens = static_cast<int32_t>(seq.request->request.prompt_token_ids.size());
+  out.n_completion_tokens = static_cast<int32_t>(seq.output_ids.size());
+  out.n_cached_tokens = sched_.has(seq.id) ? sched_.n_prefix_hit_tokens(seq.id) : 0;
+  out.elapsed_s = std::chrono::duration<double>(Clock::now() - seq.request->arrival).count();
+  out.time_to_first_token_s = seq.request->ttft_s;
+  return out;
+}
+
+void Engine::emit(RequestState& request, const SequenceOutput& out) {
+  if (!request.callbacks.on_output) return;
+  try {
+    request.callbacks.on_output(out);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardlm engine: output callback of request %s threw: %s\n",
+                 request.request.request_id.c_str(), e.what());
+  }
+}
+
+// Sets out.request_finished; frees the KV blocks; the caller emits `out`
+// and, when the request is finished, must not touch it afterwards.
+void Engine::finish_seq(SeqState& seq, SequenceOutput& out) {
+  seq.finished = true;
+  sched_.finish(seq.id);
+  RequestState& rs = *seq.request;
+  const std::string reason = finish_reason_name(out.finish_reason);
+  const double e2e = std::chrono::duration<double>(Clock::now() - rs.arrival).count();
+  out.request_finished = --rs.n_unfinished == 0;
+  metrics_.update([&](MetricsSnapshot& m) {
+    if (out.request_finished) {
+      ++m.request_success_total[reason];
+      m.e2e_request_latency_seconds.observe(e2e);
+    }
+  });
+}
+
+void Engine::abort_request(const std::string& request_id, const std::string& error) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  RequestState& rs = *it->second;
+  for (SeqId id : rs.seq_ids) {
+    SeqState& seq = *seqs_.at(id);
+    if (seq.finished) continue;
+    SequenceOutput out = make_output(seq);
+    out.finish_reason = FinishReason::kAbort;
+    out.error = error;
+    finish_seq(seq, out);
+    emit(rs, out);
+  }
+  for (SeqId id : rs.seq_ids) seqs_.erase(id);
+  requests_.erase(it);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ids_.erase(request_id);
+  }
+  update_gauges();
+}
+
+void Engine::abort_all(const std::string& error) {
+  std::vector<std::string> ids;
+  for (const auto& [id, rs] : requests_) ids.push_back(id);
+  for (const auto& id : ids) abort_request(id, error);
+}
+
+bool Engine::step_inner() {
+  StepPlan plan = sched_.schedule();
+  SHARDLM_CHECK(!plan.empty(), "scheduler made no progress with ", sched_.n_running(), " running and ",
+                sched_.n_waiting(), " waiting sequences");
+  const ForwardBatch batch = make_forward_batch(plan);
+  const int64_t n_logits = batch.n_logits();
+  logits_.assign(size_t(n_logits * vocab_size_), 0.0f);
+  try {
+    executor_.execute(batch, logits_.data());
+  } catch (const std::exception& e) {
+    // The KV of the scheduled sequences is in doubt: end them with the error.
+    std::vector<std::string> ids;
+    for (const auto& sc : plan.seqs) ids.push_back(seqs_.at(sc.seq_id)->request->request.request_id);
+    for (const auto& id : ids) abort_request(id, std::string("model execution failed: ") + e.what());
+    return true;
+  }
+
+  std::vector<int32_t> sampled(plan.seqs.size(), -1);
+  std::vector<std::optional<TokenLogprobs>> logprobs(plan.seqs.size());
+  std::vector<int32_t> banned;
+  int64_t row = 0;
+  for (size_t k = 0; k < plan.seqs.size(); ++k) {
+    if (!plan.seqs[k].need_logits) continue;
+    SeqState& seq = *seqs_.at(plan.seqs[k].seq_id);
+    const EngineRequest& r = seq.request->request;
+    banned.clear();
+    if (static_cast<int32_t>(seq.output_ids.size()) < r.stop.min_tokens) {
+      banned = r.stop.stop_token_ids;
+      if (!r.stop.ignore_eos) banned.insert(banned.end(), config_.eos_token_ids.begin(), config_.eos_token_ids.end());
+    }
+    float* row_logits = logits_.data() + row * vocab_size_;
+    for (int32_t t : banned) row_logits[t] = -std::numeric_limits<float>::infinity();
+    SampleResult res = seq.sampler->sample(std::span<const float>(row_logits, size_t(vocab_size_)));
+    sampled[k] = res.token;
+    if (r.logprobs) {
+      TokenLogprobs lp;
+      lp.token_id = res.token;
+      lp.logprob = res.logprob;
+      lp.rank = 1;
+      for (int64_t v = 0; v < vocab_size_; ++v) lp.rank += row_logits[v] > row_logits[res.token] ? 1 : 0;
+      lp.top = std::move(res.top_logprobs);
+      logprobs[k] = std::move(lp);
+    }
+    ++row;
+  }
+  SHARDLM_CHECK(row == n_logits);
+
+  sched_.commit(plan, sampled);
+  const auto now = Clock::now();
+  for (size_t k = 0; k < plan.seqs.size(); ++k) {
+    if (sampled[k] < 0) continue;
+    auto it = seqs_.find(plan.seqs[k].seq_id);
+    if (it == seqs_.end()) continue;  // its request finished earlier in this loop
+    process_token(*it->second, sampled[k], std::move(logprobs[k]), now);
+  }
+  metrics_.update([&](MetricsSnapshot& m) { m.num_preemptions_total = sched_.stats().n_preemptions; });
+  update_gauges();
+  return true;
+}
+
+void Engine::process_token(SeqState& seq, int32_t token, std::optional<TokenLogprobs> logprobs, Clock::time_point now) {
+  RequestState& rs = *seq.request;
+  const EngineRequest& r = rs.request;
+  seq.output_ids.push_back(token);
+  const int32_t n_out = static_cast<int32_t>(seq.output_ids.size());
+
+  const bool first_of_request = !rs.first_token_seen;
+  rs.first_token_seen = true;
+  const double ttft = std::chrono::duration<double>(now - rs.arrival).count();
+  if (first_of_request) rs.ttft_s = ttft;
+
+  SequenceOutput out = make_output(seq);
+  out.new_token_ids.push_back(token);
+  if (logprobs) out.logprobs.push_back(std::move(*logprobs));
+  const bool has_prev = n_out > 1;
+  const double itl = has_prev ? std::chrono::duration<double>(now - seq.last_token_time).count() : 0.0;
+  seq.last_token_time = now;
+  metrics_.update([&](MetricsSnapshot& m) {
+    ++m.generation_tokens_total;
+    if (first_of_request) {
+      m.prompt_tokens_total += static_cast<int64_t>(r.prompt_token_ids.size());
+      m.time_to_first_token_seconds.observe(ttft);
+    }
+    if (has_prev) m.inter_token_latency_seconds.observe(itl);
+  });
+
+  const bool past_min = n_out >= r.stop.min_tokens;
+  const bool is_eos = !r.stop.ignore_eos && std::count(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), token);
+  const bool is_stop_token = std::count(r.stop.stop_token_ids.begin(), r.stop.stop_token_ids.end(), token) > 0;
+  if (past_min && (is_eos || is_stop_token)) {
+    // The stop token ends the text without adding to it (vLLM).
+    out.finish_reason = FinishReason::kStop;
+    out.stop_token_id = token;
+  } else if (seq.detok) {
+    out.text_delta = seq.stops->push(seq.detok->push(token), past_min);
+    if (seq.stops->stopped()) {
+      out.finish_reason = FinishReason::kStop;
+      out.stop_string = seq.stops->matched();
+    }
+  }
+  if (!out.finished() && n_out >= r.stop.max_tokens) out.finish_reason = FinishReason::kLength;
+  if (out.finished() && !seq.stops->stopped() && seq.detok) {
+    out.text_delta += seq.stops->push(seq.detok->flush(), false);
+    out.text_delta += seq.stops->flush();
+  }
+  if (!out.finished()) {
+    emit(rs, out);
+    return;
+  }
+  finish_seq(seq, out);
+  emit(rs, out);
+  if (out.request_finished) {
+    const std::string id = r.request_id;
+    for (SeqId sid : rs.seq_ids) seqs_.erase(sid);  // destroys seq
+    requests_.erase(id);
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ids_.erase(id);
+  }
+}
+
+void Engine::update_gauges() {
+  const SchedulerStats st = sched_.stats();
+  metrics_.update([&](MetricsSnapshot& m) {
+    m.num_requests_running = st.n_running;
+    m.num_requests_waiting = st.n_waiting;
+    m.kv_cache_usage_perc = st.kv_usage;
+    m.num_preemptions_total = st.n_preemptions;
+    m.prefix_cache_queries_total = st.prefix_cache.n_query_tokens;
+    m.prefix_cache_hits_total = st.prefix_cache.n_hit_tokens;
+  });
+}
+
+}  // namespace shardlm

@@ -1,0 +1,148 @@
+// The serving engine: one thread owns the scheduler, the KV bookkeeping and
+// every live sequence; other threads only post commands (submit, abort) to its
+// queue (llama.cpp's server queue). Per step: schedule -> executor.execute ->
+// sample each sequence that reached its last token -> commit -> stream
+// outputs through the request's callbacks.
+//
+// Threading: submit/abort/stop/metrics are thread-safe. Callbacks run on the
+// engine thread. Without start(), drive it yourself with run_step() (tests,
+// offline batch runs) from a single thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/detokenizer.h"
+#include "engine/metrics.h"
+#include "engine/model_executor.h"
+#include "engine/request.h"
+#include "engine/stop_strings.h"
+#include "sched/scheduler.h"
+
+namespace shardlm {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;                 // pool size, block size, budgets, max_model_len
+  std::vector<int32_t> eos_token_ids;        // end the sequence ("stop") unless ignore_eos
+  int32_t max_n = 64;                        // largest accepted EngineRequest::n
+  int32_t max_live_requests = 0;             // > 0: submit refuses more (kOutOfMemory -> HTTP 429)
+};
+
+class Engine {
+ public:
+  // executor and detokenizer must outlive the engine; detokenizer may be null
+  // (no text: text_delta stays empty and stop strings are refused).
+  Engine(const EngineConfig& config, ModelExecutor& executor, const Detokenizer* detokenizer = nullptr);
+  ~Engine();  // stop(/*drain=*/false)
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates on the caller's thread and queues. Throws shardlm::Error
+  // (kInvalidArgument with the numbers: too long for max_model_len or the KV
+  // pool, bad sampling values, token ids outside the vocabulary, a request_id
+  // already live; kOutOfMemory when max_live_requests are in flight;
+  // kUnsupported after stop()).
+  void submit(EngineRequest request, RequestCallbacks callbacks);
+  // Ends every sequence of the request at the engine's next turn, frees its
+  // KV blocks, and sends a last output with finish_reason kAbort. Unknown or
+  // finished ids are ignored (the client may disconnect after the end).
+  void abort(const std::string& request_id);
+
+  void start();                   // runs the loop on its own thread
+  // Stops accepting requests; drain: finish everything in flight, else abort
+  // it all; then the loop exits (joined here). Idempotent.
+  void stop(bool drain = true);
+
+  // Single-threaded driving (only when start() was not called): handles
+  // queued commands and runs one step. Returns false when there was nothing
+  // to do.
+  bool run_step();
+  void run_until_idle();
+
+  const Metrics& metrics() const { return metrics_; }
+  std::string render_metrics(const std::string& model_name = "") const {
+    return metrics_.render_prometheus(model_name);
+  }
+  const EngineConfig& config() const { return config_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  // Engine-thread only (or when not started): for tests and debugging.
+  const Scheduler& scheduler() const { return sched_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct RequestState;
+  struct SeqState {
+    RequestState* request = nullptr;
+    int32_t index = 0;
+    SeqId id = 0;
+    std::unique_ptr<Sampler> sampler;        // penalties' token counts and the sequence's RNG
+    std::vector<int32_t> output_ids;
+    std::unique_ptr<DetokenizerStream> detok;
+    std::unique_ptr<StopStringMatcher> stops;
+    Clock::time_point last_token_time;
+    bool finished = false;
+  };
+  struct RequestState {
+    EngineRequest request;
+    RequestCallbacks callbacks;
+    Clock::time_point arrival;
+    bool first_token_seen = false;
+    double ttft_s = -1.0;
+    int32_t n_unfinished = 0;
+    std::vector<SeqId> seq_ids;
+  };
+  struct Command {
+    enum class Kind { kSubmit, kAbort } kind = Kind::kSubmit;
+    EngineRequest request;             // kSubmit
+    RequestCallbacks callbacks;        // kSubmit
+    std::string request_id;            // kAbort
+    Clock::time_point time;
+  };
+
+  void validate(const EngineRequest& request) const;
+  void loop();
+  void drain_queue();
+  void add_request(Command&& cmd);
+  void abort_request(const std::string& request_id, const std::string& error);
+  void abort_all(const std::string& error);
+  bool step_inner();
+  void process_token(SeqState& seq, int32_t token, std::optional<TokenLogprobs> logprobs, Clock::time_point now);
+  void finish_seq(SeqState& seq, SequenceOutput& out);
+  void emit(RequestState& request, const SequenceOutput& out);
+  SequenceOutput make_output(const SeqState& seq) const;
+  void update_gauges();
+
+  EngineConfig config_;
+  ModelExecutor& executor_;
+  const Detokenizer* detokenizer_;
+  int64_t vocab_size_;
+
+  // Engine-thread state.
+  Scheduler sched_;
+  std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
+  std::unordered_map<SeqId, std::unique_ptr<SeqState>> seqs_;
+  SeqId next_seq_id_ = 1;
+  std::vector<float> logits_;  // [n_logits, vocab]
+
+  // Shared with submitting threads.
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Command> queue_;
+  std::unordered_set<std::string> live_ids_;
+  bool stop_requested_ = false;
+  bool drain_ = true;
+
+  std::thread thread_;
+  Metrics metrics_;
+};
+
+}  // namespace shardlm

@@ -1,0 +1,73 @@
+// The real-model ModelExecutor for one replica whose TP x PP ranks are
+// threads of this process (LocalComm): each rank thread loads its CausalLM
+// slice and its KV cache once, then runs every ForwardBatch the engine hands
+// over; the driver rank (tp 0, pp 0) writes the logits. TP = PP = 1 is the
+// plain single-device case. (An MPI executor would broadcast the batch to
+// the other processes the same way; not written yet.)
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/dtype.h"
+#include "engine/model_executor.h"
+#include "loader/model_spec.h"
+#include "model/weight_source.h"
+#include "plan/sharding.h"
+
+namespace shardlm {
+
+struct LocalGroupOptions {
+  Layout layout;                   // tp x pp ranks (dp must be 1)
+  int64_t n_blocks = 0;            // KV blocks per rank: must equal SchedulerConfig::n_blocks
+  int64_t block_size = 16;         // must equal SchedulerConfig::block_size
+  DType kv_dtype = DType::kBF16;
+  int n_threads_per_rank = 0;      // backend threads; 0: hardware threads / ranks
+};
+
+class LocalGroupExecutor final : public ModelExecutor {
+ public:
+  // Loads every rank (blocks until done). Throws what a rank's load threw
+  // (missing tensor, bad layout) as shardlm::Error.
+  LocalGroupExecutor(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
+                     const LocalGroupOptions& options);
+  ~LocalGroupExecutor() override;
+
+  int64_t vocab_size() const override { return vocab_size_; }
+  void execute(const ForwardBatch& batch, float* logits) override;
+  int64_t n_kv_blocks() const override { return options_.n_blocks; }
+  int64_t kv_block_size() const override { return options_.block_size; }
+
+  // Bytes one KV block takes on rank 0 (what the block pool divides by).
+  int64_t kv_block_bytes_rank0() const { return kv_block_bytes_rank0_; }
+
+ private:
+  void run_rank(int rank);
+
+  ModelSpec spec_;
+  std::shared_ptr<const WeightSource> weights_;
+  LocalGroupOptions options_;
+  int n_ranks_;
+  int64_t vocab_size_;
+  int64_t kv_block_bytes_rank0_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::thread> threads_;
+  std::shared_ptr<void> world_;      // keeps the LocalComm world alive
+  int n_loaded_ = 0;
+  uint64_t generation_ = 0;          // bumped per execute
+  int n_done_ = 0;                   // ranks finished with the current generation
+  bool shutdown_ = false;
+  bool broken_ = false;              // a rank failed: the group cannot run again
+  std::exception_ptr error_;
+  const ForwardBatch* batch_ = nullptr;
+  float* logits_ = nullptr;
+};
+
+}  // namespace shardlm

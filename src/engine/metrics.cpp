@@ -1,0 +1,119 @@
+#include "engine/metrics.h"
+
+#include <algorithm>
+#include <charconv>
+#include <sstream>
+
+namespace shardlm {
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds(std::move(upper_bounds)), counts(bounds.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  size_t i = std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin();  // le semantics
+  ++counts[i];
+  sum += value;
+  ++count;
+}
+
+// Bucket bounds as vLLM's prometheus logger (v0.8+).
+MetricsSnapshot::MetricsSnapshot()
+    : time_to_first_token_seconds({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}),
+      inter_token_latency_seconds({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0}),
+      e2e_request_latency_seconds({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {}
+
+MetricsSnapshot Metrics::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return data_;
+}
+
+namespace {
+
+std::string num(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form: 0.005, 2560
+  return std::string(buf, res.ptr);
+}
+
+std::string escape_label(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') { out += "\\n"; continue; }
+    out += c;
+  }
+  return out;
+}
+
+class Writer {
+ public:
+  explicit Writer(const std::string& model) : base_(model.empty() ? "" : "model_name=\"" + escape_label(model) + "\"") {}
+  void head(const std::string& name, const char* type, const char* help) {
+    out_ << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+  }
+  void sample(const std::string& name, double v, const std::string& extra = "") {
+    std::string labels = base_;
+    if (!extra.empty()) labels += (labels.empty() ? "" : ",") + extra;
+    out_ << name;
+    if (!labels.empty()) out_ << '{' << labels << '}';
+    out_ << ' ' << num(v) << '\n';
+  }
+  void gauge(const std::string& name, const char* help, double v) {
+    head(name, "gauge", help);
+    sample(name, v);
+  }
+  void counter(const std::string& name, const char* help, double v) {
+    head(name, "counter", help);
+    sample(name, v);
+  }
+  void histogram(const std::string& name, const char* help, const Histogram& h) {
+    head(name, "histogram", help);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      cum += h.counts[i];
+      sample(name + "_bucket", double(cum), "le=\"" + num(h.bounds[i]) + "\"");
+    }
+    sample(name + "_bucket", double(h.count), "le=\"+Inf\"");
+    sample(name + "_sum", h.sum);
+    sample(name + "_count", double(h.count));
+  }
+  std::ostringstream out_;
+
+ private:
+  std::string base_;
+};
+
+}  // namespace
+
+std::string Metrics::render_prometheus(const std::string& model_name) const {
+  MetricsSnapshot m = snapshot();
+  Writer w(model_name);
+  w.gauge("vllm:num_requests_running", "Number of requests in model execution batches.", double(m.num_requests_running));
+  w.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", double(m.num_requests_waiting));
+  w.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m.kv_cache_usage_perc);
+  w.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", double(m.prompt_tokens_total));
+  w.counter("vllm:generation_tokens_total", "Number of generation tokens processed.", double(m.generation_tokens_total));
+  w.counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", double(m.num_preemptions_total));
+  w.counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
+            double(m.prefix_cache_queries_total));
+  w.counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
+            double(m.prefix_cache_hits_total));
+  w.head("vllm:request_success_total", "counter", "Count of successfully processed requests.");
+  for (const char* reason : {"stop", "length", "abort"}) {
+    auto it = m.request_success_total.find(reason);
+    w.sample("vllm:request_success_total", it == m.request_success_total.end() ? 0.0 : double(it->second),
+             std::string("finished_reason=\"") + reason + "\"");
+  }
+  w.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+              m.time_to_first_token_seconds);
+  w.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+              m.inter_token_latency_seconds);
+  w.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+              m.e2e_request_latency_seconds);
+  return w.out_.str();
+}
+
+}  // namespace shardlm

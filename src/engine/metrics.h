@@ -1,0 +1,58 @@
+// Engine metrics with vLLM's names and buckets, so existing Grafana
+// dashboards work: written by the engine thread, read (snapshot or
+// Prometheus text) from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace shardlm {
+
+struct Histogram {
+  std::vector<double> bounds;    // [n_buckets] upper bounds, ascending; +Inf is implicit
+  std::vector<uint64_t> counts;  // [n_buckets + 1] per bucket (not cumulative); last = above every bound
+  double sum = 0.0;
+  uint64_t count = 0;
+  explicit Histogram(std::vector<double> upper_bounds = {});
+  void observe(double value);
+};
+
+struct MetricsSnapshot {
+  int64_t num_requests_running = 0;      // sequences scheduled (gauge)
+  int64_t num_requests_waiting = 0;      // sequences queued or preempted (gauge)
+  double kv_cache_usage_perc = 0.0;      // fraction of KV blocks in use, [0, 1] (gauge)
+  int64_t prompt_tokens_total = 0;       // counters from here on
+  int64_t generation_tokens_total = 0;
+  int64_t num_preemptions_total = 0;
+  int64_t prefix_cache_queries_total = 0;  // tokens
+  int64_t prefix_cache_hits_total = 0;     // tokens
+  std::map<std::string, int64_t> request_success_total;  // by finished_reason: stop, length, abort
+  Histogram time_to_first_token_seconds;
+  Histogram inter_token_latency_seconds;
+  Histogram e2e_request_latency_seconds;
+  MetricsSnapshot();
+};
+
+class Metrics {
+ public:
+  MetricsSnapshot snapshot() const;
+  // Prometheus text exposition (version 0.0.4), names prefixed "vllm:",
+  // each sample labelled model_name="..." when model_name is not empty.
+  std::string render_prometheus(const std::string& model_name = "") const;
+
+  // Engine-thread updates.
+  template <typename F>
+  void update(F&& f) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    f(data_);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  MetricsSnapshot data_;
+};
+
+}  // namespace shardlm

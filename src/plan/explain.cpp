@@ -1,0 +1,401 @@
+#include "plan/explain.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace shardlm {
+
+namespace {
+
+std::string fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+std::string gib(double bytes) { return format_gib(bytes); }
+
+std::string join(const std::vector<int64_t>& v, const char* sep = ", ") {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + std::to_string(v[i]);
+  return out;
+}
+
+std::string dtype_short(DType d) {
+  switch (d) {
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    case DType::kF32: return "f32";
+  }
+  return "?";
+}
+
+const LayoutEvaluation* find_layout(const Plan& plan, int tp, int pp, int dp) {
+  for (const auto& e : plan.layouts)
+    if (e.layout.tp == tp && e.layout.pp == pp && e.layout.dp == dp) return &e;
+  return nullptr;
+}
+
+void explain_vllm(const Plan& plan, const LayoutEvaluation& e, std::vector<std::string>& out) {
+  const ModelSpec& s = plan.spec;
+  const int tp = e.layout.tp;
+  std::ostringstream p;
+  if (!e.vllm.accepted) {
+    p << "vLLM refuses TP=" << tp << ": \"" << e.vllm.reason << "\" (" << e.vllm.where << "; " << e.vllm.rule << "). ";
+  }
+  std::vector<int64_t> q, kv;
+  for (int r = 0; r < tp; ++r) {
+    const RankShard sh = shard_for(s, Layout{tp, 1, 1, {}}, r, 0);
+    q.push_back(sh.q_heads.size());
+    kv.push_back(sh.kv_heads.size());
+  }
+  const KvReplicationCost cost = kv_replication_cost(s, tp, plan.options.budget.kv_cache_dtype);
+  if (e.vllm.accepted && cost.extra_kv_heads == 0) return;
+  p << "shardlm at TP=" << tp << " splits the " << s.n_heads << " Q heads " << join(q, ",")
+    << " (contiguous ranges differing by at most one) and gives each rank the KV heads its Q heads use (groups of "
+    << s.group_size() << " Q heads per KV head): KV heads per rank " << join(kv, ",") << ".";
+  if (cost.extra_kv_heads > 0) {
+    const int64_t base_kv = model_kv_bytes_per_token(s, plan.options.budget.kv_cache_dtype);
+    if (e.vllm.accepted && tp > s.n_kv_heads)
+      p << " vLLM replicates the same way here (TP " << tp << " = " << tp / s.n_kv_heads << " × " << s.n_kv_heads
+        << " KV heads).";
+    p << " That stores " << s.n_kv_heads + cost.extra_kv_heads << " KV-head copies instead of " << s.n_kv_heads
+      << ": the " << cost.extra_kv_heads << " extra cost " << with_commas(cost.weight_bytes) << " bytes ("
+      << gib(static_cast<double>(cost.weight_bytes)) << ") of k/v projection weights per replica and "
+      << with_commas(cost.kv_bytes_per_token) << " bytes of KV cache per token ("
+      << fixed(100.0 * static_cast<double>(cost.kv_bytes_per_token) / static_cast<double>(base_kv), 0)
+      << "% on top of the model's " << with_commas(base_kv) << ").";
+  }
+  out.push_back(p.str());
+}
+
+void explain_pp(const Plan& plan, const LayoutEvaluation& e, std::vector<std::string>& out) {
+  const ModelSpec& s = plan.spec;
+  const int pp = e.layout.pp;
+  std::ostringstream p;
+  p << "PP=" << pp << " over " << s.n_layers << " layers: ";
+  if (s.n_layers % pp == 0) {
+    p << s.n_layers << " = " << pp << " × " << s.n_layers / pp << ", so vLLM's split is even ("
+      << join(e.vllm_partition) << ")";
+  } else {
+    p << s.n_layers << " % " << pp << " = " << s.n_layers % pp << ", so the stages cannot be equal: vLLM gives ["
+      << join(e.vllm_partition) << "] (" << s.n_layers / pp << " each, the remainder to the stages before the last;"
+      << " override with VLLM_PP_LAYER_PARTITION)";
+  }
+  const int64_t d = static_cast<int64_t>(dtype_size(s.dtype));
+  const int64_t embed = s.vocab_size * s.hidden_size * d;
+  p << "; shardlm balances bytes and gives [" << join(e.layout.pp_layer_partition) << "]: stage 0 also holds the "
+    << gib(static_cast<double>(embed)) << " embedding and the last stage the "
+    << (s.tie_word_embeddings ? "tied embedding as lm_head" : gib(static_cast<double>(embed)) + " lm_head")
+    << ", each about "
+    << fixed(static_cast<double>(embed) /
+                 static_cast<double>(plan.checkpoint_bytes - embed * (s.tie_word_embeddings ? 1 : 2)) *
+                 static_cast<double>(s.n_layers),
+             1)
+    << " layers' worth.";
+  out.push_back(p.str());
+}
+
+void explain_no_fit(const Plan& plan, std::vector<std::string>& out) {
+  const ModelSpec& s = plan.spec;
+  const MemoryBudgetOptions& o = plan.options.budget;
+  const int n = plan.devices.n_devices();
+  double total_budget = 0;
+  for (const auto& dev : plan.devices.devices) total_budget += std::floor(static_cast<double>(dev.memory_bytes) * o.gpu_memory_utilization);
+  const double reserves = static_cast<double>(o.reserve_bytes) * n;
+  std::ostringstream p;
+  p << "Nothing fits. " << plan.model_name << " " << dtype_short(s.dtype) << " weights are "
+    << with_commas(plan.checkpoint_bytes) << " bytes (" << format_gb(static_cast<double>(plan.checkpoint_bytes), 1)
+    << " = " << gib(static_cast<double>(plan.checkpoint_bytes)) << ") against " << plan.devices.describe() << " × "
+    << o.gpu_memory_utilization << " utilization = " << gib(total_budget) << ", minus " << n << " × "
+    << gib(static_cast<double>(o.reserve_bytes)) << " runtime reserve = " << gib(total_budget - reserves) << ".";
+  if (static_cast<double>(plan.checkpoint_bytes) > total_budget - reserves) {
+    p << " The weights alone exceed that by " << gib(static_cast<double>(plan.checkpoint_bytes) - (total_budget - reserves))
+      << ", before any workspace or KV cache.";
+  }
+  // The closest layout.
+  const LayoutEvaluation* best = nullptr;
+  for (const auto& e : plan.layouts)
+    if (!best || e.headroom_bytes > best->headroom_bytes) best = &e;
+  if (best) {
+    const MemoryBudget& b = best->budgets[best->tightest_replica][best->tightest_rank];
+    const int device = best->tightest_replica * best->layout.ranks_per_replica() + best->tightest_rank;
+    p << " Closest layout " << best->layout.to_string() << ": rank " << device << " (" << plan.devices.devices[device].name
+      << ") needs " << gib(static_cast<double>(b.weight_bytes)) << " weights + "
+      << gib(static_cast<double>(b.workspace_bytes)) << " workspace + " << gib(static_cast<double>(b.reserve_bytes))
+      << " reserve + " << gib(static_cast<double>(best->required_tokens * b.kv_bytes_per_token)) << " KV for "
+      << with_commas(best->required_tokens) << " tokens, of its " << gib(static_cast<double>(b.budget_bytes))
+      << " budget: short by " << gib(static_cast<double>(-best->headroom_bytes)) << ".";
+  }
+  if (plan.devices_needed > 0)
+    p << " " << plan.devices_needed << " × " << plan.devices.devices[0].name << " would fit.";
+  if (o.kv_cache_dtype != KvCacheDType::kFp8)
+    p << " --kv-cache-dtype fp8 halves the KV cache; a smaller --max-model-len needs less of it.";
+  out.push_back(p.str());
+}
+
+}  // namespace
+
+KvReplicationCost kv_replication_cost(const ModelSpec& spec, int tp, KvCacheDType kv) {
+  KvReplicationCost c;
+  int64_t copies = 0;
+  for (int r = 0; r < tp; ++r) copies += shard_for(spec, Layout{tp, 1, 1, {}}, r, 0).kv_heads.size();
+  c.extra_kv_heads = copies - spec.n_kv_heads;
+  const int64_t d = static_cast<int64_t>(dtype_size(spec.dtype));
+  // k_proj and v_proj: head_dim rows of hidden_size each (+ head_dim bias entries on Qwen2).
+  const int64_t per_head_layer = 2 * spec.head_dim * (spec.hidden_size + (spec.qkv_bias ? 1 : 0)) * d;
+  c.weight_bytes = c.extra_kv_heads * per_head_layer * spec.n_layers;
+  c.kv_bytes_per_token = c.extra_kv_heads * 2 * spec.head_dim * static_cast<int64_t>(kv_dtype_size(kv, spec.dtype)) *
+                         spec.n_layers;
+  return c;
+}
+
+std::vector<std::string> explain_plan(const Plan& plan) {
+  std::vector<std::string> out;
+  const ModelSpec& s = plan.spec;
+  const MemoryBudgetOptions& o = plan.options.budget;
+  const int n = plan.devices.n_devices();
+
+  bool mixed = false;
+  for (const auto& d : plan.devices.devices) mixed |= d.memory_bytes != plan.devices.devices[0].memory_bytes;
+  if (mixed)
+    out.push_back(
+        "Mixed devices: rank r runs on device r in --gpus order (TP fastest, then PP, then DP), and every rank of a "
+        "replica must hold the KV of the same tokens, so a replica holds what its tightest rank — usually the one on "
+        "the smallest device — holds.");
+  for (const auto& d : plan.devices.devices)
+    if (d.assumed) {
+      out.push_back("Device \"" + d.name + "\" is known only by its memory: speeds assume 1,000 GB/s memory bandwidth "
+                    "and a PCIe Gen4 link (32 GB/s); give a catalog name (" + device_catalog_names() +
+                    ") for spec-sheet numbers.");
+      break;
+    }
+
+  if (plan.recommended < 0) {
+    explain_no_fit(plan, out);
+    return out;
+  }
+  const LayoutEvaluation& rec = plan.layouts[plan.recommended];
+
+  if (plan.options.max_model_len == 0) {
+    std::ostringstream p;
+    p << "--max-model-len not given: chose " << with_commas(rec.max_model_len) << " tokens, ";
+    if (rec.max_model_len >= s.max_position_embeddings)
+      p << "the model's max_position_embeddings; the KV cache holds " << with_commas(rec.kv_tokens)
+        << " tokens, room for " << rec.max_concurrency << " sequences of full length at once.";
+    else
+      p << "the most the tightest rank's KV cache holds (the model allows " << with_commas(s.max_position_embeddings)
+        << "); that leaves room for one such sequence at a time — pass a smaller --max-model-len for more concurrency.";
+    out.push_back(p.str());
+  }
+
+  // vLLM's verdict on the recommended TP degree, and on using every device for TP.
+  if (!rec.vllm.accepted || kv_replication_cost(s, rec.layout.tp, o.kv_cache_dtype).extra_kv_heads > 0)
+    explain_vllm(plan, rec, out);
+  if (n != rec.layout.tp && n <= s.n_heads) {
+    const LayoutEvaluation* all_tp = find_layout(plan, n, 1, 1);
+    if (all_tp && !all_tp->vllm.accepted) explain_vllm(plan, *all_tp, out);
+  }
+  if (!rec.vllm.accepted) {
+    std::ostringstream p;
+    if (plan.best_vllm >= 0) {
+      const LayoutEvaluation& v = plan.layouts[plan.best_vllm];
+      const double a = objective_score(rec, plan.options.objective), b = objective_score(v, plan.options.objective);
+      p << "The best layout vLLM accepts is " << v.layout.to_string() << ": "
+        << fixed(b, 0) << " vs " << fixed(a, 0) << " tokens/s ("
+        << (plan.options.objective == Objective::kLatency ? "one stream" : "aggregate") << ", "
+        << fixed(100.0 * (a - b) / std::max(b, 1e-9), 0) << "% slower)";
+      if (v.idle_devices > 0) p << ", leaving " << v.idle_devices << " device(s) idle";
+      p << ".";
+    } else {
+      p << "No layout vLLM accepts fits these devices.";
+    }
+    out.push_back(p.str());
+  }
+
+  if (rec.layout.pp > 1) explain_pp(plan, rec, out);
+  else if (n <= s.n_layers && n > 1) {
+    const LayoutEvaluation* all_pp = find_layout(plan, 1, n, 1);
+    if (all_pp) explain_pp(plan, *all_pp, out);
+  }
+
+  if (!rec.imbalance.empty()) {
+    std::ostringstream p;
+    p << "Uneven shards on " << rec.layout.to_string() << ": ";
+    bool first = true;
+    for (const auto& im : rec.imbalance) {
+      if (im.what == "weight bytes") continue;
+      const bool per_stage = im.what == "layers";
+      p << (first ? "" : "; ") << (per_stage ? "stage " : "rank ") << im.max_rank << " holds " << with_commas(im.max)
+        << " " << im.what << ", " << (per_stage ? "stage " : "rank ") << im.min_rank << " holds " << with_commas(im.min)
+        << ": " << fixed(im.percent(), 1) << "% more "
+        << (im.what == "Q heads" ? "attention work" : im.what == "KV heads" ? "KV reads" : im.what == "MLP columns" ? "MLP work" : "layer work")
+        << " on " << (per_stage ? "stage " : "rank ") << im.max_rank;
+      first = false;
+    }
+    p << ". The slowest rank sets the pace; balance costs speed, not correctness.";
+    if (!first) out.push_back(p.str());
+  }
+
+  if (rec.layout.tp > 1 || rec.layout.pp > 1) {
+    std::ostringstream p;
+    const double a = static_cast<double>(dtype_size(s.dtype));
+    if (rec.layout.tp > 1) {
+      const int64_t n_ar = 2 * s.n_layers;
+      p << "Communication per token (one stream): " << n_ar << " all-reduces (2 per layer) of "
+        << with_commas(static_cast<int64_t>(s.hidden_size * a)) << " bytes and a logits gather take "
+        << fixed(rec.tp_comm_seconds * 1e3, 3) << " ms of the " << fixed(rec.step_seconds_single * 1e3, 3)
+        << " ms step (ring 2(t−1)/t × bytes ÷ link + latency"
+        << (rec.tp_spans_nodes ? "" : str_cat(" ", fixed(kIntraNodeLatency * 1e6, 0), " µs"))
+        << " each: small messages are latency-bound).";
+    }
+    if (rec.layout.pp > 1)
+      p << (rec.layout.tp > 1 ? " " : "Communication per token: ") << rec.layout.pp - 1
+        << " stage-boundary send(s) take " << fixed(rec.pp_comm_seconds * 1e3, 3) << " ms.";
+    if (rec.tp_spans_nodes) {
+      p << " The TP group spans hosts: its all-reduces cross the " << fixed(plan.devices.inter_node_bandwidth / kGB, 1)
+        << " GB/s inter-node link, " << fixed(kIntraNodeLatency * 1e6, 0) << " µs + 2⌈log2 hosts⌉ × "
+        << fixed(kInterNodeLatency * 1e6, 0) << " µs each";
+      const LayoutEvaluation* local = nullptr;
+      for (const auto& e : plan.layouts)
+        if (e.fits && !e.tp_spans_nodes &&
+            (!local || objective_score(e, plan.options.objective) > objective_score(*local, plan.options.objective)))
+          local = &e;
+      if (local)
+        p << "; the best layout keeping TP inside a host, " << local->layout.to_string() << ", estimates "
+          << fixed(objective_score(*local, plan.options.objective), 1) << " vs "
+          << fixed(objective_score(rec, plan.options.objective), 1)
+          << " tokens/s — prefer it if the real inter-host latency is worse than assumed";
+      p << ".";
+    }
+    out.push_back(p.str());
+  }
+  if (rec.idle_devices > 0) {
+    std::ostringstream p;
+    p << rec.idle_devices << " of " << n << " devices stay idle on " << rec.layout.to_string() << ".";
+    const LayoutEvaluation* full = nullptr;
+    for (const auto& e : plan.layouts)
+      if (e.fits && e.idle_devices == 0 && (!full || objective_score(e, plan.options.objective) >
+                                                         objective_score(*full, plan.options.objective)))
+        full = &e;
+    const bool latency = plan.options.objective == Objective::kLatency;
+    if (full) {
+      p << " The best layout using all " << n << " is " << full->layout.to_string() << " at "
+        << fixed(objective_score(*full, plan.options.objective), 1) << " vs "
+        << fixed(objective_score(rec, plan.options.objective), 1) << " tokens/s ("
+        << (latency ? "one stream" : "aggregate") << ")";
+      if (full->tp_spans_nodes) p << "; its TP group crosses hosts";
+      p << (latency ? "; for one stream extra replicas add nothing — use --objective throughput to fill them." : ".");
+    } else {
+      p << " No layout using all " << n << " devices fits.";
+    }
+    out.push_back(p.str());
+  }
+  return out;
+}
+
+std::string render_plan_text(const Plan& plan) {
+  const ModelSpec& s = plan.spec;
+  const MemoryBudgetOptions& o = plan.options.budget;
+  std::ostringstream out;
+  const int64_t kvpt = model_kv_bytes_per_token(s, o.kv_cache_dtype);
+  out << "Model: " << plan.model_name;
+  if (!plan.hf_repo.empty() && plan.hf_repo != plan.model_name) out << " (" << plan.hf_repo << ")";
+  out << " — " << s.architecture << ", " << s.n_layers << " layers, " << s.n_heads << " Q / " << s.n_kv_heads
+      << " KV heads × " << s.head_dim << ", hidden " << s.hidden_size << ", MLP "
+      << (s.is_moe() ? str_cat(s.n_experts, " experts × ", s.moe_intermediate_size, " (", s.n_experts_per_token, " active)")
+                     : std::to_string(s.intermediate_size))
+      << ", vocab " << s.vocab_size << ", max_position_embeddings " << with_commas(s.max_position_embeddings) << "\n";
+  out << "Weights: " << with_commas(plan.checkpoint_bytes) << " bytes = "
+      << format_gb(static_cast<double>(plan.checkpoint_bytes)) << " = " << gib(static_cast<double>(plan.checkpoint_bytes))
+      << " (" << dtype_short(s.dtype) << ", exact tensor shapes)\n";
+  out << "KV cache: " << with_commas(kvpt) << " bytes per token = 2 × " << s.n_kv_heads << " KV heads × " << s.head_dim
+      << " × " << kv_dtype_size(o.kv_cache_dtype, s.dtype) << " bytes × " << s.n_layers << " layers (kv-cache-dtype "
+      << kv_dtype_name(o.kv_cache_dtype) << ")\n";
+  out << "Devices: " << plan.devices.describe();
+  {
+    std::vector<std::string> seen;
+    for (const DeviceSpec& d : plan.devices.devices) {
+      if (std::find(seen.begin(), seen.end(), d.name) != seen.end()) continue;
+      out << (seen.empty() ? " (" : "; ") << d.name << ": " << with_commas(d.memory_bytes / (1024 * 1024))
+          << " MiB = " << gib(static_cast<double>(d.memory_bytes)) << ", " << fixed(d.memory_bandwidth / kGB, 0)
+          << " GB/s, " << d.link_name;
+      seen.push_back(d.name);
+    }
+    out << ")";
+  }
+  if (plan.devices.n_nodes > 1)
+    out << "; " << plan.devices.devices_per_node() << " per host, hosts linked at "
+        << fixed(plan.devices.inter_node_bandwidth / kGB, 1) << " GB/s";
+  out << "\n";
+  out << "Budget per device: memory × " << o.gpu_memory_utilization << " − weights − workspace (max-num-batched-tokens "
+      << o.max_num_batched_tokens << ", max-num-seqs " << o.max_num_seqs << ") − " << gib(static_cast<double>(o.reserve_bytes))
+      << " runtime reserve; KV cache in " << o.block_size << "-token blocks. GiB = 2^30 bytes, GB = 10^9 bytes.\n\n";
+
+  const int64_t required = plan.layouts.empty() ? 0 : plan.layouts.front().required_tokens;
+  out << "Layouts (TP×PP×DP ≤ " << plan.devices.n_devices() << " devices; headroom = tightest rank after the KV of "
+      << with_commas(required) << " tokens" << (plan.options.max_model_len ? "" : ", the minimum without --max-model-len")
+      << "; objective " << objective_name(plan.options.objective) << "):\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %3s %3s %3s %5s %11s %14s %9s %5s %12s %12s %5s  %s\n", "TP", "PP", "DP", "fits",
+                "headroom", "KV tok/replica", "max len", "conc", "1-stream t/s", "total t/s", "idle", "vLLM");
+  out << line;
+  for (int i = 0; i < static_cast<int>(plan.layouts.size()); ++i) {
+    const LayoutEvaluation& e = plan.layouts[i];
+    std::snprintf(line, sizeof line, "%s %3d %3d %3d %5s %7.2f GiB %14s %9s %5s %12s %12s %5d  %s\n",
+                  i == plan.recommended ? "*" : " ", e.layout.tp, e.layout.pp, e.layout.dp, e.fits ? "yes" : "no",
+                  static_cast<double>(e.headroom_bytes) / kGiB, with_commas(e.kv_tokens).c_str(),
+                  e.fits ? with_commas(e.max_model_len).c_str() : "-",
+                  e.fits ? std::to_string(e.max_concurrency).c_str() : "-",
+                  fixed(e.single_stream_tok_s, 1).c_str(), e.fits ? fixed(e.aggregate_tok_s, 0).c_str() : "-",
+                  e.idle_devices, e.vllm.accepted ? "ok" : e.vllm.rule.c_str());
+    out << line;
+  }
+  out << "\n";
+
+  if (plan.recommended >= 0) {
+    const LayoutEvaluation& rec = plan.layouts[plan.recommended];
+    out << "Recommended for " << objective_name(plan.options.objective) << ": " << rec.layout.to_string();
+    if (rec.layout.pp > 1) out << " (layers per stage " << join(rec.layout.pp_layer_partition, "/") << ")";
+    out << " — " << fixed(rec.single_stream_tok_s, 1) << " tokens/s for one stream, " << fixed(rec.aggregate_tok_s, 0)
+        << " tokens/s at " << rec.batch << " sequences × " << rec.layout.dp << " replica(s) (context "
+        << with_commas(rec.context_tokens) << "); max-model-len " << with_commas(rec.max_model_len) << ", "
+        << rec.max_concurrency << " full-length sequences per replica\n";
+    std::snprintf(line, sizeof line, "  %4s %-12s %11s %11s %11s %11s %12s %10s\n", "rank", "device", "weights",
+                  "workspace", "reserve", "KV cache", "KV tokens", "KV B/tok");
+    out << line;
+    const int per = rec.layout.ranks_per_replica();
+    for (size_t d = 0; d < rec.budgets.size(); ++d)
+      for (size_t r = 0; r < rec.budgets[d].size(); ++r) {
+        const MemoryBudget& b = rec.budgets[d][r];
+        const int dev = static_cast<int>(d) * per + static_cast<int>(r);
+        std::snprintf(line, sizeof line, "  %4d %-12s %11s %11s %11s %11s %12s %10s\n", dev,
+                      plan.devices.devices[dev].name.c_str(), gib(static_cast<double>(b.weight_bytes)).c_str(),
+                      gib(static_cast<double>(b.workspace_bytes)).c_str(), gib(static_cast<double>(b.reserve_bytes)).c_str(),
+                      gib(static_cast<double>(b.kv_cache_bytes)).c_str(), with_commas(b.n_kv_tokens).c_str(),
+                      with_commas(b.kv_bytes_per_token).c_str());
+        out << line;
+      }
+    out << "\n  " << shardlm_serve_command(plan, rec) << "\n";
+    const std::string v = vllm_serve_command(plan, rec);
+    if (!v.empty()) out << "  " << v << "\n";
+    else out << "  (vLLM refuses this layout: " << rec.vllm.reason << ")\n";
+    if (v.empty() && plan.best_vllm >= 0)
+      out << "  closest vLLM layout: " << vllm_serve_command(plan, plan.layouts[plan.best_vllm]) << "\n";
+    out << "\n";
+  }
+
+  const std::vector<std::string> why = explain_plan(plan);
+  if (!why.empty()) {
+    out << "Why:\n";
+    for (const auto& w : why) out << "  - " << w << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace shardlm

@@ -1,0 +1,178 @@
+#include "plan/memory_budget.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace shardlm {
+
+size_t kv_dtype_size(KvCacheDType kv, DType weight_dtype) {
+  switch (kv) {
+    case KvCacheDType::kAuto: return dtype_size(weight_dtype);
+    case KvCacheDType::kBF16: return 2;
+    case KvCacheDType::kF16: return 2;
+    case KvCacheDType::kF32: return 4;
+    case KvCacheDType::kFp8: return 1;
+  }
+  return 2;
+}
+
+const char* kv_dtype_name(KvCacheDType kv) {
+  switch (kv) {
+    case KvCacheDType::kAuto: return "auto";
+    case KvCacheDType::kBF16: return "bf16";
+    case KvCacheDType::kF16: return "f16";
+    case KvCacheDType::kF32: return "f32";
+    case KvCacheDType::kFp8: return "fp8";
+  }
+  return "?";
+}
+
+bool parse_kv_cache_dtype(std::string_view text, KvCacheDType* out) {
+  std::string s(text);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (s == "auto") *out = KvCacheDType::kAuto;
+  else if (s == "bf16" || s == "bfloat16") *out = KvCacheDType::kBF16;
+  else if (s == "f16" || s == "fp16" || s == "float16" || s == "half") *out = KvCacheDType::kF16;
+  else if (s == "f32" || s == "fp32" || s == "float32" || s == "float") *out = KvCacheDType::kF32;
+  else if (s == "fp8" || s == "fp8_e4m3" || s == "fp8_e5m2") *out = KvCacheDType::kFp8;
+  else return false;
+  return true;
+}
+
+int64_t WorkspaceBreakdown::total() const { return hidden + std::max(attention, mlp) + reduce + pipeline + logits; }
+
+WorkspaceBreakdown workspace_breakdown(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
+                                       const MemoryBudgetOptions& options) {
+  const RankShard s = shard_for(spec, layout, tp_rank, pp_rank);
+  const int64_t a = static_cast<int64_t>(dtype_size(spec.dtype));
+  const int64_t t = options.max_num_batched_tokens;
+  const int64_t seqs = options.max_num_seqs;
+  const int64_t h = spec.hidden_size;
+  WorkspaceBreakdown w;
+  w.hidden = 2 * t * h * a;
+  w.attention = t * (2 * s.q_heads.size() + 2 * s.kv_heads.size()) * spec.head_dim * a;
+  const int64_t experts_per_token = spec.is_moe() ? std::max<int64_t>(1, spec.n_experts_per_token) : 1;
+  w.mlp = 3 * t * s.intermediate.size() * a * experts_per_token;
+  w.reduce = layout.tp > 1 ? t * h * 4 : 0;
+  w.pipeline = layout.pp > 1 ? t * h * a : 0;
+  w.logits = s.last_stage ? seqs * s.vocab.size() * 4 + 2 * seqs * spec.vocab_size * 4 : 0;
+  return w;
+}
+
+int64_t rank_kv_bytes_per_token(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
+                                KvCacheDType kv) {
+  const RankShard s = shard_for(spec, layout, tp_rank, pp_rank);
+  return 2 * s.kv_heads.size() * spec.head_dim * static_cast<int64_t>(kv_dtype_size(kv, spec.dtype)) *
+         s.layers.size();
+}
+
+int64_t model_kv_bytes_per_token(const ModelSpec& spec, KvCacheDType kv) {
+  return 2 * spec.n_kv_heads * spec.head_dim * static_cast<int64_t>(kv_dtype_size(kv, spec.dtype)) * spec.n_layers;
+}
+
+MemoryBudget compute_memory_budget(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
+                                   int64_t memory_bytes, const MemoryBudgetOptions& options) {
+  if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0))
+    fail(ErrorCode::kInvalidArgument, "--gpu-memory-utilization ", options.gpu_memory_utilization,
+         ": must be in (0, 1], the fraction of each device's memory shardlm may use (vLLM's default is 0.9)");
+  if (options.max_num_batched_tokens < 1)
+    fail(ErrorCode::kInvalidArgument, "--max-num-batched-tokens ", options.max_num_batched_tokens, ": must be at least 1");
+  if (options.max_num_seqs < 1)
+    fail(ErrorCode::kInvalidArgument, "--max-num-seqs ", options.max_num_seqs, ": must be at least 1");
+  if (options.block_size < 1)
+    fail(ErrorCode::kInvalidArgument, "--block-size ", options.block_size, ": must be at least 1");
+  if (options.reserve_bytes < 0)
+    fail(ErrorCode::kInvalidArgument, "reserve bytes ", options.reserve_bytes, ": must not be negative");
+  if (memory_bytes < 0) fail(ErrorCode::kInvalidArgument, "device memory ", memory_bytes, " bytes: must not be negative");
+  validate_layout(spec, layout);
+  if (tp_rank < 0 || tp_rank >= layout.tp || pp_rank < 0 || pp_rank >= layout.pp)
+    fail(ErrorCode::kInvalidArgument, "rank (tp ", tp_rank, ", pp ", pp_rank, ") is outside layout ", layout.to_string());
+
+  MemoryBudget b;
+  b.tp_rank = tp_rank;
+  b.pp_rank = pp_rank;
+  b.memory_bytes = memory_bytes;
+  b.gpu_memory_utilization = options.gpu_memory_utilization;
+  b.budget_bytes = static_cast<int64_t>(std::floor(static_cast<double>(memory_bytes) * options.gpu_memory_utilization));
+  b.weight_bytes = rank_weight_bytes(spec, layout, tp_rank, pp_rank);
+  b.workspace = workspace_breakdown(spec, layout, tp_rank, pp_rank, options);
+  b.workspace_bytes = b.workspace.total();
+  b.reserve_bytes = options.reserve_bytes;
+  b.usable_bytes = b.budget_bytes - b.weight_bytes - b.workspace_bytes - b.reserve_bytes;
+  b.kv_bytes_per_token = rank_kv_bytes_per_token(spec, layout, tp_rank, pp_rank, options.kv_cache_dtype);
+  b.block_size = options.block_size;
+  b.kv_block_bytes = b.kv_bytes_per_token * b.block_size;
+  b.n_kv_blocks_capacity = b.usable_bytes > 0 ? b.usable_bytes / b.kv_block_bytes : 0;
+  b.n_kv_blocks = b.n_kv_blocks_capacity;
+  b.n_kv_tokens = b.n_kv_blocks * b.block_size;
+  b.kv_cache_bytes = b.n_kv_blocks * b.kv_block_bytes;
+  return b;
+}
+
+std::vector<MemoryBudget> compute_replica_budgets(const ModelSpec& spec, const Layout& layout,
+                                                  const std::vector<int64_t>& memory_bytes,
+                                                  const MemoryBudgetOptions& options) {
+  const int n = layout.ranks_per_replica();
+  if (memory_bytes.size() != 1 && static_cast<int>(memory_bytes.size()) != n)
+    fail(ErrorCode::kInvalidArgument, "compute_replica_budgets: ", memory_bytes.size(), " memory sizes for ", n,
+         " ranks of ", layout.to_string(), "; give one per rank or one for all");
+  std::vector<MemoryBudget> out;
+  out.reserve(n);
+  for (int r = 0; r < n; ++r) {
+    WorldConfig w{r, layout};
+    out.push_back(compute_memory_budget(spec, layout, w.tp_rank(), w.pp_rank(),
+                                        memory_bytes.size() == 1 ? memory_bytes[0] : memory_bytes[r], options));
+  }
+  match_replica_kv(out);
+  return out;
+}
+
+void match_replica_kv(std::vector<MemoryBudget>& budgets) {
+  if (budgets.empty()) return;
+  int64_t blocks = budgets.front().n_kv_blocks_capacity;
+  for (const auto& b : budgets) blocks = std::min(blocks, b.n_kv_blocks_capacity);
+  for (auto& b : budgets) {
+    b.n_kv_blocks = blocks;
+    b.n_kv_tokens = blocks * b.block_size;
+    b.kv_cache_bytes = blocks * b.kv_block_bytes;
+  }
+}
+
+int64_t replica_kv_tokens(const std::vector<MemoryBudget>& budgets) {
+  int64_t n = budgets.empty() ? 0 : budgets.front().n_kv_tokens;
+  for (const auto& b : budgets) n = std::min(n, b.n_kv_tokens);
+  return n;
+}
+
+nlohmann::json memory_budget_json(const MemoryBudget& b) {
+  return {{"tp_rank", b.tp_rank},
+          {"pp_rank", b.pp_rank},
+          {"memory_bytes", b.memory_bytes},
+          {"gpu_memory_utilization", b.gpu_memory_utilization},
+          {"budget_bytes", b.budget_bytes},
+          {"weight_bytes", b.weight_bytes},
+          {"workspace_bytes", b.workspace_bytes},
+          {"workspace",
+           {{"hidden", b.workspace.hidden},
+            {"attention", b.workspace.attention},
+            {"mlp", b.workspace.mlp},
+            {"reduce", b.workspace.reduce},
+            {"pipeline", b.workspace.pipeline},
+            {"logits", b.workspace.logits}}},
+          {"reserve_bytes", b.reserve_bytes},
+          {"usable_bytes", b.usable_bytes},
+          {"kv_bytes_per_token", b.kv_bytes_per_token},
+          {"block_size", b.block_size},
+          {"kv_block_bytes", b.kv_block_bytes},
+          {"n_kv_blocks_capacity", b.n_kv_blocks_capacity},
+          {"n_kv_blocks", b.n_kv_blocks},
+          {"n_kv_tokens", b.n_kv_tokens},
+          {"kv_cache_bytes", b.kv_cache_bytes},
+          {"fits", b.fits()}};
+}
+
+}  // namespace shardlm

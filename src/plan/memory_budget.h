@@ -1,0 +1,121 @@
+// MemoryBudget: how one rank's memory divides into weights, workspace, a
+// runtime reserve and the KV cache (../shared/DESIGN.md §4). plan prints it;
+// serve calls the same function to size its KV block pool, so the numbers
+// plan shows are the numbers serve allocates.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "loader/model_spec.h"
+#include "plan/sharding.h"
+
+namespace shardlm {
+
+// Element type of the KV cache. kAuto follows the weights' dtype (vLLM's "auto").
+enum class KvCacheDType { kAuto, kBF16, kF16, kF32, kFp8 };
+
+// Bytes per element: fp8 = 1, bf16/f16 = 2, f32 = 4, auto = dtype_size(weights).
+size_t kv_dtype_size(KvCacheDType kv, DType weight_dtype);
+const char* kv_dtype_name(KvCacheDType kv);  // "auto", "bf16", "f16", "f32", "fp8"
+// Accepts auto, bf16, bfloat16, f16, fp16, float16, half, f32, fp32, float32, fp8, fp8_e4m3, fp8_e5m2.
+bool parse_kv_cache_dtype(std::string_view text, KvCacheDType* out);
+
+// Runtime memory outside what the model allocates, per GPU: CUDA context
+// (~300-500 MiB), cuBLAS/cuBLASLt workspaces, NCCL buffers (NCCL_BUFFSIZE
+// 4 MiB × channels × peers) and allocator fragmentation. 1 GiB is a stated
+// round figure; serve on CPU passes 0.
+constexpr int64_t kDefaultGpuReserveBytes = int64_t{1} << 30;
+constexpr int64_t kDefaultBlockSize = 16;  // tokens per KV block (vLLM's default)
+
+struct MemoryBudgetOptions {
+  double gpu_memory_utilization = 0.9;  // fraction of the device memory this process may use
+  int64_t max_num_batched_tokens = 8192;  // tokens in one forward step (sizes the workspace)
+  int64_t max_num_seqs = 8;               // sequences in one step (sizes logits and sampler)
+  KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
+  int64_t block_size = kDefaultBlockSize;
+  int64_t reserve_bytes = kDefaultGpuReserveBytes;
+};
+
+// Activation/workspace bytes of one rank for one step, by part. Activations
+// live one layer at a time (each layer's buffers are reused by the next), so
+// the peak is the hidden-state buffers plus the larger of the attention and
+// MLP blocks; T = max_num_batched_tokens, a = activation (weight) dtype bytes:
+//   hidden    = 2·T·hidden_size·a              residual stream + normed input
+//   attention = T·(2·q_heads + 2·kv_heads)·head_dim·a   q, k, v and attention output of this rank
+//   mlp       = 3·T·inter_slice·a (× experts_per_token for MoE)   gate, up, act(gate)·up
+//   reduce    = T·hidden_size·4                f32 partial sums for the all-reduce (tp > 1)
+//   pipeline  = T·hidden_size·a                send/recv buffer between stages (pp > 1)
+//   logits    = S·vocab_slice·4 + 2·S·vocab·4  last stage only: this rank's f32 logits, the gathered
+//                                              logits and the sampler's probabilities (S = max_num_seqs)
+struct WorkspaceBreakdown {
+  int64_t hidden = 0;
+  int64_t attention = 0;
+  int64_t mlp = 0;
+  int64_t reduce = 0;
+  int64_t pipeline = 0;
+  int64_t logits = 0;
+  int64_t total() const;  // hidden + max(attention, mlp) + reduce + pipeline + logits
+};
+
+WorkspaceBreakdown workspace_breakdown(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
+                                       const MemoryBudgetOptions& options);
+
+// K and V for one token on this rank: 2 × kv_heads_on_rank × head_dim × kv_bytes × layers_on_stage.
+// Replicated KV heads (tp > n_kv_heads, or uneven GQA groups) are counted on every rank that holds them.
+int64_t rank_kv_bytes_per_token(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
+                                KvCacheDType kv);
+// The whole model on one device: 2 × n_kv_heads × head_dim × kv_bytes × n_layers
+// (Qwen2.5-72B bf16: 327,680 B; Qwen2.5-7B: 57,344 B).
+int64_t model_kv_bytes_per_token(const ModelSpec& spec, KvCacheDType kv);
+
+// One rank's budget. All sizes in bytes.
+struct MemoryBudget {
+  int tp_rank = 0;
+  int pp_rank = 0;
+  int64_t memory_bytes = 0;        // device memory (GPU total, or the CPU pool serve was given)
+  double gpu_memory_utilization = 0;
+  int64_t budget_bytes = 0;        // floor(memory_bytes × gpu_memory_utilization)
+  int64_t weight_bytes = 0;        // rank_weight_bytes(): exact shapes after sharding, replication included
+  int64_t workspace_bytes = 0;     // workspace_breakdown().total()
+  WorkspaceBreakdown workspace;
+  int64_t reserve_bytes = 0;       // runtime reserve (options.reserve_bytes)
+  int64_t usable_bytes = 0;        // budget − weights − workspace − reserve; negative = shortfall
+  int64_t kv_bytes_per_token = 0;  // rank_kv_bytes_per_token()
+  int64_t block_size = 0;          // tokens per KV block
+  int64_t kv_block_bytes = 0;      // kv_bytes_per_token × block_size
+  int64_t n_kv_blocks_capacity = 0;  // floor(max(usable, 0) / kv_block_bytes): this rank alone
+  int64_t n_kv_blocks = 0;         // blocks allocated: the capacity, or after match_replica_kv the
+                                   // replica's smallest capacity (every rank holds the same tokens)
+  int64_t n_kv_tokens = 0;         // n_kv_blocks × block_size
+  int64_t kv_cache_bytes = 0;      // n_kv_blocks × kv_block_bytes: what serve allocates for the pool
+  bool fits() const { return n_kv_blocks > 0; }  // weights and workspace fit with room for one block
+};
+
+// Throws Error(kInvalidArgument) for a utilization outside (0, 1], non-positive
+// token counts or block size, or a rank outside the layout.
+MemoryBudget compute_memory_budget(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
+                                   int64_t memory_bytes, const MemoryBudgetOptions& options);
+
+// Every rank of a replica holds the KV of the same tokens (its heads, its
+// layers): sets each rank's n_kv_blocks to the smallest capacity among them
+// and recomputes n_kv_tokens and kv_cache_bytes.
+void match_replica_kv(std::vector<MemoryBudget>& budgets);
+
+// The tp × pp ranks of one replica, in rank order (tp fastest); memory_bytes[r]
+// is the memory of the device rank r lands on (size tp × pp, or size 1 = all
+// equal). Already matched with match_replica_kv: these are the pools serve allocates.
+std::vector<MemoryBudget> compute_replica_budgets(const ModelSpec& spec, const Layout& layout,
+                                                  const std::vector<int64_t>& memory_bytes,
+                                                  const MemoryBudgetOptions& options);
+// Tokens the replica holds: the minimum over its ranks.
+int64_t replica_kv_tokens(const std::vector<MemoryBudget>& budgets);
+
+nlohmann::json memory_budget_json(const MemoryBudget& budget);
+
+}  // namespace shardlm

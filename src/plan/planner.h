@@ -1,0 +1,135 @@
+// The planner: every (TP, PP, DP) a set of devices allows, each budgeted per
+// rank with compute_memory_budget, checked against vLLM's rules, timed with a
+// bandwidth model, and one recommended for an objective.
+//
+// Decode speed model (memory-bandwidth bound; compute and kernel launch are ignored):
+//  - A stage's step time is its slowest TP rank's bytes read ÷ that device's
+//    memory bandwidth: the rank's weights (the embedding table excepted: decode
+//    reads one row per sequence; MoE experts scaled by the fraction a batch
+//    touches, min(1, B·k/E)) plus the KV of B sequences at context C.
+//  - TP: 2 all-reduces per layer (after attention and after the MLP) of
+//    B × hidden_size × dtype bytes, ring cost 2(t−1)/t × bytes ÷ link +
+//    all_reduce_latency(hosts the group spans);
+//    the last stage also gathers B × vocab f32 logits. The link is the
+//    device's peer link, or the inter-node link when the TP group spans hosts.
+//  - PP: one activation send of B × hidden_size × dtype bytes per stage boundary.
+//  - Latency (one stream, B = 1): one token passes every stage in turn, so the
+//    step is the sum of the stage times plus every transfer.
+//  - Throughput (B = concurrency): m = min(pp, B) micro-batches in flight; a
+//    round of B tokens takes max(sum of stage times + transfers for one
+//    micro-batch, m × slowest stage time for one micro-batch). DP replicas add up.
+//  - C, the typical context: half of --max-model-len, or half of min(chosen
+//    length, 8,192) when the length is chosen automatically.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "loader/model_spec.h"
+#include "plan/device_catalog.h"
+#include "plan/memory_budget.h"
+#include "plan/sharding.h"
+#include "plan/vllm_rules.h"
+
+namespace shardlm {
+
+enum class Objective { kLatency, kThroughput };
+const char* objective_name(Objective objective);
+
+// Without --max-model-len a layout must hold at least this many tokens (or the
+// model's max_position_embeddings when smaller) to count as fitting.
+constexpr int64_t kMinAutoModelLen = 2048;
+// Collective latency per message: NCCL small-message latency within a host
+// (NVLink/PCIe) and across hosts (InfiniBand/Ethernet).
+constexpr double kIntraNodeLatency = 10e-6;
+constexpr double kInterNodeLatency = 30e-6;
+// Latency of one all-reduce whose ranks span `n_hosts` hosts: one intra-host
+// step, plus a tree across hosts (2⌈log2 n_hosts⌉ inter-host hops, as NCCL's
+// tree algorithm for small messages).
+double all_reduce_latency(int n_hosts);
+
+// Layouts are enumerated exhaustively; beyond this many devices the list (and
+// the per-rank budgets kept for each) grows past what a CLI should print.
+constexpr int kMaxPlanDevices = 64;
+
+struct PlanOptions {
+  MemoryBudgetOptions budget;
+  int64_t max_model_len = 0;  // 0 = the largest the chosen layout holds
+  Objective objective = Objective::kLatency;
+};
+
+// Spread of one kind of work over the ranks of a replica.
+struct Imbalance {
+  std::string what;       // "Q heads", "KV heads", "MLP columns", "layers", "weight bytes"
+  int64_t max = 0;
+  int64_t min = 0;
+  int max_rank = 0;       // first rank holding max
+  int min_rank = 0;       // first rank holding min
+  double percent() const { return min > 0 ? 100.0 * static_cast<double>(max - min) / static_cast<double>(min) : 0.0; }
+};
+
+struct LayoutEvaluation {
+  Layout layout;                              // pp_layer_partition holds shardlm's split
+  std::vector<int64_t> vllm_partition;        // vLLM's split of the layers for the same pp
+  // budgets[d][r]: replica d, rank r within the replica (tp fastest); rank r of
+  // replica d lands on device d × tp × pp + r.
+  std::vector<std::vector<MemoryBudget>> budgets;
+  int tightest_replica = 0;
+  int tightest_rank = 0;       // within the replica
+  int64_t required_tokens = 0; // KV tokens every rank must hold: --max-model-len or the auto minimum, in whole blocks
+  int64_t headroom_bytes = 0;  // tightest rank: usable − KV of required_tokens; negative = shortfall
+  bool fits = false;
+  int64_t kv_tokens = 0;       // tokens every replica holds (min over all ranks)
+  int64_t max_model_len = 0;   // --max-model-len, or min(kv_tokens, max_position_embeddings)
+  int64_t max_concurrency = 0; // kv_tokens / max_model_len: full-length sequences at once, per replica
+  int idle_devices = 0;
+  bool tp_spans_nodes = false;
+  bool pp_spans_nodes = false;
+  VllmVerdict vllm;
+  std::vector<Imbalance> imbalance;
+  // Speed model (see the header comment).
+  int64_t context_tokens = 0;      // C
+  int64_t batch = 0;               // B for throughput: min(max_num_seqs, kv_tokens / C)
+  double step_seconds_single = 0;  // one stream
+  double single_stream_tok_s = 0;
+  double replica_tok_s = 0;        // slowest replica at batch B
+  double aggregate_tok_s = 0;      // all replicas
+  double tp_comm_seconds = 0;      // per token, one stream: all-reduces + logits gather
+  double pp_comm_seconds = 0;      // per token, one stream: stage-boundary sends
+};
+
+struct Plan {
+  ModelSpec spec;
+  std::string model_name;   // what the user gave (catalog name or path)
+  std::string hf_repo;      // "Qwen/Qwen2.5-7B-Instruct", or the path for a directory
+  int64_t checkpoint_bytes = 0;  // rank_weight_bytes at TP=PP=1 in the planned dtype
+  DeviceInventory devices;
+  PlanOptions options;
+  std::vector<LayoutEvaluation> layouts;  // every (tp, pp, dp) with tp × pp × dp ≤ devices
+  int recommended = -1;                   // index into layouts, -1 when nothing fits
+  int best_vllm = -1;                     // best fitting layout vLLM accepts
+  // Devices of the first catalog device that would make some layout fit (0 =
+  // not searched or none up to 4× the devices given); set when nothing fits.
+  int devices_needed = 0;
+};
+
+// Throws Error(kInvalidArgument) for bad options (max_model_len above
+// max_position_embeddings, utilization outside (0, 1], ...).
+Plan make_plan(const ModelSpec& spec, const DeviceInventory& devices, const PlanOptions& options,
+               const std::string& model_name = "", const std::string& hf_repo = "");
+
+// Scores used to rank fitting layouts.
+double objective_score(const LayoutEvaluation& e, Objective objective);
+
+// "shardlm serve MODEL -tp T -pp P -dp D --max-model-len L --max-num-seqs N ..."
+std::string shardlm_serve_command(const Plan& plan, const LayoutEvaluation& e);
+// "vllm serve HF --tensor-parallel-size T ..."; "" when vLLM refuses the layout.
+std::string vllm_serve_command(const Plan& plan, const LayoutEvaluation& e);
+
+nlohmann::json layout_json(const Plan& plan, const LayoutEvaluation& e, bool with_budgets);
+nlohmann::json plan_json(const Plan& plan);
+
+}  // namespace shardlm

@@ -1,0 +1,206 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace shardlm {
+
+Scheduler::Scheduler(const SchedulerConfig& config)
+    : config_(config), pool_(config.n_blocks, config.block_size, config.enable_prefix_caching) {
+  if (config.max_num_seqs < 1)
+    fail(ErrorCode::kInvalidArgument, "--max-num-seqs must be >= 1, got ", config.max_num_seqs);
+  if (config.max_num_batched_tokens < 1)
+    fail(ErrorCode::kInvalidArgument, "--max-num-batched-tokens must be >= 1, got ",
+         config.max_num_batched_tokens);
+  if (config.max_model_len < 1)
+    fail(ErrorCode::kInvalidArgument, "--max-model-len must be >= 1, got ", config.max_model_len);
+  if (!config.enable_chunked_prefill && config.max_num_batched_tokens < config.max_model_len)
+    fail(ErrorCode::kInvalidArgument, "without chunked prefill --max-num-batched-tokens (",
+         config.max_num_batched_tokens, ") must be >= --max-model-len (", config.max_model_len,
+         "), or a long prompt could never be scheduled; raise it or enable chunked prefill");
+}
+
+void Scheduler::check_fits(const SchedulerConfig& config, int32_t n_prompt, int32_t max_new_tokens) {
+  if (n_prompt < 1) fail(ErrorCode::kInvalidArgument, "the prompt is empty: at least 1 token is required");
+  if (max_new_tokens < 1)
+    fail(ErrorCode::kInvalidArgument, "max_tokens must be >= 1, got ", max_new_tokens);
+  const int64_t n_total = int64_t(n_prompt) + max_new_tokens;
+  if (n_total > config.max_model_len)
+    fail(ErrorCode::kInvalidArgument, "this request needs ", n_total, " tokens (", n_prompt,
+         " prompt + ", max_new_tokens, " max_tokens) but the maximum context length is ",
+         config.max_model_len, " tokens; shorten the prompt or lower max_tokens");
+  // The last generated token is never fed back, so its KV is never stored.
+  const int64_t n_blocks = (n_total - 1 + config.block_size - 1) / config.block_size;
+  if (n_blocks > config.n_blocks)
+    fail(ErrorCode::kInvalidArgument, "this request needs ", n_blocks, " KV blocks of ", config.block_size,
+         " tokens (", n_prompt, " prompt + ", max_new_tokens, " max_tokens) but the whole KV cache has ",
+         config.n_blocks, " blocks (", int64_t(config.n_blocks) * config.block_size,
+         " tokens); shorten the request or give the KV cache more memory");
+}
+
+void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after) {
+  check_fits(config_, static_cast<int32_t>(prompt.size()), max_new_tokens);
+  if (seqs_.count(id)) fail(ErrorCode::kInvalidArgument, "sequence id ", id, " is already scheduled");
+  auto s = std::make_unique<Seq>();
+  s->id = id;
+  s->n_prompt = static_cast<int32_t>(prompt.size());
+  s->tokens = std::move(prompt);
+  s->max_new_tokens = max_new_tokens;
+  s->after = after;
+  seqs_.emplace(id, std::move(s));
+  waiting_.push_back(id);
+}
+
+Scheduler::Seq& Scheduler::get(SeqId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) fail(ErrorCode::kNotFound, "scheduler: unknown sequence id ", id);
+  return *it->second;
+}
+
+const Scheduler::Seq& Scheduler::get(SeqId id) const {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) fail(ErrorCode::kNotFound, "scheduler: unknown sequence id ", id);
+  return *it->second;
+}
+
+bool Scheduler::blocked_by_sibling(const Seq& s) const {
+  if (s.after < 0 || !config_.enable_prefix_caching) return false;
+  auto it = seqs_.find(s.after);
+  if (it == seqs_.end()) return false;
+  return it->second->n_computed < it->second->n_prompt;
+}
+
+ScheduledSeq Scheduler::make_scheduled(const Seq& s, int32_t n_new, bool first) const {
+  ScheduledSeq sc;
+  sc.seq_id = s.id;
+  sc.n_past = s.n_computed;
+  sc.n_tokens = n_new;
+  sc.token_ids.assign(s.tokens.begin() + s.n_computed, s.tokens.begin() + s.n_computed + n_new);
+  sc.block_table = s.table.blocks;
+  sc.need_logits = s.n_computed + n_new == static_cast<int32_t>(s.tokens.size());
+  sc.first_chunk = first;
+  return sc;
+}
+
+void Scheduler::preempt(Seq& s, StepPlan& plan) {
+  SHARDLM_CHECK(!running_.empty() && running_.back() == s.id);
+  running_.pop_back();
+  plan.freed_blocks.insert(plan.freed_blocks.end(), s.table.blocks.begin(), s.table.blocks.end());
+  free_table(pool_, s.table);
+  // Recompute: prompt + generated so far become the tokens to compute again.
+  s.n_computed = 0;
+  s.status = SeqStatus::kWaiting;
+  ++s.n_preemptions;
+  ++n_preemptions_;
+  waiting_.push_front(s.id);
+  plan.preempted.push_back(s.id);
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int32_t budget = config_.max_num_batched_tokens;
+
+  // Running sequences first, oldest first; when blocks run out, the newest
+  // running sequence is preempted (possibly the one being scheduled).
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Seq& s = get(running_[i]);
+    const int32_t n_left = static_cast<int32_t>(s.tokens.size()) - s.n_computed;
+    SHARDLM_CHECK(n_left > 0, "running sequence ", s.id, " has nothing to compute");
+    const int32_t n_new = std::min(n_left, budget);
+    bool ok = false;
+    while (!(ok = allocate_slots(pool_, s.table, s.n_computed + n_new))) {
+      const SeqId victim = running_.back();
+      preempt(get(victim), plan);
+      if (victim == s.id) break;
+    }
+    if (!ok) break;  // s was the newest: nothing after it is left running
+    plan.seqs.push_back(make_scheduled(s, n_new, false));
+    budget -= n_new;
+    ++i;
+  }
+
+  // Then waiting sequences in FCFS order, unless this step had to preempt.
+  if (plan.preempted.empty()) {
+    for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 &&
+                                     static_cast<int32_t>(running_.size()) < config_.max_num_seqs;) {
+      Seq& s = get(*it);
+      if (blocked_by_sibling(s)) {
+        ++it;
+        continue;
+      }
+      PrefixMatch match;
+      if (s.n_computed == 0) match = find_cached_prefix(pool_, s.tokens);
+      const int32_t n_total = static_cast<int32_t>(s.tokens.size());
+      int32_t n_new = n_total - match.n_tokens;
+      if (!config_.enable_chunked_prefill && n_new > budget) break;
+      n_new = std::min(n_new, budget);
+      if (!allocate_slots(pool_, s.table, match.n_tokens + n_new, &match)) break;
+      if (!s.admitted_once) {
+        pool_.record_lookup(n_total, match.n_tokens);
+        s.n_prefix_hit = match.n_tokens;
+        s.admitted_once = true;
+      }
+      s.n_computed = match.n_tokens;
+      s.status = SeqStatus::kRunning;
+      running_.push_back(s.id);
+      plan.seqs.push_back(make_scheduled(s, n_new, true));
+      budget -= n_new;
+      it = waiting_.erase(it);
+    }
+  }
+  plan.n_scheduled_tokens = config_.max_num_batched_tokens - budget;
+  return plan;
+}
+
+void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled) {
+  SHARDLM_CHECK(sampled.size() == plan.seqs.size(), "sampled ", sampled.size(), " for ", plan.seqs.size(), " seqs");
+  for (size_t k = 0; k < plan.seqs.size(); ++k) {
+    const ScheduledSeq& sc = plan.seqs[k];
+    auto it = seqs_.find(sc.seq_id);
+    if (it == seqs_.end() || it->second->status != SeqStatus::kRunning) continue;
+    Seq& s = *it->second;
+    SHARDLM_CHECK(s.n_computed == sc.n_past, "seq ", s.id, " computed ", s.n_computed, " plan n_past ", sc.n_past);
+    s.n_computed += sc.n_tokens;
+    register_computed(pool_, s.table, s.tokens, s.n_computed);
+    if (sampled[k] >= 0) {
+      SHARDLM_CHECK(sc.need_logits, "token sampled for seq ", s.id, " without logits");
+      s.tokens.push_back(sampled[k]);
+    }
+  }
+}
+
+void Scheduler::finish(SeqId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  Seq& s = *it->second;
+  if (s.status == SeqStatus::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+  }
+  free_table(pool_, s.table);
+  seqs_.erase(it);
+}
+
+SeqStatus Scheduler::status(SeqId id) const {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? SeqStatus::kFinished : it->second->status;
+}
+
+std::span<const int32_t> Scheduler::tokens(SeqId id) const { return get(id).tokens; }
+int32_t Scheduler::n_computed(SeqId id) const { return get(id).n_computed; }
+int32_t Scheduler::n_prefix_hit_tokens(SeqId id) const { return get(id).n_prefix_hit; }
+int32_t Scheduler::n_preemptions(SeqId id) const { return get(id).n_preemptions; }
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats st;
+  st.n_running = n_running();
+  st.n_waiting = n_waiting();
+  st.n_preemptions = n_preemptions_;
+  st.kv_usage = pool_.usage();
+  st.prefix_cache = pool_.stats();
+  return st;
+}
+
+}  // namespace shardlm

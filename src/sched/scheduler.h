@@ -1,0 +1,113 @@
+// Continuous batching as bookkeeping (vLLM v1): every sequence has tokens whose
+// KV is not computed yet (a prompt, a chunk of a long prompt, one decode token,
+// or everything again after preemption); each step gives the running sequences
+// their share of the token budget first, then admits waiting ones. No phases.
+//
+// Protocol per step: plan = schedule(); the engine runs the model; then
+// commit(plan, sampled) appends the sampled tokens and registers computed KV;
+// then finish(seq) for sequences that stopped. Single-threaded: the engine
+// thread owns the Scheduler.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kv/block_table.h"
+#include "sched/step_plan.h"
+
+namespace shardlm {
+
+struct SchedulerConfig {
+  int32_t n_blocks = 1024;                  // KV blocks in the pool (from the memory budget)
+  int32_t block_size = kDefaultBlockSize;   // token slots per block
+  int32_t max_num_seqs = 256;               // sequences per step (--max-num-seqs)
+  int32_t max_num_batched_tokens = 2048;    // tokens per step (--max-num-batched-tokens)
+  int32_t max_model_len = 4096;             // prompt + generated tokens per sequence (--max-model-len)
+  bool enable_chunked_prefill = true;       // split prompts longer than the remaining budget
+  bool enable_prefix_caching = true;
+};
+
+enum class SeqStatus { kWaiting, kRunning, kFinished };
+
+struct SchedulerStats {
+  int32_t n_running = 0;
+  int32_t n_waiting = 0;
+  int64_t n_preemptions = 0;  // total since start
+  double kv_usage = 0.0;      // fraction of blocks in use
+  PrefixCacheStats prefix_cache;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  const SchedulerConfig& config() const { return config_; }
+
+  // Throws kInvalidArgument (with the numbers) when a sequence of n_prompt
+  // tokens that may grow by max_new_tokens could never be scheduled: beyond
+  // max_model_len, or more blocks than the whole pool. Pure: safe to call
+  // from any thread before submitting.
+  static void check_fits(const SchedulerConfig& config, int32_t n_prompt, int32_t max_new_tokens);
+
+  // Queues a sequence (FCFS). `after` (optional): do not admit it before
+  // that sequence has computed its whole prompt, so it can reuse the prompt's
+  // cached blocks (n > 1 siblings). Runs check_fits.
+  void add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after = -1);
+
+  StepPlan schedule();
+
+  // After the model ran `plan`: marks the chunks computed, registers full
+  // blocks in the prefix cache, and appends sampled[i] (< 0: none) to
+  // plan.seqs[i]'s tokens. Sequences finished/aborted since schedule() are skipped.
+  void commit(const StepPlan& plan, std::span<const int32_t> sampled);
+
+  // Removes the sequence (finished or aborted) and frees its blocks at once.
+  // Unknown ids are ignored (already finished).
+  void finish(SeqId id);
+
+  bool has(SeqId id) const { return seqs_.count(id) != 0; }
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+  int32_t n_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t n_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  SeqStatus status(SeqId id) const;
+  std::span<const int32_t> tokens(SeqId id) const;   // prompt + generated
+  int32_t n_computed(SeqId id) const;
+  int32_t n_prefix_hit_tokens(SeqId id) const;       // tokens served by the prefix cache at first admission
+  int32_t n_preemptions(SeqId id) const;
+  SchedulerStats stats() const;
+  const BlockPool& pool() const { return pool_; }
+
+ private:
+  struct Seq {
+    SeqId id = 0;
+    std::vector<int32_t> tokens;  // prompt + generated
+    int32_t n_prompt = 0;
+    int32_t max_new_tokens = 0;
+    int32_t n_computed = 0;       // leading tokens with KV in the cache
+    SeqStatus status = SeqStatus::kWaiting;
+    BlockTable table;
+    SeqId after = -1;
+    bool admitted_once = false;
+    int32_t n_prefix_hit = 0;
+    int32_t n_preemptions = 0;
+  };
+  Seq& get(SeqId id);
+  const Seq& get(SeqId id) const;
+  bool blocked_by_sibling(const Seq& s) const;
+  void preempt(Seq& s, StepPlan& plan);
+  ScheduledSeq make_scheduled(const Seq& s, int32_t n_new, bool first) const;
+
+  SchedulerConfig config_;
+  BlockPool pool_;
+  std::unordered_map<SeqId, std::unique_ptr<Seq>> seqs_;
+  std::vector<SeqId> running_;    // admission order; the back is preempted first
+  std::deque<SeqId> waiting_;     // preempted sequences go to the front
+  int64_t n_preemptions_ = 0;
+};
+
+}  // namespace shardlm

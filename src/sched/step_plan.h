@@ -1,0 +1,31 @@
+// What the scheduler decided for one engine step: plain data with named
+// fields. The engine turns it into a ForwardBatch (engine/batch_builder.h);
+// sched does not include model (DESIGN.md §2).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace shardlm {
+
+using SeqId = int64_t;
+
+struct ScheduledSeq {
+  SeqId seq_id = 0;
+  int32_t n_past = 0;                  // tokens already in its KV cache
+  int32_t n_tokens = 0;                // new tokens computed this step (positions n_past ..)
+  std::vector<int32_t> token_ids;      // [n_tokens]
+  std::vector<int32_t> block_table;    // covers positions [0, n_past + n_tokens)
+  bool need_logits = false;            // the chunk reaches the sequence's last token: sample after it
+  bool first_chunk = false;            // first compute of this sequence since it was (re)admitted
+};
+
+struct StepPlan {
+  std::vector<ScheduledSeq> seqs;      // [n_seqs] running sequences first, then newly admitted
+  std::vector<SeqId> preempted;        // freed this step; recomputed later from their tokens
+  std::vector<int32_t> freed_blocks;   // blocks released by those preemptions (informational)
+  int32_t n_scheduled_tokens = 0;      // sum of n_tokens, <= max_num_batched_tokens
+  bool empty() const { return seqs.empty(); }
+};
+
+}  // namespace shardlm

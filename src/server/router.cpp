@@ -1,0 +1,313 @@
+#include "server/router.h"
+
+#include <httplib.h>
+#include <openssl/crypto.h>
+
+#include <deque>
+#include <future>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "server/listener.h"
+#include "server/openai_protocol.h"
+
+namespace shardlm::server {
+
+BackendAddress parse_backend_url(const std::string& url) {
+  static const std::regex re(R"(^http://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\])(:([0-9]{1,5}))?/?$)");
+  std::smatch m;
+  if (!std::regex_match(url, m, re))
+    fail(ErrorCode::kInvalidArgument, "--backend '", url, "' must look like http://HOST:PORT (https is not supported; terminate TLS in front)");
+  BackendAddress a;
+  a.host = m[1].str();
+  if (a.host.front() == '[') a.host = a.host.substr(1, a.host.size() - 2);
+  a.port = m[3].matched ? std::stoi(m[3].str()) : 80;
+  if (a.port < 1 || a.port > 65535) fail(ErrorCode::kInvalidArgument, "--backend '", url, "': port must be 1-65535");
+  a.url = url;
+  return a;
+}
+
+namespace {
+
+void reply_error(httplib::Response& res, int status, const std::string& message, const std::string& type) {
+  res.status = status;
+  res.set_content(error_json({status, message, type, "", ""}).dump(), "application/json");
+}
+
+// The prompt text that decides affinity, and a cost estimate in tokens.
+void describe(const std::string& body, std::string* prompt, int64_t* cost) {
+  *cost = 256;
+  try {
+    auto j = nlohmann::json::parse(body);
+    if (auto m = j.find("messages"); m != j.end() && m->is_array()) {
+      for (const auto& msg : *m) {
+        if (!msg.is_object()) continue;
+        *prompt += msg.value("role", "") + "\n";
+        if (msg.contains("content") && msg["content"].is_string()) *prompt += msg["content"].get<std::string>() + "\n";
+      }
+    } else if (auto p = j.find("prompt"); p != j.end()) {
+      *prompt = p->is_string() ? p->get<std::string>() : p->dump();
+    }
+    int64_t max_tokens = 256;
+    for (const char* k : {"max_tokens", "max_completion_tokens"})
+      if (j.contains(k) && j[k].is_number_integer()) max_tokens = j[k].get<int64_t>();
+    *cost = static_cast<int64_t>(prompt->size() / 4) + std::clamp<int64_t>(max_tokens, 1, 1 << 20);
+  } catch (const std::exception&) {
+    // The backend will answer the malformed body with its own 400.
+  }
+}
+
+httplib::Headers forward_headers(const httplib::Request& req) {
+  httplib::Headers h;
+  if (req.has_header("Authorization")) h.emplace("Authorization", req.get_header_value("Authorization"));
+  return h;
+}
+
+// Shared between the HTTP thread relaying a stream and the thread reading it
+// from the backend.
+struct Relay {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<std::string> chunks;
+  int status = 0;          // upstream status, once its headers arrived
+  std::string content_type;
+  bool upstream_done = false;
+  bool failed = false;     // no backend could be reached
+  std::string failure;
+  std::atomic<bool> client_gone{false};
+};
+
+}  // namespace
+
+Router::Router(RouterOptions options)
+    : options_(std::move(options)), policy_(options_.backends.size(), options_.routing),
+      http_(std::make_unique<httplib::Server>()) {
+  if (options_.backends.empty()) fail(ErrorCode::kInvalidArgument, "router: give at least one --backend URL");
+  for (const auto& url : options_.backends) backends_.push_back(parse_backend_url(url));
+  requests_ = std::make_unique<std::atomic<int64_t>[]>(backends_.size());
+  for (size_t i = 0; i < backends_.size(); ++i) requests_[i] = 0;
+  const int n_threads = std::max(2, options_.n_http_threads);
+  http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+  http_->set_payload_max_length(options_.max_body_bytes);
+  listen_fd_ = configure_listener(*http_);
+  install_routes();
+}
+
+Router::~Router() { stop(); }
+
+void Router::bind() {
+  port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host)
+                             : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  if (port_ < 0) fail(ErrorCode::kIo, "cannot listen on ", options_.host, ":", options_.port, " (choose another --port)");
+  widen_backlog(listen_fd_);
+  check_health_now();
+  health_thread_ = std::thread([this] { health_loop(); });
+}
+
+void Router::run() { http_->listen_after_bind(); }
+
+void Router::stop() {
+  stopping_ = true;
+  health_cv_.notify_all();
+  if (health_thread_.joinable()) health_thread_.join();
+  if (http_->is_running()) http_->stop();
+  // Upstream readers hold `this`; their clients are gone, so they end at the
+  // next byte from the backend or its timeout.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (upstream_threads_ > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
+void Router::check_health_now() {
+  for (size_t i = 0; i < backends_.size(); ++i) {
+    httplib::Client c(backends_[i].host, backends_[i].port);
+    c.set_connection_timeout(1, 0);
+    c.set_read_timeout(2, 0);
+    auto r = c.Get("/health");
+    policy_.set_healthy(static_cast<int>(i), r && r->status == 200);
+  }
+}
+
+void Router::health_loop() {
+  std::unique_lock<std::mutex> lock(health_mutex_);
+  while (!stopping_) {
+    health_cv_.wait_for(lock, std::chrono::milliseconds(options_.health_interval_ms));
+    if (stopping_) break;
+    lock.unlock();
+    check_health_now();
+    lock.lock();
+  }
+}
+
+void Router::install_routes() {
+  using httplib::Request;
+  using httplib::Response;
+
+  http_->set_pre_routing_handler([this](const Request& req, Response& res) {
+    if (options_.api_key.empty() || req.path == "/health" || req.path == "/metrics")
+      return httplib::Server::HandlerResponse::Unhandled;
+    std::string given = req.get_header_value("Authorization");
+    std::string want = "Bearer " + options_.api_key;
+    if (given.size() != want.size() || CRYPTO_memcmp(given.data(), want.data(), want.size()) != 0) {
+      reply_error(res, 401, "Incorrect or missing API key", "authentication_error");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  http_->Get("/health", [this](const Request&, Response& res) {
+    for (size_t i = 0; i < backends_.size(); ++i)
+      if (policy_.healthy(static_cast<int>(i))) return void(res.status = 200);
+    reply_error(res, 503, "no healthy backend", "service_unavailable");
+  });
+
+  http_->Get("/metrics", [this](const Request&, Response& res) {
+    std::string out = "# TYPE shardlm_router_requests_total counter\n";
+    for (size_t i = 0; i < backends_.size(); ++i)
+      out += str_cat("shardlm_router_requests_total{backend=\"", backends_[i].url, "\"} ", requests_[i].load(), "\n");
+    out += "# TYPE shardlm_router_backend_healthy gauge\n";
+    for (size_t i = 0; i < backends_.size(); ++i)
+      out += str_cat("shardlm_router_backend_healthy{backend=\"", backends_[i].url, "\"} ",
+                     policy_.healthy(static_cast<int>(i)) ? 1 : 0, "\n");
+    out += str_cat("# TYPE shardlm_router_retries_total counter\nshardlm_router_retries_total ", retries_.load(), "\n");
+    res.set_content(out, "text/plain; version=0.0.4");
+  });
+
+  // GET endpoints go to any healthy backend.
+  auto forward_get = [this](const Request& req, Response& res) {
+    for (size_t i = 0; i < backends_.size(); ++i) {
+      if (!policy_.healthy(static_cast<int>(i))) continue;
+      httplib::Client c(backends_[i].host, backends_[i].port);
+      c.set_connection_timeout(2, 0);
+      auto r = c.Get(req.path.c_str(), forward_headers(req));
+      if (!r) continue;
+      res.status = r->status;
+      res.set_content(r->body, r->get_header_value("Content-Type").c_str());
+      return;
+    }
+    reply_error(res, 503, "no healthy backend", "service_unavailable");
+  };
+  http_->Get("/v1/models", forward_get);
+  http_->Get("/version", forward_get);
+
+  auto forward_post = [this](const Request& req, Response& res) {
+    std::string prompt;
+    int64_t cost = 0;
+    describe(req.body, &prompt, &cost);
+    const std::string content_type = req.get_header_value("Content-Type");
+    const httplib::Headers headers = forward_headers(req);
+    auto relay = std::make_shared<Relay>();
+    const std::string path = req.path;
+    const std::string body = req.body;
+
+    // The upstream reader: tries backends until one answers, then pumps its
+    // bytes into the relay. A backend that fails before answering is marked
+    // unhealthy and the request moves on; nothing was sent to the client yet.
+    ++upstream_threads_;
+    std::thread([this, relay, prompt, cost, content_type, headers, path, body] {
+      struct Done {
+        std::atomic<int>& n;
+        ~Done() { --n; }
+      } done{upstream_threads_};
+      std::vector<int> tried;
+      for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+        int b = policy_.acquire(prompt, cost, tried);
+        if (b < 0) break;
+        tried.push_back(b);
+        if (attempt > 0) ++retries_;
+        ++requests_[b];
+        httplib::Client c(backends_[b].host, backends_[b].port);
+        c.set_connection_timeout(2, 0);
+        c.set_read_timeout(3600, 0);
+        httplib::Request up;
+        up.method = "POST";
+        up.path = path;
+        up.headers = headers;
+        up.body = body;
+        up.set_header("Content-Type", content_type);
+        bool answered = false;
+        up.response_handler = [&](const httplib::Response& r) {
+          std::lock_guard<std::mutex> lock(relay->mutex);
+          relay->status = r.status;
+          relay->content_type = r.get_header_value("Content-Type");
+          answered = true;
+          relay->cv.notify_all();
+          return true;
+        };
+        up.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+          std::lock_guard<std::mutex> lock(relay->mutex);
+          relay->chunks.emplace_back(data, n);
+          relay->cv.notify_all();
+          return !relay->client_gone.load();
+        };
+        auto result = c.send(up);
+        policy_.release(b, cost);
+        if (!result && !answered) {
+          policy_.set_healthy(b, false);  // the health loop brings it back
+          continue;
+        }
+        std::lock_guard<std::mutex> lock(relay->mutex);
+        if (!result && !relay->client_gone) {
+          // The backend died mid-response: tell a streaming client.
+          relay->chunks.emplace_back("data: " + error_json({502, "the backend " + backends_[b].url + " failed mid-response",
+                                                            "bad_gateway", "", ""}).dump() + "\n\n");
+        }
+        relay->upstream_done = true;
+        relay->cv.notify_all();
+        return;
+      }
+      std::lock_guard<std::mutex> lock(relay->mutex);
+      relay->failed = true;
+      relay->failure = tried.empty() ? "no healthy backend" : str_cat("no backend answered after ", tried.size(), " attempts");
+      relay->upstream_done = true;
+      relay->cv.notify_all();
+    }).detach();
+
+    std::unique_lock<std::mutex> lock(relay->mutex);
+    relay->cv.wait(lock, [&] { return relay->status != 0 || relay->upstream_done; });
+    if (relay->failed) return reply_error(res, 503, relay->failure, "service_unavailable");
+    const bool streaming = relay->content_type.rfind("text/event-stream", 0) == 0;
+    if (!streaming || relay->status != 200) {
+      relay->cv.wait(lock, [&] { return relay->upstream_done; });
+      std::string all;
+      for (auto& c : relay->chunks) all += c;
+      res.status = relay->status;
+      res.set_content(all, relay->content_type.empty() ? "application/json" : relay->content_type.c_str());
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [relay](size_t, httplib::DataSink& sink) {
+          std::unique_lock<std::mutex> lock(relay->mutex);
+          relay->cv.wait_for(lock, std::chrono::milliseconds(100),
+                             [&] { return !relay->chunks.empty() || relay->upstream_done; });
+          while (!relay->chunks.empty()) {
+            std::string chunk = std::move(relay->chunks.front());
+            relay->chunks.pop_front();
+            if (!sink.write(chunk.data(), chunk.size())) {
+              relay->client_gone = true;
+              return false;
+            }
+          }
+          if (relay->upstream_done) {
+            sink.done();
+            return true;
+          }
+          if (!sink.is_writable()) {
+            relay->client_gone = true;
+            return false;
+          }
+          return true;
+        },
+        [relay](bool) { relay->client_gone = true; });
+  };
+  http_->Post("/v1/chat/completions", forward_post);
+  http_->Post("/v1/completions", forward_post);
+  http_->Post("/tokenize", forward_post);
+  http_->Post("/detokenize", forward_post);
+}
+
+}  // namespace shardlm::server

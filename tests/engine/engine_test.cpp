@@ -1,0 +1,515 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "fake_model.h"
+
+namespace shardlm {
+namespace {
+
+using testing::FakeModel;
+using testing::reference_greedy;
+using testing::ToyDetokenizer;
+using testing::toy_text;
+
+constexpr int64_t kVocab = 64;
+
+struct SeqResult {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+  std::optional<std::string> stop_string;
+  std::optional<int32_t> stop_token;
+  std::string error;
+  int n_callbacks = 0;
+  int n_final = 0;
+  SequenceOutput last;
+  std::vector<TokenLogprobs> logprobs;
+};
+
+// Gathers every callback (thread-safe: callbacks come from the engine thread).
+class Collector {
+ public:
+  RequestCallbacks callbacks() {
+    return {[this](const SequenceOutput& o) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      SeqResult& r = results_[{o.request_id, o.index}];
+      r.tokens.insert(r.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      r.text += o.text_delta;
+      r.logprobs.insert(r.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+      ++r.n_callbacks;
+      if (o.finished()) {
+        ++r.n_final;
+        r.finish = o.finish_reason;
+        r.stop_string = o.stop_string;
+        r.stop_token = o.stop_token_id;
+        r.error = o.error;
+      }
+      r.last = o;
+      if (o.request_finished) {
+        ++n_requests_finished_;
+        cv_.notify_all();
+      }
+    }};
+  }
+  SeqResult get(const std::string& id, int index = 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return results_[{id, index}];
+  }
+  bool wait_finished(int n, std::chrono::seconds timeout = std::chrono::seconds(20)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, timeout, [&] { return n_requests_finished_ >= n; });
+  }
+  int n_finished() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return n_requests_finished_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<std::pair<std::string, int>, SeqResult> results_;
+  int n_requests_finished_ = 0;
+};
+
+EngineConfig config(int32_t n_blocks = 256, int32_t budget = 64) {
+  EngineConfig c;
+  c.scheduler.n_blocks = n_blocks;
+  c.scheduler.block_size = 4;
+  c.scheduler.max_num_seqs = 64;
+  c.scheduler.max_num_batched_tokens = budget;
+  c.scheduler.max_model_len = 512;
+  return c;  // no EOS unless a test sets one
+}
+
+std::vector<int32_t> make_prompt(int32_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> p(n);
+  for (auto& t : p) t = int32_t(rng() % kVocab);
+  return p;
+}
+
+EngineRequest greedy(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens) {
+  EngineRequest r;
+  r.request_id = id;
+  r.prompt_token_ids = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.stop.max_tokens = max_tokens;
+  r.stop.ignore_eos = true;
+  return r;
+}
+
+struct Fixture {
+  explicit Fixture(EngineConfig c, bool detok = true)
+      : cfg(c), model(kVocab, c.scheduler.n_blocks, c.scheduler.block_size),
+        engine(c, model, detok ? &toy : nullptr) {}
+  EngineConfig cfg;
+  FakeModel model;
+  ToyDetokenizer toy;
+  Collector out;  // outlives the engine, whose destructor may still call back
+  Engine engine;
+};
+
+void expect_clean(Fixture& f) {
+  EXPECT_TRUE(f.model.errors.empty()) << f.model.errors.front();
+  MetricsSnapshot m = f.engine.metrics().snapshot();
+  EXPECT_EQ(m.num_requests_running, 0);
+  EXPECT_EQ(m.num_requests_waiting, 0);
+  EXPECT_DOUBLE_EQ(m.kv_cache_usage_perc, 0.0);
+  EXPECT_EQ(f.engine.scheduler().pool().n_used(), 0);
+}
+
+TEST(Engine, GreedyMatchesReference) {
+  Fixture f(config());
+  auto prompt = make_prompt(23, 1);
+  f.engine.submit(greedy("a", prompt, 12), f.out.callbacks());
+  f.engine.run_until_idle();
+  SeqResult r = f.out.get("a");
+  EXPECT_EQ(r.tokens, reference_greedy(prompt, 12, kVocab));
+  EXPECT_EQ(r.finish, FinishReason::kLength);
+  EXPECT_EQ(r.n_final, 1);
+  EXPECT_EQ(r.n_callbacks, 12);  // one per token, the last one carries the finish
+  EXPECT_EQ(r.text, toy_text(r.tokens));
+  EXPECT_EQ(r.last.n_prompt_tokens, 23);
+  EXPECT_EQ(r.last.n_completion_tokens, 12);
+  EXPECT_TRUE(r.last.request_finished);
+  EXPECT_GE(r.last.time_to_first_token_s, 0.0);
+  EXPECT_GE(r.last.elapsed_s, r.last.time_to_first_token_s);
+  MetricsSnapshot m = f.engine.metrics().snapshot();
+  EXPECT_EQ(m.prompt_tokens_total, 23);
+  EXPECT_EQ(m.generation_tokens_total, 12);
+  EXPECT_EQ(m.time_to_first_token_seconds.count, 1u);
+  EXPECT_EQ(m.inter_token_latency_seconds.count, 11u);
+  EXPECT_EQ(m.e2e_request_latency_seconds.count, 1u);
+  EXPECT_EQ(m.request_success_total["length"], 1);
+  expect_clean(f);
+}
+
+TEST(Engine, BatchInvarianceGreedyAloneOrAmong32) {
+  auto prompt = make_prompt(37, 7);
+  std::vector<int32_t> alone;
+  {
+    Fixture f(config());
+    f.engine.submit(greedy("x", prompt, 20), f.out.callbacks());
+    f.engine.run_until_idle();
+    alone = f.out.get("x").tokens;
+    expect_clean(f);
+  }
+  Fixture f(config(512, 128));
+  for (int i = 0; i < 16; ++i) f.engine.submit(greedy("o" + std::to_string(i), make_prompt(5 + i * 3, 100 + i), 10 + i), f.out.callbacks());
+  f.engine.run_step();  // others are already running when x arrives
+  f.engine.submit(greedy("x", prompt, 20), f.out.callbacks());
+  for (int i = 16; i < 32; ++i) f.engine.submit(greedy("o" + std::to_string(i), make_prompt(5 + i * 3, 100 + i), 10 + i), f.out.callbacks());
+  f.engine.run_until_idle();
+  EXPECT_EQ(f.out.get("x").tokens, alone);
+  EXPECT_EQ(alone, reference_greedy(prompt, 20, kVocab));
+  for (int i = 0; i < 32; ++i)
+    EXPECT_EQ(f.out.get("o" + std::to_string(i)).tokens, reference_greedy(make_prompt(5 + i * 3, 100 + i), 10 + i, kVocab));
+  EXPECT_GT(*std::max_element(f.model.batch_sizes.begin(), f.model.batch_sizes.end()), 20);
+  expect_clean(f);
+}
+
+TEST(Engine, ChunkedPrefillSharesStepsWithDecodesWithinBudget) {
+  Fixture f(config(256, 32));
+  f.engine.submit(greedy("short", make_prompt(5, 2), 40), f.out.callbacks());
+  f.engine.run_step();
+  f.engine.run_step();
+  auto long_prompt = make_prompt(300, 3);
+  f.engine.submit(greedy("long", long_prompt, 5), f.out.callbacks());
+  f.engine.run_until_idle();
+  EXPECT_LE(f.model.max_batch_tokens, 32);
+  EXPECT_GE(f.model.n_mixed_steps, 8);  // ~300/31 chunks, each next to the short decode
+  EXPECT_EQ(f.out.get("long").tokens, reference_greedy(long_prompt, 5, kVocab));
+  EXPECT_EQ(f.out.get("short").tokens, reference_greedy(make_prompt(5, 2), 40, kVocab));
+  expect_clean(f);
+}
+
+std::map<std::string, std::vector<int32_t>> run_pressure(int32_t n_blocks, int64_t* n_preempt) {
+  Fixture f(config(n_blocks, 64));
+  std::map<std::string, std::vector<int32_t>> got;
+  for (int i = 0; i < 8; ++i) f.engine.submit(greedy("r" + std::to_string(i), make_prompt(10 + 7 * i, 50 + i), 40), f.out.callbacks());
+  f.engine.run_until_idle();
+  for (int i = 0; i < 8; ++i) {
+    SeqResult r = f.out.get("r" + std::to_string(i));
+    EXPECT_EQ(r.n_final, 1);
+    EXPECT_EQ(r.finish, FinishReason::kLength);
+    EXPECT_EQ(r.text, toy_text(r.tokens));
+    got["r" + std::to_string(i)] = r.tokens;
+  }
+  *n_preempt = f.engine.metrics().snapshot().num_preemptions_total;
+  expect_clean(f);
+  return got;
+}
+
+TEST(Engine, PreemptionUnderTinyPoolKeepsOutputsIdentical) {
+  int64_t n0 = 0, n1 = 0;
+  auto ref = run_pressure(512, &n0);
+  EXPECT_EQ(n0, 0);
+  auto got = run_pressure(26, &n1);  // 104 slots; the largest request needs 98
+  EXPECT_GT(n1, 0);
+  EXPECT_EQ(ref, got);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(ref["r" + std::to_string(i)], reference_greedy(make_prompt(10 + 7 * i, 50 + i), 40, kVocab));
+}
+
+TEST(Engine, RejectsWhatCanNeverFitWithTheNumbers) {
+  Fixture f(config(8));  // 32 slots
+  try {
+    f.engine.submit(greedy("big", make_prompt(30, 1), 10), f.out.callbacks());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("30 prompt + 10 max_tokens"), std::string::npos) << e.what();
+  }
+  EngineRequest bad = greedy("bad", {1, 2, 99}, 4);
+  EXPECT_THROW(f.engine.submit(bad, f.out.callbacks()), Error);
+  bad = greedy("bad", {1, 2}, 4);
+  bad.sampling.top_p = 0.0;
+  EXPECT_THROW(f.engine.submit(bad, f.out.callbacks()), Error);
+  bad = greedy("bad", {1, 2}, 4);
+  bad.stop.min_tokens = 5;
+  EXPECT_THROW(f.engine.submit(bad, f.out.callbacks()), Error);
+  f.engine.submit(greedy("dup", {1, 2}, 4), f.out.callbacks());
+  EXPECT_THROW(f.engine.submit(greedy("dup", {1, 2}, 4), f.out.callbacks()), Error);
+  f.engine.run_until_idle();
+  f.engine.submit(greedy("dup", {1, 2}, 4), f.out.callbacks());  // finished ids are free again
+  f.engine.run_until_idle();
+  EXPECT_EQ(f.out.get("dup").tokens.size(), 8u);
+}
+
+TEST(Engine, AbortFreesBlocksAndMetricsReturnToZero) {
+  Fixture f(config(64, 16));
+  for (int i = 0; i < 6; ++i) f.engine.submit(greedy("r" + std::to_string(i), make_prompt(20, i), 100), f.out.callbacks());
+  for (int i = 0; i < 5; ++i) f.engine.run_step();
+  MetricsSnapshot m = f.engine.metrics().snapshot();
+  EXPECT_GT(m.num_requests_running, 0);
+  EXPECT_GT(m.kv_cache_usage_perc, 0.0);
+  const int32_t used_before = f.engine.scheduler().pool().n_used();
+  f.engine.abort("r0");
+  f.engine.abort("nope");  // unknown: ignored
+  f.engine.run_step();
+  EXPECT_LT(f.engine.scheduler().pool().n_used(), used_before + 2);
+  SeqResult r0 = f.out.get("r0");
+  EXPECT_EQ(r0.finish, FinishReason::kAbort);
+  EXPECT_EQ(r0.n_final, 1);
+  EXPECT_TRUE(r0.last.request_finished);
+  for (int i = 1; i < 6; ++i) f.engine.abort("r" + std::to_string(i));
+  f.engine.run_step();
+  for (int i = 1; i < 6; ++i) EXPECT_EQ(f.out.get("r" + std::to_string(i)).finish, FinishReason::kAbort);
+  expect_clean(f);
+  EXPECT_EQ(f.engine.metrics().snapshot().request_success_total["abort"], 6);
+  f.engine.abort("r1");  // already gone: no second final callback
+  f.engine.run_step();
+  EXPECT_EQ(f.out.get("r1").n_final, 1);
+}
+
+TEST(Engine, NSequencesShareThePromptBlocks) {
+  Fixture f(config());
+  auto prompt = make_prompt(41, 9);  // 10 full blocks of 4
+  EngineRequest r = greedy("n", prompt, 6);
+  r.n = 3;
+  f.engine.submit(r, f.out.callbacks());
+  f.engine.run_until_idle();
+  auto ref = reference_greedy(prompt, 6, kVocab);
+  for (int i = 0; i < 3; ++i) {
+    SeqResult s = f.out.get("n", i);
+    EXPECT_EQ(s.tokens, ref) << i;
+    EXPECT_EQ(s.n_final, 1);
+  }
+  EXPECT_EQ(int(f.out.get("n", 0).last.request_finished) + int(f.out.get("n", 1).last.request_finished) +
+                int(f.out.get("n", 2).last.request_finished), 1);
+  MetricsSnapshot m = f.engine.metrics().snapshot();
+  EXPECT_EQ(m.prefix_cache_hits_total, 2 * 40);
+  EXPECT_EQ(m.prefix_cache_queries_total, 3 * 41);
+  EXPECT_EQ(m.prompt_tokens_total, 41);
+  EXPECT_EQ(m.generation_tokens_total, 18);
+  expect_clean(f);
+
+  // Sampled siblings differ from each other (distinct seeds per sequence).
+  EngineRequest s = r;
+  s.request_id = "ns";
+  s.sampling.temperature = 1.0f;
+  s.sampling.seed = 5;
+  s.stop.max_tokens = 30;
+  f.engine.submit(s, f.out.callbacks());
+  f.engine.run_until_idle();
+  EXPECT_NE(f.out.get("ns", 0).tokens, f.out.get("ns", 1).tokens);
+  EXPECT_EQ(f.out.get("ns", 2).tokens.size(), 30u);
+}
+
+TEST(Engine, PrefixCacheAcrossRequests) {
+  Fixture f(config());
+  auto prompt = make_prompt(30, 4);
+  f.engine.submit(greedy("a", prompt, 3), f.out.callbacks());
+  f.engine.run_until_idle();
+  f.engine.submit(greedy("b", prompt, 3), f.out.callbacks());
+  f.engine.run_until_idle();
+  EXPECT_EQ(f.out.get("a").tokens, f.out.get("b").tokens);
+  EXPECT_EQ(f.out.get("b").last.n_cached_tokens, 28);
+  MetricsSnapshot m = f.engine.metrics().snapshot();
+  EXPECT_EQ(m.prefix_cache_queries_total, 60);
+  EXPECT_EQ(m.prefix_cache_hits_total, 28);
+  expect_clean(f);
+}
+
+TEST(Engine, StopStringsEndTheTextBeforeTheMatch) {
+  auto prompt = make_prompt(10, 11);
+  auto ref = reference_greedy(prompt, 40, kVocab);
+  std::string full = toy_text(ref);
+  // A stop string from the middle of the reference text (ASCII part, 3 bytes).
+  size_t pos = std::string::npos;
+  for (size_t i = 8; i + 3 < full.size(); ++i)
+    if (std::isalpha((unsigned char)full[i]) && std::isalpha((unsigned char)full[i + 1]) && std::isalpha((unsigned char)full[i + 2])) {
+      pos = i;
+      break;
+    }
+  ASSERT_NE(pos, std::string::npos);
+  const std::string stop = full.substr(pos, 3);
+  const size_t first = full.find(stop);
+  for (bool include : {false, true}) {
+    Fixture f(config());
+    EngineRequest r = greedy("s", prompt, 40);
+    r.stop.stop = {"never-there", stop};
+    r.stop.include_stop_str_in_output = include;
+    f.engine.submit(r, f.out.callbacks());
+    f.engine.run_until_idle();
+    SeqResult s = f.out.get("s");
+    EXPECT_EQ(s.finish, FinishReason::kStop);
+    ASSERT_TRUE(s.stop_string);
+    EXPECT_EQ(*s.stop_string, stop);
+    EXPECT_EQ(s.text, full.substr(0, include ? first + 3 : first));
+    EXPECT_LT(s.tokens.size(), 40u);
+    expect_clean(f);
+  }
+}
+
+TEST(Engine, StopTokensMinTokensIgnoreEos) {
+  auto prompt = make_prompt(12, 21);
+  auto ref = reference_greedy(prompt, 30, kVocab);
+  const int32_t eos = ref[3];
+  const size_t first_eos = std::find(ref.begin(), ref.end(), eos) - ref.begin();
+  {
+    EngineConfig c = config();
+    c.eos_token_ids = {eos};
+    Fixture f(c);
+    EngineRequest r = greedy("e", prompt, 30);
+    r.stop.ignore_eos = false;
+    f.engine.submit(r, f.out.callbacks());
+    EngineRequest ig = greedy("ig", prompt, 30);  // ignore_eos
+    f.engine.submit(ig, f.out.callbacks());
+    f.engine.run_until_idle();
+    SeqResult e = f.out.get("e");
+    EXPECT_EQ(e.finish, FinishReason::kStop);
+    EXPECT_EQ(e.stop_token, eos);
+    EXPECT_EQ(e.tokens, std::vector<int32_t>(ref.begin(), ref.begin() + first_eos + 1));
+    EXPECT_EQ(e.text, toy_text(std::vector<int32_t>(ref.begin(), ref.begin() + first_eos)));  // EOS adds no text
+    SeqResult i = f.out.get("ig");
+    EXPECT_EQ(i.tokens, ref);
+    EXPECT_EQ(i.finish, FinishReason::kLength);
+    expect_clean(f);
+  }
+  {
+    Fixture f(config());
+    EngineRequest r = greedy("m", prompt, 30);
+    r.stop.stop_token_ids = {eos};
+    r.stop.min_tokens = int32_t(first_eos) + 2;
+    f.engine.submit(r, f.out.callbacks());
+    f.engine.run_until_idle();
+    SeqResult m = f.out.get("m");
+    // The stop token is banned until min_tokens, so the text diverges from the reference there.
+    ASSERT_GE(m.tokens.size(), size_t(r.stop.min_tokens));
+    EXPECT_EQ(std::vector<int32_t>(m.tokens.begin(), m.tokens.begin() + first_eos),
+              std::vector<int32_t>(ref.begin(), ref.begin() + first_eos));
+    for (int32_t k = 0; k < r.stop.min_tokens; ++k) EXPECT_NE(m.tokens[k], eos);
+    EXPECT_TRUE(m.finish == FinishReason::kLength || (m.finish == FinishReason::kStop && m.tokens.back() == eos));
+  }
+}
+
+TEST(Engine, SeededSamplingReproducibleAcrossBatchCompositions) {
+  auto prompt = make_prompt(17, 33);
+  auto sampled = [&](int n_others, bool tiny_pool) {
+    Fixture f(config(tiny_pool ? 20 : 256, 64));
+    for (int i = 0; i < n_others; ++i) {
+      EngineRequest o = greedy("o" + std::to_string(i), make_prompt(9 + i, 200 + i), 25);
+      o.sampling.temperature = 0.8f;
+      f.engine.submit(o, f.out.callbacks());
+    }
+    EngineRequest r = greedy("s", prompt, 25);
+    r.sampling.temperature = 1.0f;
+    r.sampling.top_p = 0.9f;
+    r.sampling.top_k = 20;
+    r.sampling.min_p = 0.01f;
+    r.sampling.presence_penalty = 0.5f;
+    r.sampling.frequency_penalty = 0.3f;
+    r.sampling.repetition_penalty = 1.2f;
+    r.sampling.seed = 1234;
+    f.engine.submit(r, f.out.callbacks());
+    f.engine.run_until_idle();
+    EXPECT_TRUE(f.model.errors.empty());
+    return f.out.get("s").tokens;
+  };
+  auto alone = sampled(0, false);
+  EXPECT_EQ(alone.size(), 25u);
+  EXPECT_EQ(sampled(7, false), alone);
+  EXPECT_EQ(sampled(7, true), alone);  // with preemptions
+  EXPECT_NE(alone, reference_greedy(prompt, 25, kVocab));
+}
+
+TEST(Engine, LogprobsOfTheRawDistribution) {
+  Fixture f(config());
+  EngineRequest r = greedy("l", make_prompt(6, 8), 5);
+  r.logprobs = true;
+  r.sampling.logprobs = 3;
+  f.engine.submit(r, f.out.callbacks());
+  f.engine.run_until_idle();
+  SeqResult s = f.out.get("l");
+  ASSERT_EQ(s.logprobs.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const TokenLogprobs& lp = s.logprobs[i];
+    EXPECT_EQ(lp.token_id, s.tokens[i]);
+    EXPECT_EQ(lp.rank, 1);  // greedy
+    ASSERT_EQ(lp.top.size(), 3u);
+    EXPECT_EQ(lp.top[0].token, lp.token_id);
+    EXPECT_FLOAT_EQ(lp.top[0].logprob, lp.logprob);
+    EXPECT_LT(lp.logprob, 0.0f);
+    EXPECT_GE(lp.top[0].logprob, lp.top[1].logprob);
+    EXPECT_GE(lp.top[1].logprob, lp.top[2].logprob);
+  }
+}
+
+TEST(Engine, ExecutorFailureFailsOnlyThatStepsRequests) {
+  Fixture f(config());
+  f.engine.submit(greedy("a", make_prompt(6, 1), 5), f.out.callbacks());
+  f.model.throw_next = true;
+  f.engine.run_until_idle();
+  SeqResult a = f.out.get("a");
+  EXPECT_EQ(a.finish, FinishReason::kAbort);
+  EXPECT_NE(a.error.find("injected device failure"), std::string::npos);
+  expect_clean(f);
+  f.engine.submit(greedy("b", make_prompt(6, 1), 5), f.out.callbacks());
+  f.engine.run_until_idle();
+  EXPECT_EQ(f.out.get("b").tokens, reference_greedy(make_prompt(6, 1), 5, kVocab));
+}
+
+TEST(Engine, ThreadedSubmitAbortAndDrainingStop) {
+  Fixture f(config(512, 64));
+  f.engine.start();
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t)
+    clients.emplace_back([&, t] {
+      for (int i = 0; i < 5; ++i) {
+        std::string id = "t" + std::to_string(t) + "_" + std::to_string(i);
+        f.engine.submit(greedy(id, make_prompt(8 + i, t * 10 + i), 8), f.out.callbacks());
+      }
+    });
+  for (auto& c : clients) c.join();
+  f.engine.submit(greedy("long", make_prompt(8, 999), 400), f.out.callbacks());
+  ASSERT_TRUE(f.out.wait_finished(20));
+  f.engine.abort("long");
+  ASSERT_TRUE(f.out.wait_finished(21));
+  EXPECT_EQ(f.out.get("long").finish, FinishReason::kAbort);
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < 5; ++i)
+      EXPECT_EQ(f.out.get("t" + std::to_string(t) + "_" + std::to_string(i)).tokens,
+                reference_greedy(make_prompt(8 + i, t * 10 + i), 8, kVocab));
+  f.engine.submit(greedy("last", make_prompt(8, 5), 30), f.out.callbacks());
+  f.engine.stop(/*drain=*/true);  // finishes "last" before returning
+  EXPECT_EQ(f.out.get("last").finish, FinishReason::kLength);
+  EXPECT_THROW(f.engine.submit(greedy("late", {1}, 1), f.out.callbacks()), Error);
+  expect_clean(f);
+}
+
+TEST(Engine, AbortingStopEndsEverything) {
+  Fixture f(config(512, 64));
+  f.engine.start();
+  for (int i = 0; i < 5; ++i) f.engine.submit(greedy("r" + std::to_string(i), make_prompt(8, i), 400), f.out.callbacks());
+  f.engine.stop(/*drain=*/false);
+  for (int i = 0; i < 5; ++i) {
+    SeqResult r = f.out.get("r" + std::to_string(i));
+    EXPECT_EQ(r.n_final, 1);
+    EXPECT_EQ(r.finish, FinishReason::kAbort);
+  }
+  expect_clean(f);
+}
+
+TEST(Engine, WithoutDetokenizerNoTextAndNoStopStrings) {
+  Fixture f(config(), /*detok=*/false);
+  EngineRequest r = greedy("a", make_prompt(5, 1), 4);
+  r.stop.stop = {"x"};
+  EXPECT_THROW(f.engine.submit(r, f.out.callbacks()), Error);
+  r.stop.stop.clear();
+  f.engine.submit(r, f.out.callbacks());
+  f.engine.run_until_idle();
+  EXPECT_EQ(f.out.get("a").tokens.size(), 4u);
+  EXPECT_TRUE(f.out.get("a").text.empty());
+}
+
+}  // namespace
+}  // namespace shardlm

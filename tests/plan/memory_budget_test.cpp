@@ -1,0 +1,261 @@
+// MemoryBudget, device catalog and vLLM rules against hand-computed numbers.
+// Every expected value below is worked out in the comment from config.json
+// shapes, not taken from the code's output.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "loader/model_catalog.h"
+#include "plan/device_catalog.h"
+#include "plan/memory_budget.h"
+#include "plan/vllm_rules.h"
+
+namespace shardlm {
+namespace {
+
+constexpr int64_t kMiB = 1024 * 1024;
+
+TEST(MemoryBudget, WholeModelKvPerToken) {
+  // Qwen2.5-72B: 2 (K,V) × 8 KV heads × 128 head_dim × 2 bytes × 80 layers = 327,680.
+  EXPECT_EQ(model_kv_bytes_per_token(catalog_model_spec("qwen2.5-72b"), KvCacheDType::kAuto), 327680);
+  // Qwen2.5-7B: 2 × 4 × 128 × 2 × 28 = 57,344; fp8 halves it: 28,672.
+  ModelSpec q7 = catalog_model_spec("qwen2.5-7b");
+  EXPECT_EQ(model_kv_bytes_per_token(q7, KvCacheDType::kAuto), 57344);
+  EXPECT_EQ(model_kv_bytes_per_token(q7, KvCacheDType::kFp8), 28672);
+  // Same at TP=PP=1 through the per-rank path.
+  EXPECT_EQ(rank_kv_bytes_per_token(q7, Layout{}, 0, 0, KvCacheDType::kBF16), 57344);
+}
+
+TEST(MemoryBudget, Qwen72bWeightsMatchTheOfficialIndexTotal) {
+  // metadata.total_size of Qwen2.5-72B-Instruct's model.safetensors.index.json.
+  EXPECT_EQ(rank_weight_bytes(catalog_model_spec("qwen2.5-72b"), Layout{}, 0, 0), 145412407296LL);
+}
+
+TEST(MemoryBudget, Qwen7bAtTp6PerRankByHand) {
+  const ModelSpec spec = catalog_model_spec("qwen2.5-7b");
+  const Layout tp6{6, 1, 1, {}};
+  // h = 3584, head_dim 128. 28 Q heads over 6 ranks: 5,5,5,5,4,4; 7 Q heads per KV head, so
+  // rank 0 (Q 0-4) holds KV head 0; rank 1 (Q 5-9) KV 0-1; rank 4 (Q 20-23) KV 2-3.
+  // MLP 18944 in units of 16 = 1184 units over 6: 198,198,197,197,197,197 → 3168 or 3152 columns.
+  // Vocab 152064 = 9504 × 16 over 6: 25344 rows each for embed_tokens and lm_head (both on the one stage).
+  // Per layer, elements: norms 2·3584 = 7,168; q_proj q·128·3584 + bias q·128; k,v 2·(kv·128·3584 + kv·128);
+  // o_proj 3584·q·128; MLP 3·cols·3584.
+  //  rank 0 (q=5, kv=1, 3168): 7,168 + 2,293,760 + 640 + 917,760 + 2,293,760 + 34,062,336 = 39,575,424
+  //  rank 1 (q=5, kv=2, 3168): 7,168 + 2,293,760 + 640 + 1,835,520 + 2,293,760 + 34,062,336 = 40,493,184
+  //  rank 4 (q=4, kv=2, 3152): 7,168 + 1,835,008 + 512 + 1,835,520 + 1,835,008 + 33,890,304 = 39,403,520
+  // + 28 layers, + embed and lm_head 2 · 25,344 · 3,584 = 181,665,792, + final norm 3,584; × 2 bytes:
+  //  rank 0: (39,575,424·28 + 181,665,792 + 3,584) · 2 = 2,579,562,496
+  //  rank 1: (40,493,184·28 + 181,665,792 + 3,584) · 2 = 2,630,957,056
+  //  rank 4: (39,403,520·28 + 181,665,792 + 3,584) · 2 = 2,569,935,872
+  const int64_t mem = 40536 * kMiB;
+  MemoryBudgetOptions o;  // 0.9, 8192 batched tokens, 8 seqs, auto KV, 16-token blocks, 1 GiB reserve
+  EXPECT_EQ(compute_memory_budget(spec, tp6, 0, 0, mem, o).weight_bytes, 2579562496LL);
+  EXPECT_EQ(compute_memory_budget(spec, tp6, 1, 0, mem, o).weight_bytes, 2630957056LL);
+  EXPECT_EQ(compute_memory_budget(spec, tp6, 4, 0, mem, o).weight_bytes, 2569935872LL);
+  // KV per token per rank: 2 × kv heads × 128 × 2 bytes × 28 layers: 1 head → 14,336; 2 heads → 28,672.
+  EXPECT_EQ(compute_memory_budget(spec, tp6, 0, 0, mem, o).kv_bytes_per_token, 14336);
+  EXPECT_EQ(compute_memory_budget(spec, tp6, 1, 0, mem, o).kv_bytes_per_token, 28672);
+
+  // Rank 0's whole budget on an A100-40GB (40,536 MiB = 42,505,076,736 B):
+  //  budget    = floor(42,505,076,736 × 0.9) = 38,254,569,062
+  //  workspace = hidden 2·8192·3584·2 = 117,440,512
+  //            + max(attention 8192·(2·5+2·1)·128·2 = 25,165,824, mlp 3·8192·3168·2 = 155,713,536)
+  //            + reduce 8192·3584·4 = 117,440,512
+  //            + logits 8·25344·4 + 2·8·152064·4 = 811,008 + 9,732,096 = 10,543,104   → 401,137,664
+  //  usable    = 38,254,569,062 − 2,579,562,496 − 401,137,664 − 1,073,741,824 = 34,200,127,078
+  //  blocks    = floor(34,200,127,078 / (14,336 · 16 = 229,376)) = 149,100 → 2,385,600 tokens
+  const MemoryBudget b = compute_memory_budget(spec, tp6, 0, 0, mem, o);
+  EXPECT_EQ(b.budget_bytes, 38254569062LL);
+  EXPECT_EQ(b.workspace.hidden, 117440512);
+  EXPECT_EQ(b.workspace.attention, 25165824);
+  EXPECT_EQ(b.workspace.mlp, 155713536);
+  EXPECT_EQ(b.workspace.reduce, 117440512);
+  EXPECT_EQ(b.workspace.logits, 10543104);
+  EXPECT_EQ(b.workspace_bytes, 401137664);
+  EXPECT_EQ(b.usable_bytes, 34200127078LL);
+  EXPECT_EQ(b.n_kv_blocks, 149100);
+  EXPECT_EQ(b.n_kv_tokens, 2385600);
+  EXPECT_EQ(b.kv_cache_bytes, 149100LL * 229376);
+  EXPECT_TRUE(b.fits());
+}
+
+TEST(MemoryBudget, TokensThatFitOnOneDevice) {
+  const ModelSpec spec = catalog_model_spec("qwen2.5-7b");
+  MemoryBudgetOptions o;
+  // 24 GiB = 25,769,803,776 B; × 0.9 → 23,192,823,398.
+  // Workspace at TP=1: hidden 117,440,512 + mlp 3·8192·18944·2 = 931,135,488 (> attention
+  // 8192·(56+8)·128·2 = 134,217,728) + logits 8·152064·4 + 2·8·152064·4 = 14,598,144 → 1,063,174,144.
+  // usable = 23,192,823,398 − 15,231,233,024 − 1,063,174,144 − 1,073,741,824 = 5,824,674,406
+  // bf16: / (57,344 · 16 = 917,504) = 6,348 blocks = 101,568 tokens.
+  // fp8:  / (28,672 · 16 = 458,752) = 12,696 blocks = 203,136 tokens.
+  const int64_t mem = 24LL << 30;
+  MemoryBudget b = compute_memory_budget(spec, Layout{}, 0, 0, mem, o);
+  EXPECT_EQ(b.usable_bytes, 5824674406LL);
+  EXPECT_EQ(b.n_kv_blocks, 6348);
+  EXPECT_EQ(b.n_kv_tokens, 101568);
+  o.kv_cache_dtype = KvCacheDType::kFp8;
+  EXPECT_EQ(compute_memory_budget(spec, Layout{}, 0, 0, mem, o).n_kv_tokens, 203136);
+  // 16 GiB: 15,461,882,265 budget < 15.2 GB weights + workspace + reserve: no blocks, negative usable.
+  b = compute_memory_budget(spec, Layout{}, 0, 0, 16LL << 30, o);
+  EXPECT_FALSE(b.fits());
+  EXPECT_LT(b.usable_bytes, 0);
+  EXPECT_EQ(b.n_kv_tokens, 0);
+  // CPU serve passes its pool and no reserve: 64 GiB × 1.0 − weights − workspace.
+  o.gpu_memory_utilization = 1.0;
+  o.reserve_bytes = 0;
+  b = compute_memory_budget(spec, Layout{}, 0, 0, 64LL << 30, o);
+  EXPECT_EQ(b.usable_bytes, (64LL << 30) - 15231233024LL - 1063174144LL);
+}
+
+TEST(MemoryBudget, ReplicaHoldsItsTightestRank) {
+  const ModelSpec spec = catalog_model_spec("qwen2.5-7b");
+  const Layout tp2{2, 1, 1, {}};
+  // Rank 0 on 80 GiB, rank 1 on 40 GiB: the replica holds what rank 1 holds.
+  auto budgets = compute_replica_budgets(spec, tp2, {80LL << 30, 40LL << 30}, MemoryBudgetOptions{});
+  ASSERT_EQ(budgets.size(), 2u);
+  EXPECT_GT(budgets[0].n_kv_blocks_capacity, budgets[1].n_kv_blocks_capacity);
+  // Both ranks allocate the tighter rank's blocks: the pool serve builds.
+  EXPECT_EQ(budgets[0].n_kv_blocks, budgets[1].n_kv_blocks_capacity);
+  EXPECT_EQ(budgets[1].n_kv_blocks, budgets[1].n_kv_blocks_capacity);
+  EXPECT_EQ(replica_kv_tokens(budgets), budgets[1].n_kv_blocks_capacity * 16);
+  EXPECT_EQ(budgets[0].kv_cache_bytes, budgets[0].n_kv_blocks * budgets[0].kv_block_bytes);
+  EXPECT_THROW(compute_replica_budgets(spec, tp2, {1, 2, 3}, MemoryBudgetOptions{}), Error);
+}
+
+TEST(MemoryBudget, PipelineStagesHoldTheirLayersKv) {
+  const ModelSpec spec = catalog_model_spec("qwen2.5-7b");
+  Layout pp2{1, 2, 1, {10, 18}};
+  // KV per token per stage: 2 × 4 × 128 × 2 × layers: 10 → 20,480; 18 → 36,864.
+  EXPECT_EQ(rank_kv_bytes_per_token(spec, pp2, 0, 0, KvCacheDType::kAuto), 20480);
+  EXPECT_EQ(rank_kv_bytes_per_token(spec, pp2, 0, 1, KvCacheDType::kAuto), 36864);
+  MemoryBudgetOptions o;
+  // Only the last stage carries logits; both carry the pipeline buffer 8192·3584·2 = 58,720,256.
+  EXPECT_EQ(compute_memory_budget(spec, pp2, 0, 0, 40LL << 30, o).workspace.logits, 0);
+  EXPECT_EQ(compute_memory_budget(spec, pp2, 0, 0, 40LL << 30, o).workspace.pipeline, 58720256);
+}
+
+TEST(MemoryBudget, RejectsBadOptionsWithTheFlagName) {
+  const ModelSpec spec = catalog_model_spec("qwen2.5-0.5b");
+  MemoryBudgetOptions o;
+  o.gpu_memory_utilization = 1.5;
+  try {
+    compute_memory_budget(spec, Layout{}, 0, 0, 1LL << 30, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--gpu-memory-utilization"), std::string::npos);
+  }
+  o = MemoryBudgetOptions{};
+  o.max_num_batched_tokens = 0;
+  EXPECT_THROW(compute_memory_budget(spec, Layout{}, 0, 0, 1LL << 30, o), Error);
+  EXPECT_THROW(compute_memory_budget(spec, Layout{2, 1, 1, {}}, 2, 0, 1LL << 30, MemoryBudgetOptions{}), Error);
+}
+
+TEST(MemoryBudget, JsonCarriesEveryField) {
+  const auto b = compute_memory_budget(catalog_model_spec("qwen2.5-0.5b"), Layout{}, 0, 0, 8LL << 30, MemoryBudgetOptions{});
+  const auto j = memory_budget_json(b);
+  for (const char* k : {"weight_bytes", "kv_bytes_per_token", "workspace_bytes", "reserve_bytes", "kv_cache_bytes",
+                        "n_kv_blocks", "n_kv_tokens", "usable_bytes", "budget_bytes"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["n_kv_tokens"].get<int64_t>(), b.n_kv_tokens);
+}
+
+TEST(KvDtype, Parses) {
+  KvCacheDType d;
+  ASSERT_TRUE(parse_kv_cache_dtype("fp8", &d));
+  EXPECT_EQ(kv_dtype_size(d, DType::kBF16), 1u);
+  ASSERT_TRUE(parse_kv_cache_dtype("auto", &d));
+  EXPECT_EQ(kv_dtype_size(d, DType::kF32), 4u);
+  EXPECT_FALSE(parse_kv_cache_dtype("int4", &d));
+}
+
+TEST(DeviceCatalog, ParsesGroupsAndMemorySizes) {
+  DeviceInventory inv = parse_device_inventory("6xA100-40GB");
+  ASSERT_EQ(inv.n_devices(), 6);
+  EXPECT_EQ(inv.devices[0].memory_bytes, 40536 * kMiB);  // nvidia-smi's 40,536 MiB, not 40e9
+  EXPECT_DOUBLE_EQ(inv.devices[0].memory_bandwidth, 1555e9);
+  inv = parse_device_inventory("6x24GiB");
+  EXPECT_EQ(inv.devices[5].memory_bytes, 24LL << 30);
+  EXPECT_TRUE(inv.devices[5].assumed);
+  inv = parse_device_inventory("4x80GB");
+  EXPECT_EQ(inv.devices[0].memory_bytes, 80000000000LL);
+  inv = parse_device_inventory("2xA100-80GB, 2xa100_40gb", 2);
+  ASSERT_EQ(inv.n_devices(), 4);
+  EXPECT_EQ(inv.devices[1].name, "A100-80GB");
+  EXPECT_EQ(inv.devices[2].name, "A100-40GB");
+  EXPECT_EQ(inv.node_of(1), 0);
+  EXPECT_EQ(inv.node_of(2), 1);
+  EXPECT_EQ(inv.describe(), "2x A100-80GB + 2x A100-40GB over 2 hosts");
+  EXPECT_NE(find_device("h200"), nullptr);
+  EXPECT_NE(find_device("RTX4090"), nullptr);
+}
+
+TEST(DeviceCatalog, BadInputNamesTheGroupAndTheCatalog) {
+  auto expect = [](const std::string& text, int nodes, const std::string& needle) {
+    try {
+      parse_device_inventory(text, nodes);
+      ADD_FAILURE() << text;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect("6xB300", 1, "unknown device \"B300\"");
+  expect("6xB300", 1, "A100-40GB");
+  expect("A100", 1, "no COUNTx prefix");
+  expect("0xA100-40GB", 1, "no devices");
+  expect("6xA100-40GB", 4, "--nodes 4 does not divide the 6 devices");
+  expect("6x24XB", 1, "unknown device");
+}
+
+// vLLM's verdict for a table of (model, tp), each reason worked out by hand.
+TEST(VllmRules, VerdictTable) {
+  struct Case {
+    const char* model;
+    int tp;
+    bool accepted;
+    const char* reason;
+  };
+  const std::vector<Case> cases = {
+      // Qwen2.5-7B: 28 Q heads, 4 KV heads, MLP 18944.
+      {"qwen2.5-7b", 1, true, ""},
+      {"qwen2.5-7b", 2, true, ""},
+      {"qwen2.5-7b", 4, true, ""},
+      {"qwen2.5-7b", 3, false, "Total number of attention heads (28) must be divisible by tensor parallel size (3)."},
+      {"qwen2.5-7b", 6, false, "Total number of attention heads (28) must be divisible by tensor parallel size (6)."},
+      // 28 % 7 == 0 but 7 > 4 KV heads and 7 % 4 = 3: the replication assert.
+      {"qwen2.5-7b", 7, false, "AssertionError: assert tp_size % self.total_num_kv_heads == 0"},
+      {"qwen2.5-7b", 8, false, "Total number of attention heads (28) must be divisible by tensor parallel size (8)."},
+      // Qwen2.5-14B: 40 Q heads, 8 KV heads. 40 % 5 == 0, but 5 <= 8 and 8 % 5 = 3: the partition assert.
+      {"qwen2.5-14b", 5, false, "AssertionError: assert self.total_num_kv_heads % tp_size == 0"},
+      {"qwen2.5-14b", 8, true, ""},
+      // 40 % 10 == 0; 10 > 8 and 10 % 8 = 2.
+      {"qwen2.5-14b", 10, false, "AssertionError: assert tp_size % self.total_num_kv_heads == 0"},
+      // Qwen2.5-32B also has 40 attention heads.
+      {"qwen2.5-32b", 6, false, "Total number of attention heads (40) must be divisible by tensor parallel size (6)."},
+      {"qwen2.5-32b", 5, false, "AssertionError: assert self.total_num_kv_heads % tp_size == 0"},
+      // Qwen2.5-0.5B: 14 heads, 2 KV heads, MLP 4864. TP 14: heads and KV pass (14 % 2 = 0) but
+      // gate_up_proj's 2 × 4864 = 9728 = 14 × 694 + 12.
+      {"qwen2.5-0.5b", 14, false, "AssertionError: 9728 is not divisible by 14"},
+      {"qwen2.5-0.5b", 2, true, ""},
+      // Llama-3.1-70B: 64 heads, 8 KV heads; TP 16 replicates each KV head twice.
+      {"llama-3.1-70b", 16, true, ""},
+      {"llama-3.1-70b", 6, false, "Total number of attention heads (64) must be divisible by tensor parallel size (6)."},
+  };
+  for (const auto& c : cases) {
+    const VllmVerdict v = vllm_check_layout(catalog_model_spec(c.model), Layout{c.tp, 1, 1, {}});
+    EXPECT_EQ(v.accepted, c.accepted) << c.model << " tp=" << c.tp;
+    EXPECT_EQ(v.reason, c.reason) << c.model << " tp=" << c.tp;
+  }
+  EXPECT_EQ(catalog_model_spec("qwen2.5-32b").n_heads, 40);
+}
+
+TEST(VllmRules, PipelinePartitionGivesTheRemainderToStagesBeforeTheLast) {
+  EXPECT_EQ(vllm_pp_partition(48, 3), (std::vector<int64_t>{16, 16, 16}));  // 48 = 3 × 16
+  EXPECT_EQ(vllm_pp_partition(28, 3), (std::vector<int64_t>{9, 10, 9}));    // 28 = 3 × 9 + 1 → partitions[-2]
+  EXPECT_EQ(vllm_pp_partition(64, 3), (std::vector<int64_t>{21, 22, 21}));  // 64 = 3 × 21 + 1
+  EXPECT_EQ(vllm_pp_partition(80, 3), (std::vector<int64_t>{27, 27, 26}));  // 80 = 3 × 26 + 2 → [-2], [-3]
+  EXPECT_EQ(vllm_pp_partition(28, 6), (std::vector<int64_t>{4, 5, 5, 5, 5, 4}));  // 28 = 6 × 4 + 4
+  EXPECT_EQ(vllm_pp_partition(5, 1), (std::vector<int64_t>{5}));
+}
+
+}  // namespace
+}  // namespace shardlm

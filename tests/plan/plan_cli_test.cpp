@@ -1,0 +1,248 @@
+// `shardlm plan` end to end through the binary (SHARDLM_CLI): text, --json,
+// exit codes, model directories read through their safetensors headers.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int rc = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class PlanCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* cli = std::getenv("SHARDLM_CLI");
+#ifdef SHARDLM_CLI_PATH
+    if (!cli || !*cli) cli = SHARDLM_CLI_PATH;
+#endif
+    ASSERT_NE(cli, nullptr) << "SHARDLM_CLI is not set";
+    cli_ = cli;
+    ASSERT_TRUE(fs::exists(cli_)) << cli_ << " is not built; build the shardlm target";
+    dir_ = fs::temp_directory_path() / ("shardlm_plan_cli_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Result run(const std::string& args) {
+    const fs::path err = dir_ / "stderr.txt";
+    const std::string cmd = "'" + cli_ + "' " + args + " 2>'" + err.string() + "'";
+    Result r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int status = pclose(p);
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.err = slurp(err);
+    return r;
+  }
+
+  // A tiny Qwen2 checkpoint: vocab 256, hidden 64, MLP 128, 2 layers, 4 Q / 2 KV heads (head_dim 16).
+  void write_tiny_model(const fs::path& dir, bool bad_q_shape = false) {
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << R"({"architectures":["Qwen2ForCausalLM"],"model_type":"qwen2",
+      "vocab_size":256,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
+      "num_key_value_heads":2,"rms_norm_eps":1e-06,"rope_theta":1000000.0,"max_position_embeddings":4096,
+      "tie_word_embeddings":false,"torch_dtype":"bfloat16","bos_token_id":1,"eos_token_id":2})";
+    using Shape = std::vector<int64_t>;
+    std::vector<std::pair<std::string, Shape>> file1 = {{"model.embed_tokens.weight", {256, 64}}};
+    std::vector<std::pair<std::string, Shape>> file2 = {{"model.norm.weight", {64}}, {"lm_head.weight", {256, 64}}};
+    for (int l = 0; l < 2; ++l) {
+      auto& f = l == 0 ? file1 : file2;
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      f.push_back({p + "input_layernorm.weight", {64}});
+      f.push_back({p + "self_attn.q_proj.weight", {bad_q_shape ? 60 : 64, 64}});
+      f.push_back({p + "self_attn.q_proj.bias", {64}});
+      f.push_back({p + "self_attn.k_proj.weight", {32, 64}});
+      f.push_back({p + "self_attn.k_proj.bias", {32}});
+      f.push_back({p + "self_attn.v_proj.weight", {32, 64}});
+      f.push_back({p + "self_attn.v_proj.bias", {32}});
+      f.push_back({p + "self_attn.o_proj.weight", {64, 64}});
+      f.push_back({p + "post_attention_layernorm.weight", {64}});
+      f.push_back({p + "mlp.gate_proj.weight", {128, 64}});
+      f.push_back({p + "mlp.up_proj.weight", {128, 64}});
+      f.push_back({p + "mlp.down_proj.weight", {64, 128}});
+    }
+    write_safetensors(dir / "model-00001-of-00002.safetensors", file1);
+    write_safetensors(dir / "model-00002-of-00002.safetensors", file2);
+  }
+
+  static void write_safetensors(const fs::path& path, const std::vector<std::pair<std::string, std::vector<int64_t>>>& ts) {
+    nlohmann::json header = nlohmann::json::object();
+    uint64_t offset = 0;
+    for (const auto& [name, shape] : ts) {
+      uint64_t n = 2;
+      for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+      header[name] = {{"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {offset, offset + n}}};
+      offset += n;
+    }
+    const std::string text = header.dump();
+    std::ofstream out(path, std::ios::binary);
+    uint64_t len = text.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((len >> (8 * i)) & 0xff));
+    out << text;
+    out << std::string(offset, '\0');
+  }
+
+  std::string cli_;
+  fs::path dir_;
+};
+
+bool has(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+TEST_F(PlanCli, Qwen7bOnSixA100sPrintsTheRecommendationAndVllmsRefusal) {
+  Result r = run("plan qwen2.5-7b --gpus 6xA100-40GB");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_TRUE(has(r.out, "Weights: 15,231,233,024 bytes = 15.23 GB = 14.19 GiB")) << r.out;
+  EXPECT_TRUE(has(r.out, "KV cache: 57,344 bytes per token")) << r.out;
+  EXPECT_TRUE(has(r.out, "Recommended for latency: TP=6 PP=1 DP=1")) << r.out;
+  EXPECT_TRUE(has(r.out, "shardlm serve qwen2.5-7b -tp 6 -pp 1 -dp 1 --max-model-len 32768 --max-num-seqs 8")) << r.out;
+  EXPECT_TRUE(has(r.out, "Total number of attention heads (28) must be divisible by tensor parallel size (6).")) << r.out;
+  EXPECT_TRUE(has(r.out, "vllm serve Qwen/Qwen2.5-7B-Instruct --tensor-parallel-size 4")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 0 holds 5 Q heads, rank 4 holds 4: 25.0% more attention work on rank 0")) << r.out;
+  EXPECT_TRUE(has(r.out, "GiB = 2^30 bytes, GB = 10^9 bytes")) << r.out;
+}
+
+TEST_F(PlanCli, JsonIsTheFullPlan) {
+  Result r = run("plan qwen2.5-7b --gpus 6xA100-40GB --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["recommended"]["tp"], 6);
+  // Hand-computed in memory_budget_test: rank 0 at TP6 holds 2,579,562,496 bytes, 14,336 KV B/token.
+  EXPECT_EQ(j["recommended"]["budgets"][0][0]["weight_bytes"].get<int64_t>(), 2579562496LL);
+  EXPECT_EQ(j["recommended"]["budgets"][0][0]["kv_bytes_per_token"].get<int64_t>(), 14336);
+  EXPECT_EQ(j["recommended"]["budgets"][0][0]["n_kv_blocks_capacity"].get<int64_t>(), 149100);
+  // The tightest rank is rank 1 (2 KV heads, the most weights): usable = 38,254,569,062 − 2,630,957,056
+  // − 401,137,664 − 1,073,741,824 = 34,148,732,518; / (28,672 · 16 = 458,752) = 74,438 blocks =
+  // 1,191,008 tokens, and every rank of the replica allocates that many.
+  for (int r = 0; r < 6; ++r)
+    EXPECT_EQ(j["recommended"]["budgets"][0][r]["n_kv_tokens"].get<int64_t>(), 1191008) << r;
+  EXPECT_EQ(j["recommended"]["kv_tokens_per_replica"].get<int64_t>(), 1191008);
+  EXPECT_EQ(j["layouts"].size(), 25u);
+  EXPECT_EQ(j["model"]["official_total_bytes"].get<int64_t>(), 15231233024LL);
+  EXPECT_EQ(j["fits"], true);
+}
+
+TEST_F(PlanCli, DtypeAndKvDtypeChangeTheBytes) {
+  // --dtype f32 doubles every weight: 2 × 15,231,233,024 = 30,462,466,048; the KV cache follows the
+  // weights under auto: 2 × 4 × 128 × 4 × 28 = 114,688 B/token; fp8 KV: 2 × 4 × 128 × 1 × 28 = 28,672.
+  Result f32 = run("plan qwen2.5-7b --gpus 2xH100-80GB --dtype f32 --json");
+  ASSERT_EQ(f32.rc, 0) << f32.err;
+  nlohmann::json j = nlohmann::json::parse(f32.out);
+  EXPECT_EQ(j["model"]["weight_bytes"].get<int64_t>(), 30462466048LL);
+  EXPECT_EQ(j["model"]["kv_bytes_per_token"].get<int64_t>(), 114688);
+  Result fp8 = run("plan qwen2.5-7b --gpus 2xH100-80GB --kv-cache-dtype fp8 --json");
+  ASSERT_EQ(fp8.rc, 0) << fp8.err;
+  j = nlohmann::json::parse(fp8.out);
+  EXPECT_EQ(j["model"]["kv_bytes_per_token"].get<int64_t>(), 28672);
+  EXPECT_TRUE(has(j["recommended"]["vllm_command"].get<std::string>(), "--kv-cache-dtype fp8"));
+}
+
+TEST_F(PlanCli, Qwen72bOnSix24GiBCardsExitsOneWithTheArithmetic) {
+  Result r = run("plan qwen2.5-72b --gpus 6x24GiB");
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_TRUE(has(r.out, "Nothing fits")) << r.out;
+  EXPECT_TRUE(has(r.out, "145,412,407,296 bytes (145.4 GB = 135.43 GiB)")) << r.out;
+  EXPECT_TRUE(has(r.out, "8 × 24GiB would fit")) << r.out;
+  Result j = run("plan qwen2.5-72b --gpus 6x24GiB --json");
+  EXPECT_EQ(j.rc, 1);
+  nlohmann::json plan = nlohmann::json::parse(j.out);
+  EXPECT_EQ(plan["fits"], false);
+  EXPECT_TRUE(plan["recommended"].is_null());
+}
+
+TEST_F(PlanCli, Qwen14bAtTp5IsMarkedAsRefusedByVllm) {
+  Result r = run("plan qwen2.5-14b --gpus 5xH100-80GB --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  bool seen = false;
+  for (const auto& l : j["layouts"])
+    if (l["tp"] == 5 && l["pp"] == 1 && l["dp"] == 1) {
+      seen = true;
+      EXPECT_EQ(l["vllm"]["accepted"], false);
+      EXPECT_EQ(l["vllm"]["reason"], "AssertionError: assert self.total_num_kv_heads % tp_size == 0");
+      EXPECT_EQ(l["vllm"]["rule"], "8 KV heads % TP 5 = 3, not 0");
+      EXPECT_EQ(l["vllm_command"], "");
+      EXPECT_TRUE(l["fits"].get<bool>());
+    }
+  EXPECT_TRUE(seen);
+}
+
+TEST_F(PlanCli, ExitCodes) {
+  Result unknown = run("plan no-such-model --gpus 2xH100");
+  EXPECT_EQ(unknown.rc, 1);
+  EXPECT_TRUE(has(unknown.err, "qwen2.5-7b")) << unknown.err;  // the catalog is listed
+  Result bad_gpu = run("plan qwen2.5-7b --gpus 6xB300");
+  EXPECT_EQ(bad_gpu.rc, 2);
+  EXPECT_TRUE(has(bad_gpu.err, "unknown device \"B300\"")) << bad_gpu.err;
+  Result too_long = run("plan qwen2.5-7b --gpus 1xH100 --max-model-len 100000");
+  EXPECT_EQ(too_long.rc, 2);
+  EXPECT_TRUE(has(too_long.err, "max_position_embeddings")) << too_long.err;
+  Result bad_util = run("plan qwen2.5-7b --gpus 1xH100 --gpu-memory-utilization 1.5");
+  EXPECT_EQ(bad_util.rc, 2);
+  Result bad_obj = run("plan qwen2.5-7b --gpus 1xH100 --objective fastest");
+  EXPECT_EQ(bad_obj.rc, 2);
+  Result bad_kv = run("plan qwen2.5-7b --gpus 1xH100 --kv-cache-dtype int4");
+  EXPECT_EQ(bad_kv.rc, 2);
+  Result nodes = run("plan qwen2.5-7b --gpus 3xH100 --nodes 2");
+  EXPECT_EQ(nodes.rc, 2);
+}
+
+TEST_F(PlanCli, ModelDirectoryIsSizedFromItsSafetensorsHeaders) {
+  write_tiny_model(dir_ / "tiny");
+  // By hand: embed 256·64 = 16,384; per layer norms 128 + q 4,096 + 64 + k,v 2·(2,048 + 32)
+  // + o 4,096 + MLP 3·128·64 = 24,576 → 37,120; × 2 layers = 74,240; norm 64; lm_head 16,384.
+  // 107,072 elements × 2 bytes = 214,144 bytes.
+  Result r = run("plan '" + (dir_ / "tiny").string() + "' --gpus 2x1GiB --reserve-gib 0 --max-num-batched-tokens 256 --json");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["checkpoint"]["total_bytes"].get<int64_t>(), 214144);
+  EXPECT_EQ(j["checkpoint"]["files"], 2);
+  EXPECT_EQ(j["model"]["weight_bytes"].get<int64_t>(), 214144);
+  // KV per token: 2 × 2 KV heads × 16 × 2 bytes × 2 layers = 256.
+  EXPECT_EQ(j["model"]["kv_bytes_per_token"].get<int64_t>(), 256);
+  // A config.json path works too.
+  Result c = run("plan '" + (dir_ / "tiny" / "config.json").string() + "' --gpus 1x1GiB --reserve-gib 0 --max-num-batched-tokens 256");
+  EXPECT_EQ(c.rc, 0) << c.err;
+  EXPECT_TRUE(has(c.out, "Checkpoint: 2 .safetensors file(s), 27 tensors, 214,144 bytes")) << c.out;
+}
+
+TEST_F(PlanCli, BrokenCheckpointsAreNamed) {
+  write_tiny_model(dir_ / "badshape", /*bad_q_shape=*/true);
+  Result r = run("plan '" + (dir_ / "badshape").string() + "' --gpus 1x1GiB");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(has(r.err, "model.layers.0.self_attn.q_proj.weight has shape [60, 64] but config.json implies [64, 64]"))
+      << r.err;
+
+  write_tiny_model(dir_ / "truncated");
+  fs::resize_file(dir_ / "truncated" / "model-00002-of-00002.safetensors", 100);
+  r = run("plan '" + (dir_ / "truncated").string() + "' --gpus 1x1GiB");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(has(r.err, "model-00002-of-00002.safetensors")) << r.err;
+  EXPECT_TRUE(has(r.err, "truncated")) << r.err;
+}
+
+}  // namespace

@@ -1,0 +1,268 @@
+#include <gtest/gtest.h>
+
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "core/error.h"
+#include "sched/scheduler.h"
+
+namespace shardlm {
+namespace {
+
+std::vector<int32_t> prompt_of(int32_t n, int32_t start) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), start);
+  return t;
+}
+
+// Drives a Scheduler like the engine does, with a simulated paged KV store:
+// each step writes the chunk's token ids into the slots its block table names,
+// and the "model" output for a sequence is a function of the token ids it reads
+// back from those slots. Wrong block bookkeeping (a stale prefix hit, a block
+// written by two sequences, a preempted sequence recomputed wrongly) changes
+// the outputs. Also checks every plan's invariants.
+class Driver {
+ public:
+  explicit Driver(const SchedulerConfig& c) : sched(c), kv(size_t(c.n_blocks) * c.block_size, -1) {}
+
+  void add(SeqId id, std::vector<int32_t> prompt, int32_t max_new, SeqId after = -1) {
+    sched.add(id, prompt, max_new, after);
+    max_new_[id] = max_new;
+  }
+
+  // Returns the plan after committing it.
+  StepPlan step() {
+    StepPlan plan = sched.schedule();
+    const auto& c = sched.config();
+    EXPECT_LE(plan.n_scheduled_tokens, c.max_num_batched_tokens);
+    EXPECT_LE(int32_t(plan.seqs.size()), c.max_num_seqs);
+    std::map<int32_t, SeqId> writer;  // block -> sequence writing into it this step
+    int32_t sum = 0;
+    for (const auto& s : plan.seqs) {
+      sum += s.n_tokens;
+      EXPECT_EQ(int32_t(s.token_ids.size()), s.n_tokens);
+      EXPECT_GE(int32_t(s.block_table.size()) * c.block_size, s.n_past + s.n_tokens);
+      for (int32_t p = s.n_past; p < s.n_past + s.n_tokens; ++p) {
+        int32_t b = s.block_table[p / c.block_size];
+        auto [it, fresh] = writer.emplace(b, s.seq_id);
+        EXPECT_TRUE(fresh || it->second == s.seq_id) << "block " << b << " written by two sequences";
+        EXPECT_EQ(sched.pool().is_cached(b), false) << "writing into a cached block " << b;
+      }
+    }
+    EXPECT_EQ(sum, plan.n_scheduled_tokens);
+    // Blocks referenced by several sequences must be read-only for all of them.
+    std::map<int32_t, int> n_users;
+    for (const auto& s : plan.seqs)
+      for (int32_t b : s.block_table) ++n_users[b];
+    for (const auto& [b, n] : n_users)
+      if (n > 1) EXPECT_FALSE(writer.count(b)) << "shared block " << b << " is written";
+
+    std::vector<int32_t> sampled(plan.seqs.size(), -1);
+    for (size_t k = 0; k < plan.seqs.size(); ++k) {
+      const auto& s = plan.seqs[k];
+      for (int32_t i = 0; i < s.n_tokens; ++i) slot(s, s.n_past + i) = s.token_ids[i];
+      if (s.need_logits) {
+        uint64_t h = 1469598103934665603ULL;
+        for (int32_t p = 0; p < s.n_past + s.n_tokens; ++p) h = (h ^ uint64_t(slot(s, p) + 7)) * 1099511628211ULL;
+        sampled[k] = int32_t(h % 1000);
+      }
+    }
+    sched.commit(plan, sampled);
+    for (size_t k = 0; k < plan.seqs.size(); ++k) {
+      if (sampled[k] < 0) continue;
+      SeqId id = plan.seqs[k].seq_id;
+      outputs[id].push_back(sampled[k]);
+      if (int32_t(outputs[id].size()) == max_new_[id]) sched.finish(id);
+    }
+    return plan;
+  }
+
+  void run(int max_steps = 10000) {
+    for (int i = 0; i < max_steps && !sched.idle(); ++i) step();
+    ASSERT_TRUE(sched.idle());
+  }
+
+  Scheduler sched;
+  std::map<SeqId, std::vector<int32_t>> outputs;
+
+ private:
+  int32_t& slot(const ScheduledSeq& s, int32_t pos) {
+    const int32_t bs = sched.config().block_size;
+    return kv[size_t(s.block_table[pos / bs]) * bs + pos % bs];
+  }
+  std::vector<int32_t> kv;  // [n_blocks * block_size] token id stored at each slot
+  std::map<SeqId, int32_t> max_new_;
+};
+
+SchedulerConfig small_config() {
+  SchedulerConfig c;
+  c.n_blocks = 64;
+  c.block_size = 4;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 16;
+  c.max_model_len = 128;
+  return c;
+}
+
+TEST(Scheduler, RejectsRequestsThatCanNeverFit) {
+  SchedulerConfig c = small_config();
+  try {
+    Scheduler::check_fits(c, 100, 29);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("129 tokens (100 prompt + 29 max_tokens)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("128"), std::string::npos);
+  }
+  c.n_blocks = 8;  // 32 slots
+  EXPECT_NO_THROW(Scheduler::check_fits(c, 30, 3));  // 32 slots: the last token's KV is never stored
+  try {
+    Scheduler::check_fits(c, 30, 4);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("9 KV blocks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has 8 blocks"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Scheduler::check_fits(c, 0, 4), Error);
+  EXPECT_THROW(Scheduler::check_fits(c, 4, 0), Error);
+  Scheduler s(c);
+  EXPECT_THROW(s.add(1, prompt_of(30, 0), 4), Error);
+  EXPECT_TRUE(s.idle());
+}
+
+TEST(Scheduler, ChunkedPrefillSharesStepsWithDecodes) {
+  Driver d(small_config());
+  d.add(1, prompt_of(3, 0), 20);
+  d.step();  // prompt of seq 1
+  d.add(2, prompt_of(50, 100), 2);
+  int steps_with_both = 0, n_chunks = 0;
+  for (int i = 0; i < 20 && d.sched.has(2); ++i) {
+    StepPlan p = d.step();
+    std::set<SeqId> ids;
+    for (auto& s : p.seqs) {
+      ids.insert(s.seq_id);
+      if (s.seq_id == 1) EXPECT_EQ(s.n_tokens, 1);  // decode
+      if (s.seq_id == 2 && s.n_tokens > 1) ++n_chunks;
+    }
+    if (ids.count(1) && ids.count(2)) ++steps_with_both;
+    EXPECT_LE(p.n_scheduled_tokens, 16);
+  }
+  EXPECT_GE(n_chunks, 4);  // 50 tokens at <= 15 per step
+  EXPECT_GE(steps_with_both, 4);
+  d.run();
+  EXPECT_EQ(d.outputs[2].size(), 2u);
+  EXPECT_EQ(d.outputs[1].size(), 20u);
+}
+
+TEST(Scheduler, RespectsMaxNumSeqs) {
+  SchedulerConfig c = small_config();
+  c.max_num_seqs = 3;
+  c.max_num_batched_tokens = 100;
+  Driver d(c);
+  for (int i = 0; i < 7; ++i) d.add(i, prompt_of(2, i * 10), 3);
+  StepPlan p = d.step();
+  EXPECT_EQ(p.seqs.size(), 3u);
+  EXPECT_EQ(d.sched.n_waiting(), 4);
+  d.run();
+  EXPECT_EQ(d.outputs.size(), 7u);
+}
+
+std::map<SeqId, std::vector<int32_t>> run_workload(SchedulerConfig c, int64_t* n_preempt) {
+  Driver d(c);
+  for (int i = 0; i < 6; ++i) d.add(i, prompt_of(5 + 3 * i, 1000 * i), 24);
+  d.run();
+  *n_preempt = d.sched.stats().n_preemptions;
+  EXPECT_EQ(d.sched.pool().n_used(), 0);
+  return d.outputs;
+}
+
+TEST(Scheduler, PreemptionUnderTinyPoolGivesIdenticalOutputs) {
+  SchedulerConfig big = small_config();
+  big.n_blocks = 256;
+  int64_t n0 = 0, n1 = 0;
+  auto ref = run_workload(big, &n0);
+  EXPECT_EQ(n0, 0);
+  SchedulerConfig tiny = small_config();
+  tiny.n_blocks = 12;  // 48 slots; the largest sequence needs 44
+  auto got = run_workload(tiny, &n1);
+  EXPECT_GT(n1, 0);
+  EXPECT_EQ(ref, got);
+  tiny.enable_prefix_caching = false;
+  auto got2 = run_workload(tiny, &n1);
+  EXPECT_GT(n1, 0);
+  EXPECT_EQ(ref, got2);
+}
+
+TEST(Scheduler, PrefixHitSkipsCachedTokens) {
+  Driver d(small_config());
+  auto p = prompt_of(13, 500);  // 3 full blocks of 4 + 1
+  d.add(1, p, 2);
+  d.run();
+  d.add(2, p, 2);
+  StepPlan plan = d.step();
+  ASSERT_EQ(plan.seqs.size(), 1u);
+  EXPECT_EQ(plan.seqs[0].n_past, 12);
+  EXPECT_EQ(plan.seqs[0].n_tokens, 1);
+  EXPECT_EQ(d.sched.n_prefix_hit_tokens(2), 12);
+  d.run();
+  EXPECT_EQ(d.outputs[1], d.outputs[2]);
+  auto st = d.sched.stats().prefix_cache;
+  EXPECT_EQ(st.n_query_tokens, 26);
+  EXPECT_EQ(st.n_hit_tokens, 12);
+  // A prompt of exactly 12 still computes its last token.
+  d.add(3, prompt_of(12, 500), 1);
+  plan = d.step();
+  EXPECT_EQ(plan.seqs[0].n_past, 8);
+  EXPECT_EQ(plan.seqs[0].n_tokens, 4);
+}
+
+TEST(Scheduler, SiblingsWaitForPromptThenShareItsBlocks) {
+  Driver d(small_config());
+  auto p = prompt_of(21, 0);  // 2 chunks at 16 tokens per step
+  d.add(10, p, 3);
+  d.add(11, p, 3, /*after=*/10);
+  d.add(12, p, 3, /*after=*/10);
+  StepPlan s1 = d.step();
+  ASSERT_EQ(s1.seqs.size(), 1u);
+  StepPlan s2 = d.step();  // 10 finishes its prompt; the siblings are still blocked at schedule time
+  ASSERT_EQ(s2.seqs.size(), 1u);
+  StepPlan s3 = d.step();
+  ASSERT_EQ(s3.seqs.size(), 3u);
+  for (size_t k = 1; k < 3; ++k) {
+    EXPECT_EQ(s3.seqs[k].n_past, 20);
+    for (int b = 0; b < 5; ++b) EXPECT_EQ(s3.seqs[k].block_table[b], s3.seqs[0].block_table[b]);
+  }
+  d.run();
+  EXPECT_EQ(d.outputs[10], d.outputs[11]);
+}
+
+TEST(Scheduler, FinishFreesBlocksAtOnce) {
+  Driver d(small_config());
+  d.add(1, prompt_of(30, 0), 50);
+  d.add(2, prompt_of(10, 0), 50);
+  d.step();
+  d.step();
+  EXPECT_GT(d.sched.pool().n_used(), 0);
+  d.sched.finish(1);
+  d.sched.finish(2);
+  d.sched.finish(3);  // unknown: ignored
+  EXPECT_EQ(d.sched.pool().n_used(), 0);
+  EXPECT_TRUE(d.sched.idle());
+}
+
+TEST(Scheduler, WithoutChunkingLongPromptWaitsForAFullBudget) {
+  SchedulerConfig c = small_config();
+  c.enable_chunked_prefill = false;
+  EXPECT_THROW(Scheduler{c}, Error);
+  c.max_num_batched_tokens = 128;
+  Driver d(c);
+  d.add(1, prompt_of(4, 0), 4);
+  d.add(2, prompt_of(100, 0), 4);
+  StepPlan p = d.step();
+  ASSERT_EQ(p.seqs.size(), 2u);
+  EXPECT_EQ(p.seqs[1].n_tokens, 100);
+  d.run();
+}
+
+}  // namespace
+}  // namespace shardlm
