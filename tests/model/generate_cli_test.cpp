@@ -2,6 +2,7 @@
 // `shardlm make-model`: --tp/--pp give the TP=1 tokens and logits, --json
 // is one object, --dump-logits is [vocab] f32, bad input exits 1 with reasons.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <cmath>
@@ -39,12 +40,13 @@ class GenerateCli : public ::testing::Test {
     const char* cli = std::getenv("SHARDLM_CLI");
     const char* build = std::getenv("SHARDLM_BINARY_DIR");
     cli_ = cli ? cli : SHARDLM_CLI_PATH;
-    dir_ = std::string(build ? build : SHARDLM_BUILD_DIR) + "/tests/model/generate_cli_model";
-    if (!std::filesystem::exists(dir_ + "/config.json")) {
-      Proc r = sh(cli_ + " make-model --like qwen2.5-0.5b --layers 3 --vocab 400 --intermediate 1024 --dtype bf16 --seed 11 --out " + dir_);
-      ASSERT_EQ(r.rc, 0) << r.out;
-    }
+    // ctest runs each test of this suite as its own process, several at a
+    // time: each gets its own model directory so none reads a half-written one.
+    dir_ = std::string(build ? build : SHARDLM_BUILD_DIR) + "/tests/model/generate_cli_model." + std::to_string(getpid());
+    Proc r = sh(cli_ + " make-model --like qwen2.5-0.5b --layers 3 --vocab 400 --intermediate 1024 --dtype bf16 --seed 11 --out " + dir_);
+    ASSERT_EQ(r.rc, 0) << r.out;
   }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
   static std::string cli_, dir_;
 };
 std::string GenerateCli::cli_, GenerateCli::dir_;
