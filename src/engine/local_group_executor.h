@@ -46,6 +46,16 @@ class LocalGroupExecutor final : public ModelExecutor {
   // Bytes one KV block takes on rank 0 (what the block pool divides by).
   int64_t kv_block_bytes_rank0() const { return kv_block_bytes_rank0_; }
 
+  // What each rank holds once loaded, in rank order (tp fastest): the
+  // startup log prints these beside plan's prediction.
+  struct RankMemory {
+    int tp_rank = 0;
+    int pp_rank = 0;
+    int64_t weight_bytes = 0;    // checkpoint views + column-slice copies
+    int64_t kv_cache_bytes = 0;  // K + V blocks allocated
+  };
+  const std::vector<RankMemory>& rank_memory() const { return rank_memory_; }
+
  private:
   void run_rank(int rank);
 
@@ -55,6 +65,7 @@ class LocalGroupExecutor final : public ModelExecutor {
   int n_ranks_;
   int64_t vocab_size_;
   int64_t kv_block_bytes_rank0_ = 0;
+  std::vector<RankMemory> rank_memory_;
 
   std::mutex mutex_;
   std::condition_variable cv_;

@@ -2,6 +2,7 @@
 // `shardlm make-model`: --tp/--pp give the TP=1 tokens and logits, --json
 // is one object, --dump-logits is [vocab] f32, bad input exits 1 with reasons.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <cmath>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "tokenizer/tokenizer.h"
 
 namespace {
 
@@ -37,12 +40,13 @@ class GenerateCli : public ::testing::Test {
     const char* cli = std::getenv("SHARDLM_CLI");
     const char* build = std::getenv("SHARDLM_BINARY_DIR");
     cli_ = cli ? cli : SHARDLM_CLI_PATH;
-    dir_ = std::string(build ? build : SHARDLM_BUILD_DIR) + "/tests/model/generate_cli_model";
-    if (!std::filesystem::exists(dir_ + "/config.json")) {
-      Proc r = sh(cli_ + " make-model --like qwen2.5-0.5b --layers 3 --vocab 400 --intermediate 1024 --dtype bf16 --seed 11 --out " + dir_);
-      ASSERT_EQ(r.rc, 0) << r.out;
-    }
+    // ctest runs each test of this suite as its own process, several at a
+    // time: each gets its own model directory so none reads a half-written one.
+    dir_ = std::string(build ? build : SHARDLM_BUILD_DIR) + "/tests/model/generate_cli_model." + std::to_string(getpid());
+    Proc r = sh(cli_ + " make-model --like qwen2.5-0.5b --layers 3 --vocab 400 --intermediate 1024 --dtype bf16 --seed 11 --out " + dir_);
+    ASSERT_EQ(r.rc, 0) << r.out;
   }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
   static std::string cli_, dir_;
 };
 std::string GenerateCli::cli_, GenerateCli::dir_;
@@ -108,6 +112,22 @@ TEST_F(GenerateCli, PromptTextIsTokenizedAndOutputDetokenized) {
   EXPECT_EQ(ji["token_ids"], jt["token_ids"]);
   EXPECT_EQ(ji["text"], jt["text"]);
   EXPECT_FALSE(jt["text"].get<std::string>().empty());
+}
+
+TEST_F(GenerateCli, ChatRendersTheTemplateOrSaysWhyNot) {
+  Proc c = sh(cli_ + " generate " + dir_ + " --chat 'Hello there' --max-tokens 3 --json");
+#if __has_include("tokenizer/chat_template/chat_template.h")
+  ASSERT_EQ(c.rc, 0) << c.out;
+  // make-model's Qwen2.5 template with one user message, as jinja2 renders it.
+  const std::string rendered =
+      "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  const auto want = shardlm::Tokenizer::load(dir_).encode(rendered, /*add_special_tokens=*/false);
+  EXPECT_EQ(nlohmann::json::parse(c.out)["prompt_token_ids"], nlohmann::json(want));
+#else
+  EXPECT_EQ(c.rc, 1);
+  EXPECT_NE(c.out.find("--chat needs the chat template renderer"), std::string::npos) << c.out;
+#endif
 }
 
 TEST_F(GenerateCli, BadInputsExplainThemselves) {
