@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/serve_mpi.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "server/engine_backend.h"
@@ -40,6 +41,9 @@ struct ServeOptions {
 };
 
 int run_serve(const ServeOptions& o) {
+  // Under mpirun the ranks are processes: only each replica's driver serves.
+  ServeMpi mpi(o.model, Layout{o.tp, o.pp, o.dp, o.pp_layer_partition}, o.host, o.port);
+  if (!mpi.is_driver()) return mpi.run_worker();
   server::EngineBackendOptions bo;
   bo.model_dir = o.model;
   if (!std::filesystem::is_directory(bo.model_dir))
@@ -62,6 +66,7 @@ int run_serve(const ServeOptions& o) {
   if (!o.kv_cache_memory.empty()) bo.kv_cache_memory_bytes = parse_bytes(o.kv_cache_memory, "--kv-cache-memory");
   bo.memory_utilization = o.gpu_memory_utilization;
   bo.max_waiting_requests = o.max_pending_requests;
+  mpi.attach(&bo);
 
   std::string api_key = o.api_key;
   if (api_key.empty())
@@ -70,7 +75,7 @@ int run_serve(const ServeOptions& o) {
   server::EngineBackend backend(bo);
   server::ServerOptions so;
   so.host = o.host;
-  so.port = o.port;
+  so.port = mpi.port();
   so.served_model_names = names;
   so.api_key = api_key;
   so.max_body_bytes = o.max_body_bytes;

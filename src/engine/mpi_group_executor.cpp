@@ -88,7 +88,6 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
     fail(ErrorCode::kInvalidArgument, "mpirun started ", world.size(), " processes but ", layout.to_string(), " needs ",
          layout.world_size(), " (tp × pp × dp = ", layout.tp, " × ", layout.pp, " × ", layout.dp,
          "); run mpirun -np ", layout.world_size(), " or change -tp/-pp/-dp");
-  if (options.n_blocks < 1) fail(ErrorCode::kInvalidArgument, "executor: n_blocks must be >= 1, got ", options.n_blocks);
   world_config_.rank = world.rank();
   world_config_.layout = layout;
   dp_rank_ = world_config_.dp_rank();
@@ -100,6 +99,15 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
     validate_layout(spec, replica_layout);
     // Replica ranks ordered as in the world: tp fastest, then pp.
     replica_ = world.split(dp_rank_, world.rank());
+    // The driver's KV geometry wins: it sized the cache for its scheduler.
+    int64_t geometry[3] = {options_.n_blocks, options_.block_size, static_cast<int64_t>(options_.kv_dtype)};
+    replica_->broadcast(geometry, sizeof geometry, 0);
+    options_.n_blocks = geometry[0];
+    options_.block_size = geometry[1];
+    options_.kv_dtype = static_cast<DType>(geometry[2]);
+    if (options_.n_blocks < 1 || options_.block_size < 1)
+      fail(ErrorCode::kInvalidArgument, "executor: n_blocks and block_size must be >= 1, got ", options_.n_blocks, " and ",
+           options_.block_size);
     comms_ = split_rank_comms(*replica_, replica_layout);
     const int tp_rank = replica_->rank() % layout.tp, pp_rank = replica_->rank() / layout.tp;
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -110,13 +118,13 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
       fail(ErrorCode::kInternal, "SHARDLM_TEST_FAIL_RANK=", s, ": this rank fails its load on purpose");
     model_ = CausalLM::load(spec, open_checkpoint(options.model_dir), replica_layout, tp_rank, pp_rank, *comms_.tp,
                             *comms_.pp);
-    cache_ = model_->make_kv_cache(options.n_blocks, options.block_size, options.kv_dtype);
+    cache_ = model_->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype);
     RankBytes mine;
     mine.world_rank = world.rank();
     mine.tp_rank = tp_rank;
     mine.pp_rank = pp_rank;
     mine.weight_bytes = model_->weight_bytes();
-    mine.kv_bytes = model_->kv_block_bytes(options.block_size, options.kv_dtype) * options.n_blocks;
+    mine.kv_bytes = model_->kv_block_bytes(options_.block_size, options_.kv_dtype) * options_.n_blocks;
     // Every rank reports to its driver; the driver keeps them in replica rank order.
     rank_bytes_.assign(1, mine);
     if (is_driver()) {

@@ -37,6 +37,8 @@ namespace shardlm {
 struct MpiGroupOptions {
   std::filesystem::path model_dir;  // config.json + *.safetensors: the same path on every host
   Layout layout;                    // tp x pp x dp == world size
+  // KV geometry; the driver's values are broadcast to its replica, so the
+  // workers' are ignored (serve's workers do not size the cache).
   int64_t n_blocks = 0;             // KV blocks per rank: must equal SchedulerConfig::n_blocks
   int64_t block_size = 16;          // must equal SchedulerConfig::block_size
   DType kv_dtype = DType::kBF16;

@@ -93,7 +93,7 @@ class EngineStream final : public RequestStream {
 }  // namespace
 
 struct EngineBackend::Replica {
-  std::unique_ptr<LocalGroupExecutor> executor;
+  std::unique_ptr<ModelExecutor> executor;
   std::unique_ptr<Engine> engine;
 };
 
@@ -209,10 +209,17 @@ void EngineBackend::load() {
     lo.block_size = options_.block_size;
     lo.kv_dtype = kv_dtype;
     lo.n_threads_per_rank = std::max(1, static_cast<int>(hw) / n_ranks_total);
-    r->executor = std::make_unique<LocalGroupExecutor>(spec, weights, lo);
+    std::vector<LocalGroupExecutor::RankMemory> allocated;
+    if (options_.make_executor) {
+      r->executor = options_.make_executor(spec, lo, &allocated);
+    } else {
+      auto local = std::make_unique<LocalGroupExecutor>(spec, weights, lo);
+      allocated = local->rank_memory();
+      r->executor = std::move(local);
+    }
     r->engine = std::make_unique<Engine>(ec, *r->executor, detokenizer_.get());
     r->engine->start();
-    if (d == 0) report_.allocated = r->executor->rank_memory();
+    if (d == 0) report_.allocated = allocated;
     replicas_.push_back(std::move(r));
   }
   routing_ = std::make_unique<RoutingPolicy>(replicas_.size());

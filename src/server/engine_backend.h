@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,12 @@ struct EngineBackendOptions {
   int64_t kv_cache_memory_bytes = 0;     // > 0: exactly this much KV cache per rank
   double memory_utilization = 0.0;       // > 0: fraction of system RAM (like --gpu-memory-utilization)
   int64_t max_waiting_requests = 1024;   // more live requests than this: 429
+  // Builds a replica's executor; unset: a LocalGroupExecutor (ranks as
+  // threads). serve under mpirun sets an MpiGroupExecutor (ranks as
+  // processes). Fills *allocated with what each rank of the replica holds.
+  std::function<std::unique_ptr<ModelExecutor>(const ModelSpec& spec, const LocalGroupOptions& options,
+                                               std::vector<LocalGroupExecutor::RankMemory>* allocated)>
+      make_executor;
 };
 
 // What was decided and allocated at load: printed at startup, exposed for tests.
