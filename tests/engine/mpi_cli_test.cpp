@@ -5,7 +5,13 @@
 // weight bytes equal plan's rank_weight_bytes, a world of the wrong size is
 // refused naming both numbers, and a rank that fails stops the whole run
 // within seconds naming it.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
@@ -194,5 +200,84 @@ TEST_F(MpiGenerate, AMissingTensorOnlyTheLastStageReadsStopsTheRun) {
       << r.err;
   EXPECT_NE(r.err.find("model.layers.4.mlp.down_proj.weight"), std::string::npos) << r.err;
 }
+
+// A free TCP port on loopback (bound, read, released).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// `mpirun -np tp*dp shardlm serve --tp tp --dp dp`: every replica's driver
+// answers /v1/completions on port + d with the TP=1 greedy text; rank 0 logs
+// the router line naming every replica.
+void serve_matches_tp1(const std::string& cli, const std::string& root, const std::string& dir, int tp, int dp) {
+  const std::string prompt = "3,141,59,26,5,35,8";
+  Proc one = run(cli + " generate " + dir + " --prompt-ids " + prompt + " --max-tokens 6 --json", "serve_tp1");
+  ASSERT_EQ(one.rc, 0) << one.out << one.err;
+  const auto want = nlohmann::json::parse(one.out);
+  const int port = free_port() / 2 * 2;  // keep port + 1 nearby
+  const std::string log = root + "/mpi_serve_tp" + std::to_string(tp) + "dp" + std::to_string(dp) + ".log";
+  const std::string cmd = std::string(SHARDLM_MPIRUN_PATH) +
+                          " --oversubscribe --allow-run-as-root --mca btl self,vader -np " + std::to_string(tp * dp) +
+                          " " + cli + " serve " + dir + " --tp " + std::to_string(tp) + " --dp " + std::to_string(dp) +
+                          " --host 127.0.0.1 --port " + std::to_string(port) + " --kv-cache-memory 8MiB";
+  Proc started = run("sh -c '" + cmd + " >" + log + " 2>&1 & echo $!'", "serve_start");
+  const int pid = std::stoi(started.out);
+  auto log_text = [&] {
+    std::ifstream in(log);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  for (int d = 0; d < dp; ++d) {
+    const std::string base = "http://127.0.0.1:" + std::to_string(port + d);
+    bool ready = false;
+    for (int i = 0; i < 300 && !ready; ++i) {
+      Proc h = run("curl -s -o /dev/null -w '%{http_code}' " + base + "/health", "serve_health");
+      ready = h.out == "200";
+      if (!ready) usleep(100000);
+    }
+    ASSERT_TRUE(ready) << "replica " << d << " did not become ready:\n" << log_text();
+    const std::string body = R"({"model":")" + dir + R"(","prompt":[)" + prompt +
+                             R"(],"max_tokens":6,"temperature":0})";
+    Proc c = run("curl -s " + base + "/v1/completions -H 'Content-Type: application/json' -d '" + body + "'",
+                 "serve_completion");
+    ASSERT_EQ(c.rc, 0) << c.err;
+    const auto j = nlohmann::json::parse(c.out);
+    ASSERT_TRUE(j.contains("choices")) << c.out;
+    EXPECT_EQ(j["choices"][0]["text"], want["text"]) << "replica " << d << ": " << c.out;
+    EXPECT_EQ(j["usage"]["completion_tokens"], want["token_ids"].size()) << c.out;
+  }
+  kill(pid, SIGTERM);
+  // mpirun is not our child (sh started it): poll until it is gone.
+  bool gone = false;
+  for (int i = 0; i < 300 && !gone; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string pid_s, comm, state;
+    stat >> pid_s >> comm >> state;
+    gone = kill(pid, 0) != 0 || state == "Z";  // a zombie nobody reaps has exited too
+    if (!gone) usleep(100000);
+  }
+  EXPECT_TRUE(gone) << "mpirun still running 30 s after SIGTERM";
+  if (!gone) kill(pid, SIGKILL);
+  const std::string text = log_text();
+  std::string router = "shardlm router";
+  for (int d = 0; d < dp; ++d) router += " --backend http://127.0.0.1:" + std::to_string(port + d);
+  EXPECT_NE(text.find(router), std::string::npos) << text;
+  // rank 0's load report: every rank of the replica holds what plan predicted.
+  EXPECT_NE(text.find("(as planned)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("DIFFERS from plan"), std::string::npos) << text;
+}
+
+TEST_F(MpiGenerate, ServeTp2AnswersWithTheTp1Tokens) { serve_matches_tp1(cli_, root_, m7_, 2, 1); }
+TEST_F(MpiGenerate, ServeTp2Dp2ReplicasOnTwoPorts) { serve_matches_tp1(cli_, root_, m7_, 2, 2); }
 
 }  // namespace
