@@ -127,6 +127,11 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int provided = 0;
   int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
   if (rc != MPI_SUCCESS) fail(ErrorCode::kDistributed, "MPI_Init_thread failed (code ", rc, ")");
+  if (provided < MPI_THREAD_SERIALIZED) {
+    MPI_Finalize();
+    fail(ErrorCode::kUnsupported, "this MPI library gives thread level ", provided, ", below MPI_THREAD_SERIALIZED (",
+         MPI_THREAD_SERIALIZED, ") which serve's engine thread needs; use an OpenMPI built with thread support");
+  }
 }
 
 MpiRuntime::~MpiRuntime() {
