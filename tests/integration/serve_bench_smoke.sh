@@ -11,7 +11,7 @@ n_prompts=6
 SHARDLM=$SHARDLM_CLI OUT=$out CONCURRENCY=1,3 NUM_PROMPTS=$n_prompts INPUT_LEN=24 OUTPUT_LEN=8 HEALTH_TIMEOUT=60 \
   MODEL_ARGS="--vocab 2048 --hidden 128 --intermediate 256 --heads 4 --kv-heads 2 --dtype f32" \
   SERVE_ARGS="--max-model-len 256 --kv-cache-memory 16777216" \
-  BENCH_ARGS="--timeout 30" \
+  BENCH_ARGS="--timeout 30 --range-ratio 0" \
   bash "$SHARDLM_SOURCE_DIR/bench/serve_bench.sh" || { echo "FAIL: serve_bench.sh exited $?" >&2; cat "$out/serve.log" >&2 || true; exit 1; }
 /usr/bin/python3 - "$out/sweep.json" "$n_prompts" <<'PY'
 import json, sys

@@ -357,6 +357,8 @@ test('malformed and hostile bodies get OpenAI-shaped 4xx errors, never a crash',
     ['logprobs = 10^6', '/v1/completions', { prompt: 'x', max_tokens: 1, logprobs: 1e6 }, {}],
     ['top_logprobs = 10^6', '/v1/chat/completions', { ...chat, logprobs: true, top_logprobs: 1e6 }, {}],
     ['token id beyond the vocabulary', '/v1/completions', { prompt: [1, 2, 2048], max_tokens: 2 }, {}],
+    // The synthetic tokenizer has 659 ids, the model 2048 rows: 1000 is a model token with no text.
+    ['token id without a tokenizer entry', '/v1/completions', { prompt: [1, 1000, 2], max_tokens: 2 }, 'any'],
     ['token id 2^31-1', '/v1/completions', { prompt: [2147483647], max_tokens: 2 }, {}],
     ['negative token id', '/v1/completions', { prompt: [1, -5], max_tokens: 2 }, {}],
     ['stop_token_ids beyond the vocabulary', '/v1/completions', { prompt: 'x', max_tokens: 2, stop_token_ids: [99999999] }, 'ok'],
