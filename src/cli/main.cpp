@@ -21,7 +21,30 @@ void set_command_action(CLI::App* sub, std::function<int()> action) {
 
 }  // namespace shardlm::cli
 
+namespace {
+
+// vLLM spells its parallelism flags -tp/-pp/-dp; CLI11 short options are one
+// letter, so those spellings become the long names before parsing.
+std::vector<std::string> rewrite_vllm_short_flags(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (auto& a : args) {
+    for (const auto& [short_name, long_name] : {std::pair<std::string, std::string>{"-tp", "--tensor-parallel-size"},
+                                                {"-pp", "--pipeline-parallel-size"},
+                                                {"-dp", "--data-parallel-size"}}) {
+      if (a == short_name) a = long_name;
+      else if (a.rfind(short_name + "=", 0) == 0) a = long_name + a.substr(short_name.size());
+    }
+  }
+  return args;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  std::vector<std::string> args = rewrite_vllm_short_flags(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (auto& a : args) arg_ptrs.push_back(a.data());
+  argv = arg_ptrs.data();
   CLI::App app{"shardlm: serve large language models across any number of devices"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(SHARDLM_VERSION));

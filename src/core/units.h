@@ -17,3 +17,9 @@ std::string format_gib(double bytes, int decimals = 2);
 std::string format_gb(double bytes, int decimals = 2);
 
 }  // namespace shardlm
+
+namespace shardlm {
+// "4GiB", "512MiB", "2GB", "1.5G" (= GiB), "1048576" -> bytes. Throws
+// Error(kInvalidArgument) naming `what` (e.g. "--kv-cache-memory") otherwise.
+int64_t parse_bytes(const std::string& text, const std::string& what);
+}  // namespace shardlm

@@ -26,6 +26,12 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
       vocab_size_(executor.vocab_size()),
       sched_(config.scheduler) {
   if (vocab_size_ < 1) fail(ErrorCode::kInvalidArgument, "engine: model vocab_size must be >= 1, got ", vocab_size_);
+  const auto& sc = config.scheduler;
+  if ((executor.n_kv_blocks() > 0 && executor.n_kv_blocks() != sc.n_blocks) ||
+      (executor.kv_block_size() > 0 && executor.kv_block_size() != sc.block_size))
+    fail(ErrorCode::kInvalidArgument, "engine: the model's KV cache has ", executor.n_kv_blocks(), " blocks of ",
+         executor.kv_block_size(), " tokens but the scheduler was configured for ", sc.n_blocks, " blocks of ",
+         sc.block_size, "; build both from the same numbers");
   update_gauges();
 }
 

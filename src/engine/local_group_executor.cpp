@@ -23,6 +23,7 @@ LocalGroupExecutor::LocalGroupExecutor(const ModelSpec& spec, std::shared_ptr<co
     fail(ErrorCode::kInvalidArgument, "an executor runs one replica: DP must be 1 here, got ", options.layout.dp);
   if (options.n_blocks < 1) fail(ErrorCode::kInvalidArgument, "executor: n_blocks must be >= 1, got ", options.n_blocks);
   validate_layout(spec_, options.layout);
+  rank_memory_.resize(n_ranks_);
   auto world = std::make_shared<World>();
   world->comms = LocalComm::create_world(n_ranks_);
   world_ = world;
@@ -65,6 +66,7 @@ void LocalGroupExecutor::run_rank(int rank) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (rank == 0) kv_block_bytes_rank0_ = model->kv_block_bytes(options_.block_size, options_.kv_dtype);
+      rank_memory_[rank] = RankMemory{tp_rank, pp_rank, model->weight_bytes(), cache.bytes()};
       ++n_loaded_;
       loaded = true;
     }

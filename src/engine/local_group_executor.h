@@ -40,9 +40,21 @@ class LocalGroupExecutor final : public ModelExecutor {
 
   int64_t vocab_size() const override { return vocab_size_; }
   void execute(const ForwardBatch& batch, float* logits) override;
+  int64_t n_kv_blocks() const override { return options_.n_blocks; }
+  int64_t kv_block_size() const override { return options_.block_size; }
 
   // Bytes one KV block takes on rank 0 (what the block pool divides by).
   int64_t kv_block_bytes_rank0() const { return kv_block_bytes_rank0_; }
+
+  // What each rank holds once loaded, in rank order (tp fastest): the
+  // startup log prints these beside plan's prediction.
+  struct RankMemory {
+    int tp_rank = 0;
+    int pp_rank = 0;
+    int64_t weight_bytes = 0;    // checkpoint views + column-slice copies
+    int64_t kv_cache_bytes = 0;  // K + V blocks allocated
+  };
+  const std::vector<RankMemory>& rank_memory() const { return rank_memory_; }
 
  private:
   void run_rank(int rank);
@@ -53,6 +65,7 @@ class LocalGroupExecutor final : public ModelExecutor {
   int n_ranks_;
   int64_t vocab_size_;
   int64_t kv_block_bytes_rank0_ = 0;
+  std::vector<RankMemory> rank_memory_;
 
   std::mutex mutex_;
   std::condition_variable cv_;

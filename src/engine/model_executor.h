@@ -17,6 +17,10 @@ class ModelExecutor {
   // logits: [batch.n_logits(), vocab_size()] row-major, one row per sequence
   // with need_logits, in batch.seqs order. Throws shardlm::Error on failure.
   virtual void execute(const ForwardBatch& batch, float* logits) = 0;
+  // KV geometry the executor allocated, checked against the engine's
+  // SchedulerConfig at construction; 0 = not known (fakes).
+  virtual int64_t n_kv_blocks() const { return 0; }
+  virtual int64_t kv_block_size() const { return 0; }
 };
 
 }  // namespace shardlm

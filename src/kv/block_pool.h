@@ -11,6 +11,8 @@
 // and no never-cached free block is left.
 #pragma once
 
+#include "core/defaults.h"
+
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -20,7 +22,6 @@ namespace shardlm {
 
 using BlockHash = uint64_t;
 
-inline constexpr int32_t kDefaultBlockSize = 16;
 inline constexpr BlockHash kRootBlockHash = 0x5348'4152'444c'4d00ULL;  // parent hash of block 0
 
 // XXH3-64 of (parent, tokens): chains, so a block's hash covers its whole prefix.

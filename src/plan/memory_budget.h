@@ -4,6 +4,8 @@
 // plan shows are the numbers serve allocates.
 #pragma once
 
+#include "core/defaults.h"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -31,7 +33,6 @@ bool parse_kv_cache_dtype(std::string_view text, KvCacheDType* out);
 // 4 MiB × channels × peers) and allocator fragmentation. 1 GiB is a stated
 // round figure; serve on CPU passes 0.
 constexpr int64_t kDefaultGpuReserveBytes = int64_t{1} << 30;
-constexpr int64_t kDefaultBlockSize = 16;  // tokens per KV block (vLLM's default)
 
 struct MemoryBudgetOptions {
   double gpu_memory_utilization = 0.9;  // fraction of the device memory this process may use

@@ -50,6 +50,8 @@ void run_engine_against_reference(int tp, int pp, int32_t n_blocks, bool expect_
   LocalGroupExecutor executor(spec, weights, gopt);
   EXPECT_GT(executor.kv_block_bytes_rank0(), 0);
   EngineConfig cfg;
+  cfg.scheduler.n_blocks = n_blocks + 1;
+  EXPECT_THROW({ Engine bad(cfg, executor); }, Error);  // KV geometry must agree with the executor's
   cfg.scheduler.n_blocks = n_blocks;
   cfg.scheduler.block_size = 4;
   cfg.scheduler.max_num_batched_tokens = 16;  // prompts of up to 26 tokens are chunked

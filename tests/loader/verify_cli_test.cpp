@@ -59,6 +59,24 @@ TEST(VerifyCli, ListsEveryProblem) {
             "again\n");
 }
 
+TEST(VerifyCli, BytesPastTheLastTensorAreReportedAsAWarning) {
+  auto dir = testing::fresh_dir("verify_trailing");
+  write_tiny_model(dir, kTinyConfig);
+  auto path = dir / "model.safetensors";
+  auto bytes = testing::read_bytes(path);
+  const size_t whole = bytes.size();
+  ASSERT_TRUE(whole > 11552 && whole < 1000000);  // 11,552 data bytes + header: one comma below
+  bytes.resize(whole + 16);
+  testing::write_bytes(path, bytes);
+  CliRun r = verify(q(dir));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.out, "1 problem in " + dir.string() + ":\n  warning: model.safetensors: the last tensor ends at byte " +
+                       std::to_string(whole).insert(std::to_string(whole).size() - 3, ",") + " but the file has " +
+                       std::to_string(whole + 16).insert(std::to_string(whole + 16).size() - 3, ",") +
+                       " bytes (16 bytes belong to no tensor); loading ignores them; download the file again if it "
+                       "should match the published one\n");
+}
+
 TEST(VerifyCli, JsonReport) {
   auto dir = testing::fresh_dir("verify_json");
   write_tiny_model(dir, kTinyConfig, {.n_shards = 2, .reshape = {{"model.layers.1.self_attn.k_proj.weight", {4, 16}}}});

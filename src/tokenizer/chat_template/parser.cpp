@@ -150,18 +150,12 @@ class Lexer {
       char sign = start + 2 < n && (src_[start + 2] == '-' || src_[start + 2] == '+') ? src_[start + 2] : 0;
       std::string text = src_.substr(pos_, start - pos_);
       int text_line = line_;
-      if (sign == '-') {
-        text = rstrip_python(text);
-      } else if (sign != '+' && kind != '{') {
-        size_t nl = text.rfind('\n');
-        size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
-        if ((l_pos > 0 || line_starting) && l_pos < text.size() &&
-            skip_python_space(text, l_pos) == text.size())
-          text.resize(l_pos);
-      }
+      strip_before_tag(text, sign, kind != '{', line_starting);
       if (!text.empty()) emit(Tok::kData, std::move(text), text_line);
       advance_to(start + 2 + (sign ? 1 : 0));
-      if (kind == '#') {
+      if (kind == '%' && lex_raw()) {
+        // {% raw %}...{% endraw %} became one data token
+      } else if (kind == '#') {
         size_t end = src_.find("#}", pos_);
         if (end == std::string::npos) syntax_error(line_, "missing end of comment tag '#}'");
         char before = end > pos_ ? src_[end - 1] : 0;
@@ -179,6 +173,58 @@ class Lexer {
   }
 
  private:
+  // Whitespace control for the text before a tag: '-' strips all trailing whitespace;
+  // lstrip_blocks strips spaces between the line start and a block or comment tag.
+  static void strip_before_tag(std::string& text, char sign, bool is_block, bool line_starting) {
+    if (sign == '-') {
+      text = rstrip_python(text);
+    } else if (sign != '+' && is_block) {
+      size_t nl = text.rfind('\n');
+      size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
+      if ((l_pos > 0 || line_starting) && l_pos < text.size() && skip_python_space(text, l_pos) == text.size())
+        text.resize(l_pos);
+    }
+  }
+
+  // At pos_ just after "{%" (and its sign): if this is `raw %}`, consumes through the
+  // matching `{% endraw %}`, emits the raw text as data and returns true.
+  bool lex_raw() {
+    const size_t n = src_.size();
+    size_t p = pos_;
+    while (p < n && is_space(src_[p])) ++p;
+    if (src_.compare(p, 3, "raw") != 0) return false;
+    p += 3;
+    size_t q = p;
+    while (q < n && is_space(src_[q])) ++q;
+    if (q == p && q < n && src_[q] != '-' && src_[q] != '%') return false;  // e.g. {% rawness %}
+    bool dash = src_.compare(q, 3, "-%}") == 0;
+    if (!dash && src_.compare(q, 2, "%}") != 0) return false;
+    int begin_line = line_;
+    size_t body = dash ? skip_python_space(src_, q + 3) : q + 2;
+    bool line_starting = src_[body - 1] == '\n';
+    for (size_t s = src_.find("{%", body); s != std::string::npos; s = src_.find("{%", s + 2)) {
+      size_t e = s + 2;
+      char sign = e < n && (src_[e] == '-' || src_[e] == '+') ? src_[e] : 0;
+      if (sign) ++e;
+      while (e < n && is_space(src_[e])) ++e;
+      if (src_.compare(e, 6, "endraw") != 0) continue;
+      e += 6;
+      while (e < n && is_space(src_[e])) ++e;
+      size_t after;
+      if (src_.compare(e, 3, "+%}") == 0) after = e + 3;
+      else if (src_.compare(e, 3, "-%}") == 0) after = skip_python_space(src_, e + 3);
+      else if (src_.compare(e, 2, "%}") == 0) after = e + 2 < n && src_[e + 2] == '\n' ? e + 3 : e + 2;
+      else continue;
+      std::string text = src_.substr(body, s - body);
+      strip_before_tag(text, sign, true, line_starting);
+      advance_to(body);
+      if (!text.empty()) emit(Tok::kData, std::move(text), line_);
+      advance_to(after);
+      return true;
+    }
+    syntax_error(begin_line, "missing end of raw directive '{% endraw %}'");
+  }
+
   size_t find_tag(size_t from) const {
     for (size_t i = src_.find('{', from); i != std::string::npos; i = src_.find('{', i + 1)) {
       if (i + 1 < src_.size() && (src_[i + 1] == '{' || src_[i + 1] == '%' || src_[i + 1] == '#')) return i;
@@ -493,7 +539,9 @@ class Parser {
       }
       if (is_name("recursive")) syntax_error(cur().line, "recursive for loops are not supported");
       expect(Tok::kBlockEnd);
+      ++loop_depth_;
       s->body = subparse({"endfor", "else"});
+      --loop_depth_;
       if (is_name("else")) {
         next();
         expect(Tok::kBlockEnd);
@@ -538,11 +586,15 @@ class Parser {
       }
       next();
       expect(Tok::kBlockEnd);
+      int saved_loop_depth = loop_depth_;  // a macro body is not inside the caller's loop
+      loop_depth_ = 0;
       s->body = subparse({"endmacro"});
+      loop_depth_ = saved_loop_depth;
       next();  // endmacro
       if (cur().kind == Tok::kName && cur().text == s->name) next();
     } else if (tag == "break" || tag == "continue") {
       s->kind = tag == "break" ? StmtKind::kBreak : StmtKind::kContinue;
+      if (loop_depth_ == 0) syntax_error(line, "'" + tag + "' outside of a for loop");
       next();
     } else if (tag == "generation") {
       // transformers' AssistantTracker tag: marks assistant text, renders its body unchanged.
@@ -979,6 +1031,7 @@ class Parser {
   size_t i_ = 0;
   const Limits& limits_;
   int depth_ = 0;
+  int loop_depth_ = 0;  // enclosing for-loop bodies, for break/continue
 };
 
 }  // namespace

@@ -21,7 +21,24 @@ Value* Dict::find(std::string_view key) {
   return nullptr;
 }
 
+namespace {
+
+void check_depth(uint32_t depth) {
+  if (depth > kMaxValueDepth)
+    fail(ErrorCode::kInvalidArgument, "chat template: values nest deeper than ", kMaxValueDepth, " levels");
+}
+
+}  // namespace
+
+uint32_t Value::depth() const {
+  if (is_list()) return as_list()->depth;
+  if (is_dict()) return as_dict()->depth;
+  return 0;
+}
+
 void Dict::set(const std::string& key, Value value) {
+  depth = std::max(depth, value.depth() + 1);
+  check_depth(depth);
   if (Value* v = find(key))
     *v = std::move(value);
   else
@@ -37,6 +54,8 @@ const Value* CallArgs::get(size_t index, std::string_view name) const {
 
 Value Value::list(std::vector<Value> items, bool is_tuple) {
   auto l = std::make_shared<List>();
+  for (const Value& v : items) l->depth = std::max(l->depth, v.depth() + 1);
+  check_depth(l->depth);
   l->items = std::move(items);
   l->is_tuple = is_tuple;
   return Value(std::move(l));
@@ -52,6 +71,19 @@ Value Value::callable(std::string name, std::function<Value(Interpreter&, const 
 }
 
 Value Value::from_json(const nlohmann::ordered_json& j) {
+  thread_local uint32_t n_open = 0;  // recursion depth, checked before descending
+  struct Open {
+    Open() {
+      if (++n_open > kMaxValueDepth + 1) {
+        n_open = 0;
+        fail(ErrorCode::kInvalidArgument, "chat template context: JSON nests deeper than ", kMaxValueDepth,
+             " levels");
+      }
+    }
+    ~Open() {
+      if (n_open > 0) --n_open;
+    }
+  } open;
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return none();
@@ -79,7 +111,11 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::object: {
       auto d = std::make_shared<Dict>();
       d->items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d->items.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        d->items.emplace_back(it.key(), from_json(it.value()));
+        d->depth = std::max(d->depth, d->items.back().second.depth() + 1);
+        check_depth(d->depth);
+      }
       return Value(std::move(d));
     }
     default:
@@ -144,7 +180,21 @@ std::string Value::str() const {
   }
 }
 
+namespace {
+thread_local int repr_depth = 0;  // namespaces can hold themselves: bound the recursion
+}
+
 std::string Value::repr() const {
+  struct Guard {
+    Guard() {
+      if (++repr_depth > static_cast<int>(kMaxValueDepth)) {
+        --repr_depth;
+        fail(ErrorCode::kInvalidArgument, "chat template: cannot print a value nested deeper than ",
+             kMaxValueDepth, " levels (a namespace that contains itself?)");
+      }
+    }
+    ~Guard() { --repr_depth; }
+  } guard;
   switch (kind()) {
     case Kind::kUndefined: return "";
     case Kind::kNone: return "None";

@@ -21,14 +21,20 @@ namespace shardlm::chat_template {
 class Value;
 class Interpreter;
 
+// Containers nest at most this deep: deeper values (from JSON input or built by a
+// template) are refused before recursive printing or destruction could exhaust the stack.
+constexpr uint32_t kMaxValueDepth = 512;
+
 struct List {
   std::vector<Value> items;
+  uint32_t depth = 1;           // 1 + the deepest child container
   bool is_tuple = false;        // only changes repr: (1, 2) vs [1, 2]
   const char* view = nullptr;   // "dict_items" etc.: the result of d.items(), repr dict_items([...])
 };
 
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;
+  uint32_t depth = 1;  // maintained by set()
   bool is_namespace = false;  // jinja2 namespace(): the only object `set x.y = ...` may write
 
   const Value* find(std::string_view key) const;
@@ -64,8 +70,8 @@ class Value {
   Value(int v) : data_(int64_t{v}) {}
   Value(int64_t v) : data_(v) {}
   Value(double v) : data_(v) {}
-  Value(std::string s) : data_(std::move(s)) {}
-  Value(const char* s) : data_(std::string(s)) {}
+  Value(std::string s) : data_(std::make_shared<const std::string>(std::move(s))) {}
+  Value(const char* s) : data_(std::make_shared<const std::string>(s)) {}
   Value(std::shared_ptr<List> l) : data_(std::move(l)) {}
   Value(std::shared_ptr<Dict> d) : data_(std::move(d)) {}
   Value(std::shared_ptr<Callable> c) : data_(std::move(c)) {}
@@ -89,7 +95,7 @@ class Value {
   bool as_bool() const { return std::get<bool>(data_); }
   int64_t as_int() const;  // bool or int
   double as_double() const;  // bool, int or float
-  const std::string& as_string() const { return std::get<std::string>(data_); }
+  const std::string& as_string() const { return *std::get<std::shared_ptr<const std::string>>(data_); }
   const std::shared_ptr<List>& as_list() const { return std::get<std::shared_ptr<List>>(data_); }
   const std::shared_ptr<Dict>& as_dict() const { return std::get<std::shared_ptr<Dict>>(data_); }
   const std::shared_ptr<Callable>& as_callable() const { return std::get<std::shared_ptr<Callable>>(data_); }
@@ -98,13 +104,15 @@ class Value {
   bool truthy() const;           // Python truthiness; Undefined is false
   std::string str() const;       // Python str(); Undefined prints as ""
   std::string repr() const;      // Python repr()
+  uint32_t depth() const;        // 0 for scalars, else the container's depth
   const char* type_name() const;  // Python type name, for error messages
 
  private:
   explicit Value(Undefined u) : data_(std::move(u)) {}
   explicit Value(std::nullptr_t) : data_(nullptr) {}
-  std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::string, std::shared_ptr<List>,
-               std::shared_ptr<Dict>, std::shared_ptr<Callable>>
+  // Strings are shared, not copied: templates read the same message content many times.
+  std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::shared_ptr<const std::string>,
+               std::shared_ptr<List>, std::shared_ptr<Dict>, std::shared_ptr<Callable>>
       data_;
 };
 

@@ -1,0 +1,152 @@
+// shardlm serve MODEL: the OpenAI-compatible server. Flags follow vLLM's
+// names so commands carry over.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/units.h"
+#include "server/engine_backend.h"
+#include "server/http_server.h"
+
+namespace shardlm::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::vector<std::string> served_model_names;
+  std::string api_key;
+  int64_t max_model_len = 0;
+  int64_t max_num_seqs = 256;
+  int64_t max_num_batched_tokens = 2048;
+  std::string kv_cache_memory;
+  double gpu_memory_utilization = 0.0;
+  bool enable_prefix_caching = true;
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  std::vector<int64_t> pp_layer_partition;
+  int64_t block_size = 16;
+  std::string kv_cache_dtype = "auto";
+  int64_t max_pending_requests = 1024;
+  size_t max_body_bytes = 8u << 20;
+  double shutdown_grace_s = 5.0;
+};
+
+int run_serve(const ServeOptions& o) {
+  server::EngineBackendOptions bo;
+  bo.model_dir = o.model;
+  if (!std::filesystem::is_directory(bo.model_dir))
+    fail(ErrorCode::kNotFound, "MODEL '", o.model, "' is not a directory; give a Hugging Face model directory (config.json, ",
+         "*.safetensors, tokenizer.json); `shardlm make-model` writes a synthetic one");
+  std::vector<std::string> names = o.served_model_names;
+  if (names.empty()) names.push_back(o.model);
+  bo.model_name = names[0];
+  bo.layout.tp = o.tp;
+  bo.layout.pp = o.pp;
+  bo.layout.dp = o.dp;
+  bo.layout.pp_layer_partition = o.pp_layer_partition;
+  bo.max_model_len = o.max_model_len;
+  bo.max_num_seqs = o.max_num_seqs;
+  bo.max_num_batched_tokens = o.max_num_batched_tokens;
+  bo.enable_prefix_caching = o.enable_prefix_caching;
+  bo.block_size = o.block_size;
+  if (!parse_kv_cache_dtype(o.kv_cache_dtype, &bo.kv_cache_dtype))
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype '", o.kv_cache_dtype, "': use auto, bf16, f16, f32 or fp8");
+  if (!o.kv_cache_memory.empty()) bo.kv_cache_memory_bytes = parse_bytes(o.kv_cache_memory, "--kv-cache-memory");
+  bo.memory_utilization = o.gpu_memory_utilization;
+  bo.max_waiting_requests = o.max_pending_requests;
+
+  std::string api_key = o.api_key;
+  if (api_key.empty())
+    if (const char* env = std::getenv("SHARDLM_API_KEY")) api_key = env;
+
+  server::EngineBackend backend(bo);
+  server::ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.served_model_names = names;
+  so.api_key = api_key;
+  so.max_body_bytes = o.max_body_bytes;
+  so.version = SHARDLM_VERSION;
+  server::HttpServer http(backend, so);
+
+  // SIGINT/SIGTERM are handled by this thread with sigwait; every other
+  // thread (HTTP, engine, ranks) inherits the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  http.bind();  // fail before loading when the port is taken
+  std::thread http_thread([&] { http.run(); });
+  std::cerr << "shardlm serve: loading " << o.model << " (" << bo.layout.to_string() << "); answering 503 on http://"
+            << o.host << ":" << http.port() << " until ready" << std::endl;
+  try {
+    backend.load();
+  } catch (...) {
+    http.stop(std::chrono::milliseconds(0));
+    http_thread.join();
+    throw;
+  }
+  std::cerr << backend.report().text() << "\n"
+            << "shardlm serve: listening on http://" << o.host << ":" << http.port() << " as model '" << names[0]
+            << "'" << (api_key.empty() ? "" : " (API key required)") << std::endl;
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::cerr << "shardlm serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ": finishing in-flight requests for up to "
+            << o.shutdown_grace_s << " s, then stopping" << std::endl;
+  http.stop(std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_grace_s * 1000)));
+  http_thread.join();
+  backend.shutdown(/*drain=*/false);
+  std::cerr << "shardlm serve: stopped" << std::endl;
+  return 0;
+}
+
+void setup(CLI::App& app) {
+  auto* sub = app.add_subcommand("serve", "Serve a model with an OpenAI-compatible HTTP API");
+  auto o = std::make_shared<ServeOptions>();
+  sub->add_option("model", o->model, "Model directory (Hugging Face layout)")->required();
+  sub->add_option("--host", o->host, "Address to bind (loopback unless you say otherwise)")->capture_default_str();
+  sub->add_option("--port", o->port, "Port")->capture_default_str()->check(CLI::Range(0, 65535));
+  sub->add_option("--served-model-name", o->served_model_names, "Name(s) clients use for the model (default: the path)");
+  sub->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (also $SHARDLM_API_KEY)");
+  sub->add_option("--max-model-len", o->max_model_len, "Context length (default: what the KV cache holds, capped by the model)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  sub->add_option("--max-num-seqs", o->max_num_seqs, "Sequences per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens per step (chunked prefill budget)")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  auto* kvm = sub->add_option("--kv-cache-memory", o->kv_cache_memory, "KV cache per rank, e.g. 4GiB (default: 4 GiB over all ranks)");
+  auto* gmu = sub->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                              "Fraction of memory (system RAM on CPU) for weights + workspace + KV cache")
+                  ->check(CLI::Range(0.01, 1.0));
+  kvm->excludes(gmu);
+  sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
+                "Reuse KV blocks across requests that share a prefix (default on)");
+  sub->add_option("--tensor-parallel-size,--tp", o->tp, "Tensor-parallel ranks, any degree up to the Q heads (also -tp)")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
+  sub->add_option("--pipeline-parallel-size,--pp", o->pp, "Pipeline stages, any layer split (also -pp)")->capture_default_str()->check(CLI::Range(1, 4096));
+  sub->add_option("--data-parallel-size,--dp", o->dp, "Replicas behind the built-in router (also -dp)")->capture_default_str()->check(CLI::Range(1, 1024));
+  sub->add_option("--pp-layer-partition", o->pp_layer_partition, "Layers per stage, e.g. 10,9,9 (default: balanced by bytes)")
+      ->delimiter(',');
+  sub->add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str()->check(CLI::IsMember({8, 16, 32, 64, 128}));
+  sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (the weights' dtype), bf16, f16, f32")->capture_default_str();
+  sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  sub->add_option("--max-request-body-bytes", o->max_body_bytes, "Larger bodies get 413")->capture_default_str();
+  sub->add_option("--shutdown-grace-seconds", o->shutdown_grace_s, "On SIGINT/SIGTERM, time in-flight requests get to finish")
+      ->capture_default_str()->check(CLI::Range(0.0, 3600.0));
+  set_command_action(sub, [o] { return run_serve(*o); });
+}
+
+}  // namespace
+SHARDLM_REGISTER_COMMAND(setup);
+}  // namespace shardlm::cli

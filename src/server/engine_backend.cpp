@@ -1,0 +1,351 @@
+#include "server/engine_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "engine/tokenizer_detokenizer.h"
+#include "loader/generation_config.h"
+#include "model/weight_source.h"
+
+namespace shardlm::server {
+
+namespace {
+
+constexpr int64_t kDefaultCpuKvCacheBytes = int64_t{4} << 30;  // vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE)
+
+int64_t system_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{8} << 30;
+}
+
+DType kv_dtype_of(KvCacheDType kv, DType weights) {
+  switch (kv) {
+    case KvCacheDType::kAuto: return weights;
+    case KvCacheDType::kBF16: return DType::kBF16;
+    case KvCacheDType::kF16: return DType::kF16;
+    case KvCacheDType::kF32: return DType::kF32;
+    case KvCacheDType::kFp8: break;
+  }
+  fail(ErrorCode::kUnsupported, "--kv-cache-dtype fp8 is not supported by the CPU backend (use bf16, f16 or f32)");
+}
+
+// The state of one request shared by the engine thread (callbacks) and the
+// HTTP thread (RequestStream): the engine may call back after the HTTP side
+// is gone, so both hold it.
+struct StreamState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<GenerateEvent> events;
+  bool finished = false;
+  int64_t prompt_tokens = 0;
+  std::vector<int64_t> completion_by_seq;  // [n]
+  std::function<void()> on_finish;         // releases the routing slot
+};
+
+class EngineStream final : public RequestStream {
+ public:
+  EngineStream(std::shared_ptr<StreamState> state, Engine& engine, std::string request_id)
+      : state_(std::move(state)), engine_(engine), request_id_(std::move(request_id)) {}
+  ~EngineStream() override {
+    if (!done()) cancel();
+  }
+  bool next(std::vector<GenerateEvent>* out, std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    state_->cv.wait_for(lock, timeout, [&] { return !state_->events.empty() || state_->finished; });
+    if (state_->events.empty()) return false;
+    while (!state_->events.empty()) {
+      out->push_back(std::move(state_->events.front()));
+      state_->events.pop_front();
+    }
+    return true;
+  }
+  bool done() const override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->finished && state_->events.empty();
+  }
+  void cancel() override { engine_.abort(request_id_); }
+  int64_t prompt_tokens() const override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->prompt_tokens;
+  }
+  int64_t completion_tokens() const override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    int64_t n = 0;
+    for (int64_t c : state_->completion_by_seq) n += c;
+    return n;
+  }
+
+ private:
+  std::shared_ptr<StreamState> state_;
+  Engine& engine_;
+  std::string request_id_;
+};
+
+}  // namespace
+
+struct EngineBackend::Replica {
+  std::unique_ptr<LocalGroupExecutor> executor;
+  std::unique_ptr<Engine> engine;
+};
+
+EngineBackend::EngineBackend(EngineBackendOptions options) : options_(std::move(options)) {}
+
+EngineBackend::~EngineBackend() { shutdown(false); }
+
+void EngineBackend::shutdown(bool drain) {
+  ready_ = false;
+  for (auto& r : replicas_)
+    if (r->engine) r->engine->stop(drain);
+}
+
+std::string LoadReport::text() const {
+  std::ostringstream out;
+  const int64_t per_token = budgets.empty() ? 0 : budgets[0].kv_bytes_per_token;
+  out << "memory budget per rank (GiB = 2^30 bytes):\n";
+  for (size_t r = 0; r < budgets.size(); ++r) {
+    const MemoryBudget& b = budgets[r];
+    out << "  rank " << r << " (tp " << b.tp_rank << ", pp " << b.pp_rank << "): weights "
+        << format_gib(static_cast<double>(b.weight_bytes), 3) << " (" << with_commas(b.weight_bytes) << " B), KV cache "
+        << format_gib(static_cast<double>(b.kv_cache_bytes), 3) << " (" << with_commas(b.n_kv_blocks) << " blocks of "
+        << b.block_size << " tokens, " << with_commas(b.kv_bytes_per_token) << " B/token), workspace "
+        << format_gib(static_cast<double>(b.workspace_bytes), 3) << "\n";
+    if (r < allocated.size()) {
+      const auto& a = allocated[r];
+      const bool same = a.weight_bytes == b.weight_bytes && a.kv_cache_bytes == b.kv_cache_bytes;
+      out << "    allocated: weights " << with_commas(a.weight_bytes) << " B, KV cache " << with_commas(a.kv_cache_bytes)
+          << " B" << (same ? " (as planned)" : " (DIFFERS from plan)") << "\n";
+    }
+  }
+  out << "KV cache holds " << with_commas(kv_tokens) << " tokens per replica (" << with_commas(per_token)
+      << " B/token on rank 0); max model len " << with_commas(max_model_len) << " tokens; "
+      << "max concurrency at max model len: " << (max_model_len > 0 ? kv_tokens / max_model_len : 0) << " sequences";
+  return out.str();
+}
+
+void EngineBackend::load() {
+  const auto& dir = options_.model_dir;
+  ModelSpec spec = load_model_config(dir / "config.json");
+  if (!spec.runnable())
+    fail(ErrorCode::kUnsupported, "serve: ", spec.architecture, " (mixture of experts) cannot be served by this build; plan supports it");
+  tokenizer_.emplace(Tokenizer::load(dir));
+  chat_template_ = chat_template::load_model_chat_template(dir);
+  detokenizer_ = std::make_unique<TokenizerDetokenizer>(*tokenizer_);
+
+  Layout replica = options_.layout;
+  replica.dp = 1;
+  validate_layout(spec, replica);
+  if (replica.pp_layer_partition.empty()) replica.pp_layer_partition = pipeline_partition(spec, replica);
+  const int n_ranks_total = replica.tp * replica.pp * std::max(1, options_.layout.dp);
+
+  // Size the KV cache as plan does: per rank, weights + workspace + KV.
+  MemoryBudgetOptions mo;
+  mo.gpu_memory_utilization = 1.0;
+  mo.max_num_batched_tokens = options_.max_num_batched_tokens;
+  mo.max_num_seqs = options_.max_num_seqs;
+  mo.kv_cache_dtype = options_.kv_cache_dtype;
+  mo.block_size = options_.block_size;
+  mo.reserve_bytes = 0;  // CPU: no CUDA context or NCCL buffers
+  const DType kv_dtype = kv_dtype_of(options_.kv_cache_dtype, spec.dtype);
+  std::vector<MemoryBudget> fixed = compute_replica_budgets(spec, replica, {0}, mo);
+  std::vector<int64_t> memory(fixed.size());
+  if (options_.memory_utilization > 0.0) {
+    mo.gpu_memory_utilization = options_.memory_utilization;
+    std::fill(memory.begin(), memory.end(), system_memory_bytes() / n_ranks_total);
+  } else {
+    int64_t kv = options_.kv_cache_memory_bytes > 0 ? options_.kv_cache_memory_bytes
+                                                    : std::min(kDefaultCpuKvCacheBytes / n_ranks_total,
+                                                               system_memory_bytes() / 2 / n_ranks_total);
+    for (size_t r = 0; r < fixed.size(); ++r) memory[r] = fixed[r].weight_bytes + fixed[r].workspace_bytes + kv;
+  }
+  report_.spec = spec;
+  report_.budgets = compute_replica_budgets(spec, replica, memory, mo);
+  const MemoryBudget& b0 = report_.budgets[0];
+  if (b0.n_kv_blocks < 1)
+    fail(ErrorCode::kOutOfMemory, "the KV cache gets no block: rank 0 needs ", format_gib(static_cast<double>(b0.weight_bytes)),
+         " of weights + ", format_gib(static_cast<double>(b0.workspace_bytes)), " of workspace; raise --kv-cache-memory or ",
+         "--gpu-memory-utilization");
+  report_.n_kv_blocks = b0.n_kv_blocks;
+  report_.kv_tokens = b0.n_kv_tokens;
+  if (options_.max_model_len > 0) {
+    if (options_.max_model_len > spec.max_position_embeddings)
+      fail(ErrorCode::kInvalidArgument, "--max-model-len ", options_.max_model_len, " exceeds the model's context of ",
+           spec.max_position_embeddings, " tokens (max_position_embeddings in config.json)");
+    if (options_.max_model_len > report_.kv_tokens)
+      fail(ErrorCode::kOutOfMemory, "--max-model-len ", options_.max_model_len, " needs that many tokens of KV cache for one ",
+           "sequence, but the KV cache holds ", report_.kv_tokens, " tokens (", b0.n_kv_blocks, " blocks of ", b0.block_size,
+           ", ", with_commas(b0.kv_bytes_per_token), " B/token); lower --max-model-len or raise --kv-cache-memory");
+    report_.max_model_len = options_.max_model_len;
+  } else {
+    report_.max_model_len = std::min(spec.max_position_embeddings, report_.kv_tokens);
+  }
+  if (report_.n_kv_blocks > INT32_MAX) report_.n_kv_blocks = INT32_MAX;
+
+  auto weights = open_checkpoint(dir);
+  EngineConfig ec;
+  ec.scheduler.n_blocks = static_cast<int32_t>(report_.n_kv_blocks);
+  ec.scheduler.block_size = static_cast<int32_t>(options_.block_size);
+  ec.scheduler.max_num_seqs = static_cast<int32_t>(options_.max_num_seqs);
+  ec.scheduler.max_num_batched_tokens = static_cast<int32_t>(options_.max_num_batched_tokens);
+  ec.scheduler.max_model_len = static_cast<int32_t>(report_.max_model_len);
+  ec.scheduler.enable_prefix_caching = options_.enable_prefix_caching;
+  for (int64_t id : load_eos_token_ids(dir, spec)) ec.eos_token_ids.push_back(static_cast<int32_t>(id));
+  ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);
+
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  for (int d = 0; d < std::max(1, options_.layout.dp); ++d) {
+    auto r = std::make_unique<Replica>();
+    LocalGroupOptions lo;
+    lo.layout = replica;
+    lo.n_blocks = report_.n_kv_blocks;
+    lo.block_size = options_.block_size;
+    lo.kv_dtype = kv_dtype;
+    lo.n_threads_per_rank = std::max(1, static_cast<int>(hw) / n_ranks_total);
+    r->executor = std::make_unique<LocalGroupExecutor>(spec, weights, lo);
+    r->engine = std::make_unique<Engine>(ec, *r->executor, detokenizer_.get());
+    r->engine->start();
+    if (d == 0) report_.allocated = r->executor->rank_memory();
+    replicas_.push_back(std::move(r));
+  }
+  routing_ = std::make_unique<RoutingPolicy>(replicas_.size());
+  ready_ = true;
+}
+
+std::vector<int32_t> EngineBackend::tokenize(const std::string& text, bool add_special_tokens) const {
+  try {
+    return tokenizer_->encode(text, add_special_tokens);
+  } catch (const Error& e) {
+    throw ApiException({400, e.what(), "invalid_request_error", "prompt", ""});
+  }
+}
+
+std::string EngineBackend::detokenize(const std::vector<int32_t>& ids) const { return tokenizer_->decode(ids); }
+
+std::string EngineBackend::render_chat(const ordered_json& messages, const ordered_json& tools, bool add_generation_prompt,
+                                       const ordered_json& template_kwargs) const {
+  if (!chat_template_)
+    throw ApiException({400, "this model has no chat template (tokenizer_config.json); use /v1/completions",
+                        "invalid_request_error", "messages", ""});
+  chat_template::ChatInputs inputs;
+  inputs.messages = messages;
+  inputs.tools = tools.is_array() && !tools.empty() ? tools : ordered_json();
+  inputs.add_generation_prompt = add_generation_prompt;
+  inputs.extra = template_kwargs;
+  try {
+    return chat_template_->render(inputs);
+  } catch (const Error& e) {
+    throw ApiException({400, std::string("the chat template failed on these messages: ") + e.what(),
+                        "invalid_request_error", "messages", ""});
+  }
+}
+
+std::unique_ptr<RequestStream> EngineBackend::submit(const GenerateParams& p) {
+  if (!ready_) throw ApiException({503, "the model is still loading", "service_unavailable", "", "model_loading"});
+  EngineRequest req;
+  req.request_id = p.request_id;
+  req.prompt_token_ids = p.prompt_ids;
+  req.n = p.n;
+  req.sampling.temperature = p.temperature;
+  req.sampling.top_p = p.top_p;
+  req.sampling.top_k = static_cast<int32_t>(std::min<int64_t>(p.top_k, INT32_MAX));
+  req.sampling.min_p = p.min_p;
+  req.sampling.presence_penalty = p.presence_penalty;
+  req.sampling.frequency_penalty = p.frequency_penalty;
+  req.sampling.repetition_penalty = p.repetition_penalty;
+  if (p.seed) req.sampling.seed = static_cast<uint64_t>(*p.seed);
+  req.logprobs = p.logprobs >= 0;
+  req.sampling.logprobs = std::max(0, p.logprobs);
+  req.stop.max_tokens = static_cast<int32_t>(std::min<int64_t>(p.max_tokens, INT32_MAX));
+  req.stop.min_tokens = static_cast<int32_t>(std::min<int64_t>(p.min_tokens, INT32_MAX));
+  req.stop.ignore_eos = p.ignore_eos;
+  req.stop.stop = p.stop;
+  req.stop.stop_token_ids = p.stop_token_ids;
+  req.skip_special_tokens = p.skip_special_tokens;
+
+  // Prefix affinity keys on the prompt's leading token ids (as bytes).
+  std::string key(reinterpret_cast<const char*>(p.prompt_ids.data()),
+                  std::min<size_t>(p.prompt_ids.size(), 256) * sizeof(int32_t));
+  const int64_t cost = static_cast<int64_t>(p.prompt_ids.size()) + p.max_tokens * p.n;
+  const int replica = routing_->acquire(key, cost);
+  Engine& engine = *replicas_.at(std::max(replica, 0))->engine;
+
+  auto state = std::make_shared<StreamState>();
+  state->prompt_tokens = static_cast<int64_t>(p.prompt_ids.size());
+  state->completion_by_seq.assign(p.n, 0);
+  RoutingPolicy* routing = routing_.get();
+  state->on_finish = [routing, replica, cost] { routing->release(replica, cost); };
+  const Tokenizer* tok = &*tokenizer_;
+  RequestCallbacks callbacks;
+  callbacks.on_output = [state, tok](const SequenceOutput& o) {
+    GenerateEvent e;
+    e.index = o.index;
+    e.text = o.text_delta;
+    e.token_ids = o.new_token_ids;
+    for (const auto& lp : o.logprobs) {
+      e.logprobs.push_back(lp.logprob);
+      e.tokens.push_back(tok->decode(std::vector<int32_t>{lp.token_id}));
+      std::vector<TopLogprob> top;
+      for (const auto& t : lp.top) top.push_back({t.token, tok->decode(std::vector<int32_t>{t.token}), t.logprob});
+      e.top_logprobs.push_back(std::move(top));
+    }
+    if (o.finished()) e.finish_reason = finish_reason_name(o.finish_reason);
+    e.error = o.error;
+    std::function<void()> release;
+    {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      if (o.index >= 0 && o.index < static_cast<int>(state->completion_by_seq.size()))
+        state->completion_by_seq[o.index] = o.n_completion_tokens;
+      state->events.push_back(std::move(e));
+      if (o.request_finished) {
+        state->finished = true;
+        release = std::move(state->on_finish);
+        state->on_finish = nullptr;
+      }
+    }
+    state->cv.notify_all();
+    if (release) release();
+  };
+  try {
+    engine.submit(std::move(req), std::move(callbacks));
+  } catch (const Error& e) {
+    routing_->release(replica, cost);
+    if (e.code() == ErrorCode::kOutOfMemory)
+      throw ApiException({429, std::string("the server is at capacity: ") + e.what(), "rate_limit_error", "", "queue_full"});
+    if (e.code() == ErrorCode::kUnsupported)
+      throw ApiException({503, e.what(), "service_unavailable", "", ""});
+    throw ApiException({400, e.what(), "invalid_request_error", "", ""});
+  }
+  return std::make_unique<EngineStream>(state, engine, p.request_id);
+}
+
+std::string EngineBackend::metrics() const {
+  if (replicas_.empty()) return "";
+  if (replicas_.size() == 1) return replicas_[0]->engine->render_metrics(options_.model_name);
+  // One block per replica, labelled; HELP/TYPE lines once.
+  std::string out;
+  for (size_t d = 0; d < replicas_.size(); ++d) {
+    std::istringstream in(replicas_[d]->engine->render_metrics(options_.model_name));
+    std::string line;
+    const std::string label = "model_name=\"" + options_.model_name + "\"";
+    while (std::getline(in, line)) {
+      if (line.rfind("#", 0) == 0) {
+        if (d == 0) out += line + "\n";
+        continue;
+      }
+      size_t pos = line.find(label);
+      if (pos != std::string::npos) line.insert(pos + label.size(), ",replica=\"" + std::to_string(d) + "\"");
+      out += line + "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace shardlm::server

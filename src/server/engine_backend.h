@@ -1,0 +1,86 @@
+// ServingBackend over the real engine: tokenizer + chat template + one
+// Engine per data-parallel replica, each over a LocalGroupExecutor (its
+// TP × PP ranks as threads). Requests go to a replica by RoutingPolicy.
+#pragma once
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/local_group_executor.h"
+#include "loader/model_spec.h"
+#include "plan/memory_budget.h"
+#include "plan/sharding.h"
+#include "server/routing_policy.h"
+#include "server/serving_backend.h"
+#include "tokenizer/chat_template/model_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace shardlm::server {
+
+struct EngineBackendOptions {
+  std::filesystem::path model_dir;
+  std::string model_name;            // for metrics labels
+  Layout layout;                     // tp × pp per replica, dp replicas
+  int64_t max_model_len = 0;         // 0: what the KV cache holds, capped by the model's context
+  int64_t max_num_seqs = 256;
+  int64_t max_num_batched_tokens = 2048;
+  bool enable_prefix_caching = true;
+  int64_t block_size = 16;
+  KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
+  // KV cache sizing, per rank: either explicit bytes, or a fraction of this
+  // machine's memory minus the weights (as plan computes for a device).
+  int64_t kv_cache_memory_bytes = 0;     // > 0: exactly this much KV cache per rank
+  double memory_utilization = 0.0;       // > 0: fraction of system RAM (like --gpu-memory-utilization)
+  int64_t max_waiting_requests = 1024;   // more live requests than this: 429
+};
+
+// What was decided and allocated at load: printed at startup, exposed for tests.
+struct LoadReport {
+  ModelSpec spec;
+  std::vector<MemoryBudget> budgets;   // plan's prediction per rank of one replica
+  std::vector<LocalGroupExecutor::RankMemory> allocated;  // what replica 0's ranks hold
+  int64_t n_kv_blocks = 0;
+  int64_t kv_tokens = 0;               // per replica
+  int64_t max_model_len = 0;
+  std::string text() const;            // the startup log
+};
+
+class EngineBackend final : public ServingBackend {
+ public:
+  explicit EngineBackend(EngineBackendOptions options);
+  ~EngineBackend() override;
+
+  // Loads tokenizer, template and model replicas, starts the engines. Until
+  // it returns, ready() is false and the server answers 503. Throws Error.
+  void load();
+  const LoadReport& report() const { return report_; }
+  // Stops the engines: drain finishes in-flight requests, else aborts them.
+  void shutdown(bool drain);
+
+  bool ready() const override { return ready_; }
+  int64_t max_model_len() const override { return report_.max_model_len; }
+  std::vector<int32_t> tokenize(const std::string& text, bool add_special_tokens) const override;
+  std::string detokenize(const std::vector<int32_t>& ids) const override;
+  std::string render_chat(const ordered_json& messages, const ordered_json& tools, bool add_generation_prompt,
+                          const ordered_json& template_kwargs) const override;
+  std::unique_ptr<RequestStream> submit(const GenerateParams& params) override;
+  std::string metrics() const override;
+
+ private:
+  struct Replica;
+  EngineBackendOptions options_;
+  LoadReport report_;
+  std::optional<Tokenizer> tokenizer_;
+  std::optional<chat_template::ModelChatTemplate> chat_template_;
+  std::unique_ptr<Detokenizer> detokenizer_;
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  std::unique_ptr<RoutingPolicy> routing_;
+  std::atomic<bool> ready_{false};
+};
+
+}  // namespace shardlm::server

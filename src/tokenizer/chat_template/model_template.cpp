@@ -1,0 +1,58 @@
+#include "tokenizer/chat_template/model_template.h"
+
+#include <fstream>
+
+#include "core/error.h"
+
+namespace shardlm::chat_template {
+
+namespace {
+
+// bos_token / eos_token are strings or {"content": "..."} objects.
+std::string special_token(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+std::string ModelChatTemplate::render(const ChatInputs& inputs) const {
+  ChatInputs in = inputs;
+  if (in.bos_token.empty()) in.bos_token = bos_token;
+  if (in.eos_token.empty()) in.eos_token = eos_token;
+  return render_chat(tmpl, in);
+}
+
+std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem::path& model_dir) {
+  const auto path = model_dir / "tokenizer_config.json";
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON: ", e.what());
+  }
+  if (!config.is_object()) fail(ErrorCode::kCorruptFile, path.string(), ": expected a JSON object");
+  std::string source;
+  auto it = config.find("chat_template");
+  if (it == config.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) {
+    source = it->get<std::string>();
+  } else if (it->is_array()) {
+    for (const auto& entry : *it)
+      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") && entry["template"].is_string())
+        source = entry["template"].get<std::string>();
+    if (source.empty())
+      fail(ErrorCode::kInvalidArgument, path.string(), ": chat_template is a list without a \"default\" entry");
+  } else {
+    fail(ErrorCode::kInvalidArgument, path.string(), ": chat_template must be a string or a list of {name, template}");
+  }
+  ModelChatTemplate out{ChatTemplate::compile(source), special_token(config, "bos_token"), special_token(config, "eos_token")};
+  return out;
+}
+
+}  // namespace shardlm::chat_template

@@ -1,0 +1,25 @@
+// A model directory's chat template as transformers applies it: the
+// "chat_template" of tokenizer_config.json (a string, or the "default" of a
+// list of named templates) with its bos/eos token strings.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "tokenizer/chat_template/chat_template.h"
+
+namespace shardlm::chat_template {
+
+struct ModelChatTemplate {
+  ChatTemplate tmpl;
+  std::string bos_token;
+  std::string eos_token;
+  std::string render(const ChatInputs& inputs) const;  // fills bos/eos unless set
+};
+
+// nullopt when tokenizer_config.json has no chat template; throws
+// Error(kCorruptFile / kInvalidArgument) naming the file when it is malformed.
+std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem::path& model_dir);
+
+}  // namespace shardlm::chat_template
