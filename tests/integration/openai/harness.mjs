@@ -76,7 +76,11 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 export async function startServer(model, args = [], { connectHost = '127.0.0.1', healthTimeoutMs = 60000 } = {}) {
   const port = await freePort(connectHost);
   const argv = ['serve', model, '--port', String(port), ...args];
-  const proc = spawn(CLI, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+  // On a busy machine (more runnable threads than cores) libgomp's default
+  // active wait makes engine steps stall for seconds at random; passive
+  // waiting keeps the test's timing meaningful. Set OMP_WAIT_POLICY to override.
+  const env = { OMP_WAIT_POLICY: 'passive', ...process.env };
+  const proc = spawn(CLI, argv, { stdio: ['ignore', 'pipe', 'pipe'], env });
   const server = {
     proc, port, argv,
     baseURL: `http://${connectHost}:${port}`,
