@@ -5,6 +5,8 @@
 #   env: SHARDLM_CLI, SHARDLM_SOURCE_DIR (ctest sets them)
 set -euo pipefail
 : "${SHARDLM_CLI:?set SHARDLM_CLI to the shardlm binary}" "${SHARDLM_SOURCE_DIR:?set SHARDLM_SOURCE_DIR}"
+# Busy 2-core CI machines: libgomp's active wait stalls engine steps for seconds.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 out=$(mktemp -d "${TMPDIR:-/tmp}/serve_bench_smoke.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 n_prompts=6
