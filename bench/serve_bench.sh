@@ -10,6 +10,8 @@
 #   SHARDLM       shardlm binary               (default: build/src/cli/shardlm, else `shardlm` on PATH)
 #   LIKE          make-model --like preset     (default: qwen2.5-0.5b)
 #   LAYERS        make-model --layers          (default: 2)
+#   MODEL_ARGS    more make-model arguments, e.g. '--vocab 2048 --hidden 128'
+#   MODEL_DIR     serve this model directory instead of making one
 #   PORT          server port                  (default: a free loopback port)
 #   CONCURRENCY   comma list for the sweep     (default: 1,4)
 #   NUM_PROMPTS   requests per point           (default: 32)
@@ -75,12 +77,17 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 mkdir -p "$OUT"
-echo "== making a synthetic $LIKE model with $LAYERS layers"
-"$SHARDLM" make-model --like "$LIKE" --layers "$LAYERS" --out "$work/model"
+model=${MODEL_DIR:-}
+if [[ -z "$model" ]]; then
+  model=$work/model
+  echo "== making a synthetic $LIKE model with $LAYERS layers ${MODEL_ARGS:-}"
+  # shellcheck disable=SC2086
+  "$SHARDLM" make-model --like "$LIKE" --layers "$LAYERS" ${MODEL_ARGS:-} --out "$model" >/dev/null
+fi
 
 echo "== starting shardlm serve on $BASE_URL (log: $OUT/serve.log)"
 # shellcheck disable=SC2086
-"$SHARDLM" serve "$work/model" --port "$PORT" ${SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
+"$SHARDLM" serve "$model" --port "$PORT" ${SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
 server_pid=$!
 
 http_ok() {
