@@ -1,4 +1,7 @@
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "cli/command.h"
@@ -41,6 +44,14 @@ std::vector<std::string> rewrite_vllm_short_flags(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // libgomp reads OMP_WAIT_POLICY when it loads, before main: to default it
+  // to passive, set it and start again. Spinning worker teams of several rank
+  // threads (and the HTTP threads) on few cores stall each other for seconds;
+  // OMP_WAIT_POLICY=active in the environment keeps the spinning.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+  }
   std::vector<std::string> args = rewrite_vllm_short_flags(argc, argv);
   std::vector<char*> arg_ptrs;
   for (auto& a : args) arg_ptrs.push_back(a.data());

@@ -4,6 +4,11 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <ctime>
 #include <thread>
 
@@ -66,6 +71,52 @@ struct HttpServer::Streams {
 
 namespace {
 
+// The socket of the connection a request arrived on, found by its peer
+// address (httplib does not hand handlers their socket). -1 if not found.
+int connection_fd(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0') continue;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof peer;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    char host[INET6_ADDRSTRLEN] = {0};
+    int port = -1;
+    if (peer.ss_family == AF_INET) {
+      auto* a = reinterpret_cast<sockaddr_in*>(&peer);
+      inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+      port = ntohs(a->sin_port);
+    } else if (peer.ss_family == AF_INET6) {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&peer);
+      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+      port = ntohs(a->sin6_port);
+    }
+    sockaddr_storage local{};
+    socklen_t local_len = sizeof local;
+    int local_port = -1;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) == 0)
+      local_port = local.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port)
+                                              : ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+    if (port == req.remote_port && req.remote_addr == host && local_port == req.local_port) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// True once the client has closed or reset its side of the connection.
+bool client_gone(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, static_cast<short>(POLLRDHUP), 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
 bool sse_write(httplib::DataSink& sink, const std::string& payload) {
   std::string frame = "data: " + payload + "\n\n";
   return sink.write(frame.data(), frame.size());
@@ -126,7 +177,11 @@ void HttpServer::bind() {
   widen_backlog(listen_fd_);
 }
 
-void HttpServer::run() { http_->listen_after_bind(); }
+void HttpServer::run() {
+  run_entered_ = true;
+  if (!draining_) http_->listen_after_bind();
+  run_returned_ = true;
+}
 
 void HttpServer::stop(std::chrono::milliseconds grace) {
   draining_ = true;
@@ -137,6 +192,15 @@ void HttpServer::stop(std::chrono::milliseconds grace) {
     std::lock_guard<std::mutex> lock(active_mutex_);
     for (RequestStream* s : active_) s->cancel();
   }
+  // Aborted streams still send their last chunk ("abort") and [DONE].
+  auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (active_requests() > 0 && std::chrono::steady_clock::now() < flush_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // run() may be on its way into the listen loop: wait until it is inside
+  // (or gave up on seeing draining_), so stop() cannot be missed.
+  auto start_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (run_entered_ && !run_returned_ && !http_->is_running() && std::chrono::steady_clock::now() < start_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (http_->is_running()) http_->stop();
 }
 
@@ -290,10 +354,18 @@ void HttpServer::install_routes() {
         std::vector<std::vector<ChoiceResult>> results(streams->size(), std::vector<ChoiceResult>(n));
         int64_t prompt_tokens = 0, completion_tokens = 0;
         std::string error;
+        // Nothing is written until the answer is complete, so a client that
+        // gives up is noticed on its socket: its requests are cancelled then.
+        const int fd = connection_fd(req);
         for (size_t p = 0; p < streams->size(); ++p) {
           RequestStream& s = *(*streams)[p];
           std::vector<GenerateEvent> events;
           while (!s.done()) {
+            if (client_gone(fd)) {
+              for (auto& other : *streams) other->cancel();
+              res.status = 499;  // nobody reads it; the client closed the request
+              return;
+            }
             events.clear();
             s.next(&events, std::chrono::milliseconds(100));
             for (auto& e : events) {

@@ -61,6 +61,8 @@ class HttpServer {
   int port_ = 0;
   std::shared_ptr<int> listen_fd_;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> run_entered_{false};
+  std::atomic<bool> run_returned_{false};
   mutable std::mutex active_mutex_;
   std::set<RequestStream*> active_;
 };

@@ -1,0 +1,161 @@
+// `shardlm serve` as a user runs it, on a synthetic checkpoint with
+// Qwen2.5-7B's attention shapes (28 Q heads, 4 KV heads, head_dim 128,
+// hidden 3584): every layout the seeds wanted for a 6-GPU box — -tp 6 (which
+// vLLM refuses), -tp 4 (two idle), -tp 2 -pp 3, -dp 3 -tp 2 — answers with
+// the greedy text of -tp 1, and its startup log shows each rank allocated
+// what plan predicted.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+// A port nobody listens on now (the kernel picks it; we release it at once).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct ServeProcess {
+  pid_t pid = -1;
+  int exit_code = -1;  // when it exited by itself
+  int port = 0;
+  std::string log_path;
+  ~ServeProcess() { stop(); }
+  int stop() {
+    if (pid <= 0) return -1;
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  std::string log() const {
+    std::ifstream in(log_path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+};
+
+class ServeLayouts : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cli_ = env_or("SHARDLM_CLI", "shardlm");
+    dir_ = env_or("SHARDLM_BINARY_DIR", "/tmp") + "/tests/server/qwen7b_heads." + std::to_string(getpid());
+    std::string cmd = cli_ + " make-model --like qwen2.5-7b --layers 3 --vocab 512 --intermediate 512 --seed 5 --out " + dir_ +
+                      " > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+
+  // Starts serve with extra flags; waits until /health answers 200.
+  std::unique_ptr<ServeProcess> start(const std::vector<std::string>& flags, bool expect_exit = false) {
+    auto p = std::make_unique<ServeProcess>();
+    p->port = free_port();
+    p->log_path = dir_ + "/serve." + std::to_string(p->port) + ".log";
+    std::vector<std::string> args = {cli_, "serve", dir_, "--port", std::to_string(p->port), "--kv-cache-memory", "32MiB",
+                                     "--served-model-name", "q7"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    p->pid = fork();
+    if (p->pid == 0) {
+      FILE* log = std::fopen(p->log_path.c_str(), "w");
+      dup2(fileno(log), 2);
+      dup2(fileno(log), 1);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    httplib::Client c("127.0.0.1", p->port);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto r = c.Get("/health");
+      if (r && r->status == 200) return p;
+      int status = 0;
+      if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
+        p->pid = -1;
+        p->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (!expect_exit) ADD_FAILURE() << "serve exited during start-up:\n" << p->log();
+        return p;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ADD_FAILURE() << "serve did not become healthy:\n" << p->log();
+    return p;
+  }
+
+  static std::string complete(int port, const json& prompt_ids) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    json req = {{"model", "q7"}, {"prompt", prompt_ids}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
+    auto r = c.Post("/v1/completions", req.dump(), "application/json");
+    if (!r) return "no response";
+    if (r->status != 200) return "status " + std::to_string(r->status) + ": " + r->body;
+    return json::parse(r->body)["choices"][0]["text"].get<std::string>();
+  }
+
+  static std::string cli_, dir_;
+};
+std::string ServeLayouts::cli_, ServeLayouts::dir_;
+
+TEST_F(ServeLayouts, SixDeviceLayoutsGiveTheTp1Text) {
+  const json prompts = {json{5, 17, 230, 41, 9}, json{300, 2, 2, 77}};
+  std::vector<std::string> expected;
+  {
+    auto tp1 = start({});
+    ASSERT_GT(tp1->pid, 0);
+    for (const auto& p : prompts) expected.push_back(complete(tp1->port, p));
+    EXPECT_EQ(tp1->stop(), 0) << tp1->log();
+  }
+  for (const auto& e : expected) ASSERT_FALSE(e.rfind("status", 0) == 0 || e == "no response") << e;
+  const std::vector<std::vector<std::string>> layouts = {
+      {"-tp", "6"}, {"-tp", "4"}, {"-tp", "2", "-pp", "3"}, {"-dp", "3", "-tp", "2"}};
+  for (const auto& layout : layouts) {
+    std::string name;
+    for (const auto& f : layout) name += f + " ";
+    auto s = start(layout);
+    ASSERT_GT(s->pid, 0) << name;
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(complete(s->port, prompts[i]), expected[i]) << name;
+    const std::string log = s->log();
+    EXPECT_EQ(log.find("DIFFERS from plan"), std::string::npos) << name << "\n" << log;
+    EXPECT_NE(log.find("(as planned)"), std::string::npos) << name << "\n" << log;
+    EXPECT_EQ(s->stop(), 0) << name << "\n" << s->log();
+  }
+}
+
+TEST_F(ServeLayouts, ALayoutTheRanksCannotRunIsRefusedWithTheReason) {
+  auto s = start({"-tp", "29"}, /*expect_exit=*/true);
+  EXPECT_LT(s->pid, 0);
+  EXPECT_EQ(s->exit_code, 1);
+  EXPECT_NE(s->log().find("exceeds the model's 28 attention heads"), std::string::npos) << s->log();
+}
+
+}  // namespace
