@@ -40,7 +40,7 @@ struct Proc {
 
 Proc run(const std::string& cmd, const std::string& tag) {
   const std::string err_path = std::string(std::getenv("SHARDLM_BINARY_DIR") ? std::getenv("SHARDLM_BINARY_DIR") : ".") +
-                               "/tests/engine/mpi_cli_" + tag + ".stderr";
+                               "/tests/engine/mpi_cli_" + tag + "." + std::to_string(getpid()) + ".stderr";
   Proc r;
   auto t0 = std::chrono::steady_clock::now();
   FILE* p = popen((cmd + " 2>" + err_path).c_str(), "r");
@@ -75,7 +75,8 @@ class MpiGenerate : public ::testing::Test {
     const char* cli = std::getenv("SHARDLM_CLI");
     const char* build = std::getenv("SHARDLM_BINARY_DIR");
     cli_ = cli ? cli : SHARDLM_CLI_PATH;
-    root_ = std::string(build ? build : SHARDLM_BUILD_DIR) + "/tests/engine";
+    // One directory per test process: ctest runs this suite's tests in parallel.
+    root_ = std::string(build ? build : SHARDLM_BUILD_DIR) + "/tests/engine/mpi_cli." + std::to_string(getpid());
     // 28 Q / 4 KV heads (Qwen2.5-7B's), 3 layers; 40 Q / 8 KV heads
     // (Qwen2.5-14B's), 5 layers: PP 2 and 3 split it unevenly. Hidden sizes
     // shrunk (head_dim 16) to keep every run to about a second.
@@ -84,6 +85,7 @@ class MpiGenerate : public ::testing::Test {
     make(m7_, "--like qwen2.5-7b --layers 3 --vocab 512 --hidden 448 --intermediate 512 --seed 7");
     make(m14_, "--like qwen2.5-14b --layers 5 --vocab 512 --hidden 640 --intermediate 384 --seed 14");
   }
+  static void TearDownTestSuite() { std::filesystem::remove_all(root_); }
   static void make(const std::string& dir, const std::string& args) {
     if (std::filesystem::exists(dir + "/config.json")) return;
     Proc r = run(cli_ + " make-model " + args + " --out " + dir, "make");

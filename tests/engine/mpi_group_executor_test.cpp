@@ -3,6 +3,7 @@
 // report and the failure path run in-process. (tests/engine/mpi_cli_test.cpp
 // runs the same code as OpenMPI processes.)
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -50,7 +51,8 @@ class MpiExecutorThreads : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     const char* build = std::getenv("SHARDLM_BINARY_DIR");
-    dir_ = std::filesystem::path(build ? build : ".") / "tests/engine/mpi_executor_model";
+    // One directory per test process: ctest runs this suite's tests in parallel.
+    dir_ = std::filesystem::path(build ? build : ".") / ("tests/engine/mpi_executor_model." + std::to_string(getpid()));
     SyntheticModelOptions o;
     o.like = "qwen2.5-7b";  // 28 Q heads, 4 KV heads
     o.n_layers = 3;
@@ -60,6 +62,7 @@ class MpiExecutorThreads : public ::testing::Test {
     o.seed = 21;
     spec_ = write_synthetic_model(dir_, o).spec;
   }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
   static std::filesystem::path dir_;
   static ModelSpec spec_;
 };
