@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "loader/generation_config.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "engine/mpi_group_executor.h"
@@ -24,6 +25,7 @@
 #include "tokenizer/tokenizer.h"
 #if __has_include("tokenizer/chat_template/chat_template.h")
 #include "tokenizer/chat_template/chat_template.h"
+#include "tokenizer/chat_template/model_template.h"
 #define SHARDLM_HAVE_CHAT_TEMPLATE 1
 #endif
 
@@ -70,73 +72,19 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-// generation_config.json's eos_token_id first (chat models stop on more ids
-// there), else config.json's.
-std::vector<int64_t> eos_ids(const std::filesystem::path& dir, const ModelSpec& spec) {
-  const auto path = dir / "generation_config.json";
-  if (std::filesystem::exists(path)) {
-    std::ifstream in(path);
-    nlohmann::json j;
-    try {
-      in >> j;
-    } catch (const std::exception& e) {
-      fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON (", e.what(), ")");
-    }
-    if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
-      std::vector<int64_t> ids;
-      if (it->is_number_integer()) {
-        ids.push_back(it->get<int64_t>());
-      } else if (it->is_array()) {
-        for (const auto& e : *it) {
-          if (!e.is_number_integer())
-            fail(ErrorCode::kInvalidArgument, path.string(), ": eos_token_id entries must be integers, found ", e.dump());
-          ids.push_back(e.get<int64_t>());
-        }
-      } else {
-        fail(ErrorCode::kInvalidArgument, path.string(), ": eos_token_id must be an integer or a list, found ", it->dump());
-      }
-      return ids;
-    }
-  }
-  return spec.eos_token_ids;
-}
 
 #ifdef SHARDLM_HAVE_CHAT_TEMPLATE
 // tokenizer_config.json's "chat_template" (a string, or a list of {name,
 // template} where "default" is used) rendered for one user message.
 std::string render_chat_prompt(const std::filesystem::path& dir, const std::string& message) {
-  const auto path = dir / "tokenizer_config.json";
-  std::ifstream in(path);
-  if (!in) fail(ErrorCode::kNotFound, "--chat needs ", path.string(), " with a chat_template; it is missing");
-  nlohmann::json cfg;
-  try {
-    in >> cfg;
-  } catch (const std::exception& e) {
-    fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON (", e.what(), ")");
-  }
-  std::string source;
-  if (auto it = cfg.find("chat_template"); it != cfg.end() && it->is_string()) {
-    source = it->get<std::string>();
-  } else if (it != cfg.end() && it->is_array()) {
-    for (const auto& t : *it)
-      if (t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
-        source = t["template"].get<std::string>();
-  }
-  if (source.empty())
-    fail(ErrorCode::kNotFound, path.string(), " has no \"chat_template\" string; use --prompt with the text");
-  auto special = [&](const char* key) -> std::string {
-    auto it = cfg.find(key);
-    if (it == cfg.end() || it->is_null()) return "";
-    if (it->is_string()) return it->get<std::string>();
-    if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
-    return "";
-  };
+  auto tmpl = chat_template::load_model_chat_template(dir);
+  if (!tmpl)
+    fail(ErrorCode::kNotFound, (dir / "tokenizer_config.json").string(),
+         " has no \"chat_template\"; use --prompt with the text instead of --chat");
   chat_template::ChatInputs inputs;
   inputs.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", message}}});
   inputs.add_generation_prompt = true;
-  inputs.bos_token = special("bos_token");
-  inputs.eos_token = special("eos_token");
-  return chat_template::render_chat(chat_template::ChatTemplate::compile(source), inputs);
+  return tmpl->render(inputs);
 }
 #else
 std::string render_chat_prompt(const std::filesystem::path&, const std::string&) { return ""; }
@@ -178,7 +126,7 @@ int run_generate(const GenerateCliOptions& o) {
   g.layout.tp = o.tp;
   g.layout.pp = o.pp;
   g.max_tokens = o.max_tokens;
-  g.eos_token_ids = eos_ids(dir, spec);
+  g.eos_token_ids = load_eos_token_ids(dir, spec);
   g.block_size = o.block_size;
   if (o.kv_dtype == "auto") {
     g.kv_dtype = spec.dtype;
