@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "cli/command.h"
+#include "tokenizer/tokenizer.h"
 #include "core/error.h"
 #include "loadgen/dataset.h"
 #include "loadgen/progress.h"
@@ -40,6 +41,7 @@ struct BenchOptions {
   uint64_t seed = 0;
   std::string percentiles = "50,90,99";
   std::string api_key;
+  std::string tokenizer_dir;  // count output tokens with this tokenizer when a response has no usage
   std::string save_result;
   std::string sweep;
   std::string plot;
@@ -117,6 +119,12 @@ int run_bench(const BenchOptions& o) {
   bool synthetic = o.dataset == "random" || o.dataset == "shared-prefix";
   // As vLLM does for random prompts: generate the requested length, not an early EOS.
   config.ignore_eos = synthetic && !o.no_ignore_eos;
+  if (!o.tokenizer_dir.empty()) {
+    auto tokenizer = std::make_shared<Tokenizer>(Tokenizer::load(o.tokenizer_dir));
+    config.count_output_tokens = [tokenizer](const std::string& text) {
+      return static_cast<int64_t>(tokenizer->encode(text, /*add_special_tokens=*/false).size());
+    };
+  }
   if (!o.extra_body.empty()) {
     config.extra_body = nlohmann::json::parse(o.extra_body, nullptr, false);
     if (config.extra_body.is_discarded() || !config.extra_body.is_object())
@@ -227,6 +235,8 @@ void setup(CLI::App& app) {
   sub->add_option("--seed", o->seed, "Seed for prompts and arrival times")->capture_default_str();
   sub->add_option("--percentiles", o->percentiles, "Percentiles to report, e.g. 50,90,99")->capture_default_str();
   sub->add_option("--api-key", o->api_key, "Bearer token (default: $OPENAI_API_KEY)");
+  sub->add_option("--tokenizer", o->tokenizer_dir,
+                  "Model directory whose tokenizer.json counts output tokens when a server sends no usage");
   sub->add_option("--save-result", o->save_result, "Write results JSON (vLLM's keys) to FILE");
   sub->add_option("--sweep-concurrency", o->sweep, "Run once per max concurrency, e.g. 1,2,4,8,16");
   sub->add_option("--plot", o->plot, "With --sweep-concurrency: PNG of throughput vs p99 TTFT/TPOT (gnuplot)");

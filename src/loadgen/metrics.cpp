@@ -45,7 +45,7 @@ BenchmarkMetrics calculate_metrics(const std::vector<RequestOutput>& outputs, do
       continue;
     }
     int64_t output_len = out.output_tokens;
-    if (!out.usage_reported || output_len <= 0) {
+    if ((!out.usage_reported && !out.tokens_counted_locally) || output_len <= 0) {
       output_len = std::max<int64_t>(out.n_chunks, 1);
       ++m.n_usage_missing;
     }

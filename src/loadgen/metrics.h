@@ -27,6 +27,7 @@ struct RequestOutput {
   int64_t output_tokens = 0;    // usage.completion_tokens; 0 when the server sent no usage
   int64_t n_chunks = 0;         // chunks that carried `choices`
   bool usage_reported = false;  // the server sent a usage object
+  bool tokens_counted_locally = false;  // no usage: output_tokens from the model's tokenizer
   bool cancelled = false;       // cut off by an interrupt: excluded from all metrics
   std::string generated_text;
 };

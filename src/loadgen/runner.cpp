@@ -177,6 +177,13 @@ BenchmarkResult run_benchmark(const BenchConfig& config, const std::vector<Sampl
     else
       ++result.n_not_completed;
   }
+  if (config.count_output_tokens) {
+    for (auto& o : result.outputs) {
+      if (!o.success || o.usage_reported) continue;
+      o.output_tokens = config.count_output_tokens(o.generated_text);
+      o.tokens_counted_locally = true;
+    }
+  }
   result.metrics = calculate_metrics(result.outputs, result.duration_s, config.percentiles);
   return result;
 }

@@ -30,6 +30,9 @@ struct BenchConfig {
   std::vector<double> percentiles = {50, 90, 99};
   bool ignore_eos = false;
   nlohmann::json extra_body;  // merged into every request body
+  // Counts the tokens of a generated text (the model's tokenizer, --tokenizer):
+  // used for responses that carried no usage. Unset: count streamed chunks.
+  std::function<int64_t(const std::string&)> count_output_tokens;
 };
 
 struct ProgressSnapshot {

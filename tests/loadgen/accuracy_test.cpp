@@ -146,3 +146,38 @@ TEST(Accuracy, PoissonRequestsLeaveOnSchedule) {
 
 }  // namespace
 }  // namespace shardlm::loadgen
+
+namespace shardlm::loadgen {
+namespace {
+
+// Without usage, a tokenizer (bench --tokenizer) counts the generated text:
+// here a counter of space-separated words, so " tok0 ... tok4" is 5 tokens
+// per request although the server streamed them in 5 chunks of its choosing.
+TEST(Accuracy, WithoutUsageATokenizerCountsTheOutput) {
+  FakeServerOptions so;
+  so.first_token_ms = 20;
+  so.token_interval_ms = 5;
+  so.n_tokens = 5;
+  so.send_usage = false;
+  FakeOpenAiServer server(so);
+  BenchConfig c;
+  c.base_url = server.base_url();
+  int calls = 0;
+  c.count_output_tokens = [&calls](const std::string& text) {
+    ++calls;
+    int64_t words = 0;
+    bool in_word = false;
+    for (char ch : text) {
+      if (ch != ' ' && !in_word) ++words;
+      in_word = ch != ' ';
+    }
+    return words * 2;  // pretend each word is two tokens: proves the counter is used
+  };
+  BenchmarkResult r = run_benchmark(c, small_random(2));
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(r.metrics.n_usage_missing, 0);
+  EXPECT_EQ(r.metrics.total_output, 2 * 10);
+}
+
+}  // namespace
+}  // namespace shardlm::loadgen
