@@ -29,6 +29,13 @@ class Communicator {
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void send(const void* data, size_t bytes, int dst) = 0;
   virtual void recv(void* data, size_t bytes, int src) = 0;
+  // Like send, but returns without waiting for dst to post its recv: the
+  // bytes are copied first, so `data` may be reused at once. Pipeline stages
+  // send this way: a ring of ranks that each send before they receive (stage
+  // to stage, last stage back to the driver) cannot then deadlock on
+  // rendezvous sends. Messages from one rank to another keep their order,
+  // mixed with plain sends.
+  virtual void send_async(const void* data, size_t bytes, int dst) = 0;
   virtual void barrier() = 0;
   // Ranks passing the same color form a new communicator, ordered by key
   // (MPI_Comm_split). Collective over this communicator.
@@ -48,6 +55,7 @@ class SoloComm final : public Communicator {
   void broadcast(void*, size_t, int) override {}
   void send(const void*, size_t, int dst) override;
   void recv(void*, size_t, int src) override;
+  void send_async(const void* data, size_t bytes, int dst) override { send(data, bytes, dst); }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SoloComm>(); }
   void abort(const char*) noexcept override {}

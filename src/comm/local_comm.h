@@ -23,6 +23,8 @@ class LocalComm final : public Communicator {
   void broadcast(void* data, size_t bytes, int root) override;
   void send(const void* data, size_t bytes, int dst) override;
   void recv(void* data, size_t bytes, int src) override;
+  // Sends are already buffered (a mailbox per rank pair): the same as send.
+  void send_async(const void* data, size_t bytes, int dst) override { send(data, bytes, dst); }
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   void abort(const char* what) noexcept override;

@@ -2,7 +2,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <climits>
+#include <cstdint>
+#include <vector>
 
 #include "core/error.h"
 
@@ -41,7 +44,11 @@ class MpiComm final : public Communicator {
   ~MpiComm() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+    if (finalized) return;
+    // Asynchronous sends still moving: their receivers will post them (the
+    // protocol is in order), or a failure has already aborted the job.
+    for (auto& p : pending_) MPI_Waitall(static_cast<int>(p.requests.size()), p.requests.data(), MPI_STATUSES_IGNORE);
+    if (owned_) MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -85,6 +92,21 @@ class MpiComm final : public Communicator {
     }
   }
 
+  void send_async(const void* data, size_t bytes, int dst) override {
+    reap_sends();
+    PendingSend p;
+    const auto* b = static_cast<const uint8_t*>(data);
+    p.bytes.assign(b, b + bytes);
+    for (size_t off = 0; off < bytes || off == 0; off += kMaxPiece) {
+      int n = static_cast<int>(std::min(bytes - off, kMaxPiece));
+      MPI_Request request;
+      check_mpi(MPI_Isend(p.bytes.data() + off, n, MPI_BYTE, dst, 0, comm_, &request), "MPI_Isend", rank_);
+      p.requests.push_back(request);
+      if (bytes == 0) break;
+    }
+    pending_.push_back(std::move(p));
+  }
+
   void recv(void* data, size_t bytes, int src) override {
     auto* p = static_cast<uint8_t*>(data);
     for (size_t off = 0; off < bytes || off == 0; off += kMaxPiece) {
@@ -115,8 +137,24 @@ class MpiComm final : public Communicator {
   }
 
  private:
+  // A send_async in flight: the copy MPI reads from, and its pieces' requests.
+  struct PendingSend {
+    std::vector<uint8_t> bytes;
+    std::vector<MPI_Request> requests;
+  };
+  // Drops the sends that completed (testing them also moves MPI's progress).
+  void reap_sends() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      int done = 0;
+      check_mpi(MPI_Testall(static_cast<int>(it->requests.size()), it->requests.data(), &done, MPI_STATUSES_IGNORE),
+                "MPI_Testall", rank_);
+      it = done ? pending_.erase(it) : it + 1;
+    }
+  }
+
   MPI_Comm comm_;
   bool owned_;
+  std::vector<PendingSend> pending_;
   int rank_ = 0;
   int size_ = 1;
 };

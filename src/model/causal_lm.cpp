@@ -143,6 +143,24 @@ int64_t CausalLM::kv_block_bytes(int64_t block_size, DType dtype) const {
 }
 
 bool CausalLM::forward(const ForwardBatch& batch, KvCache& cache, float* logits) {
+  if (layout_.pp == 1) {
+    run_stage(batch, cache, is_driver() ? logits : nullptr);
+    return is_driver();
+  }
+  run_stage(batch, cache, nullptr);
+  if (!is_driver()) return false;
+  receive_logits(batch, logits);
+  return true;
+}
+
+void CausalLM::receive_logits(const ForwardBatch& batch, float* logits) {
+  SHARDLM_CHECK(is_driver() && layout_.pp > 1, "receive_logits is for the driver of a pipeline");
+  const int64_t n_logits = batch.n_logits();
+  if (n_logits > 0)
+    pp_.recv(logits, static_cast<size_t>(n_logits * spec_.vocab_size) * sizeof(float), layout_.pp - 1);
+}
+
+void CausalLM::run_stage(const ForwardBatch& batch, KvCache& cache, float* logits) {
   const int64_t n = batch.n_tokens(), h = spec_.hidden_size;
   SHARDLM_CHECK(cache.n_layers() == shard_.layers.size() && cache.n_kv_heads() == shard_.kv_heads.size(),
                 "KV cache made for another shard");
@@ -180,30 +198,26 @@ bool CausalLM::forward(const ForwardBatch& batch, KvCache& cache, float* logits)
     mlp_block(dims_, layers_[i], step, hidden_.data(), tp_, scratch_);
   }
   if (!shard_.last_stage) {
-    pp_.send(hidden_.data(), hidden_.size() * sizeof(float), shard_.pp_rank + 1);
-    if (!(is_driver() && !logit_rows.empty())) return false;
+    pp_.send_async(hidden_.data(), hidden_.size() * sizeof(float), shard_.pp_rank + 1);
+    return;
   }
   const int64_t n_logits = static_cast<int64_t>(logit_rows.size());
-  if (n_logits == 0) return is_driver();
+  if (n_logits == 0) return;
   const size_t logits_count = static_cast<size_t>(n_logits * spec_.vocab_size);
-  if (shard_.last_stage) {
-    std::vector<float> x(static_cast<size_t>(n_logits * h));  // [n_logits, hidden]
-    for (int64_t i = 0; i < n_logits; ++i)
-      std::memcpy(x.data() + i * h, hidden_.data() + logit_rows[i] * h, static_cast<size_t>(h) * sizeof(float));
-    backend::rms_norm(x.data(), n_logits, final_norm_, dims_.eps, x.data());
-    std::vector<float> local_logits;
-    float* out = logits;
-    if (!is_driver()) {
-      local_logits.resize(logits_count);
-      out = local_logits.data();
-    }
-    lm_head_logits(x.data(), n_logits, lm_head_, vocab_ranges_, out, tp_);
-    if (layout_.pp > 1 && shard_.tp_rank == 0) pp_.send(out, logits_count * sizeof(float), 0);
-    return is_driver();
+  std::vector<float> x(static_cast<size_t>(n_logits * h));  // [n_logits, hidden]
+  for (int64_t i = 0; i < n_logits; ++i)
+    std::memcpy(x.data() + i * h, hidden_.data() + logit_rows[i] * h, static_cast<size_t>(h) * sizeof(float));
+  backend::rms_norm(x.data(), n_logits, final_norm_, dims_.eps, x.data());
+  const bool deliver_here = shard_.tp_rank == 0 && logits != nullptr;
+  std::vector<float> local_logits;
+  float* out = logits;
+  if (!deliver_here) {
+    local_logits.resize(logits_count);
+    out = local_logits.data();
   }
-  // Driver on the first of several stages: the last stage's tp 0 sends the logits.
-  pp_.recv(logits, logits_count * sizeof(float), layout_.pp - 1);
-  return true;
+  lm_head_logits(x.data(), n_logits, lm_head_, vocab_ranges_, out, tp_);
+  if (!deliver_here && shard_.tp_rank == 0 && layout_.pp > 1)
+    pp_.send_async(out, logits_count * sizeof(float), 0);
 }
 
 }  // namespace shardlm

@@ -51,10 +51,25 @@ class CausalLM {
   // Bytes one KV block takes on this rank (what the block pool divides by).
   int64_t kv_block_bytes(int64_t block_size, DType dtype) const;
 
-  // Runs one step. logits: [batch.n_logits(), vocab_size] f32, written on the
-  // driver rank only (may be nullptr elsewhere); the rows follow the order of
-  // the sequences with need_logits. Returns true where logits were written.
+  // Runs one step, one batch at a time: run_stage, then on the driver of a
+  // pipeline receive_logits. logits: [batch.n_logits(), vocab_size] f32,
+  // written on the driver rank only (may be nullptr elsewhere); the rows
+  // follow the order of the sequences with need_logits. Returns true where
+  // logits were written.
   bool forward(const ForwardBatch& batch, KvCache& cache, float* logits);
+
+  // The step split for pipelining, so that a stage can start batch k+1 while
+  // later stages still run batch k. run_stage: the first stage embeds, the
+  // others receive the previous stage's hidden states [n_tokens, hidden];
+  // this stage's layers run; then the hidden states go on to the next stage,
+  // or, on the last stage, the logits are made and tp rank 0 delivers them:
+  // into `logits` when given (a caller that shares memory with the driver),
+  // else sent to pipeline rank 0. Every send is asynchronous, so stages never
+  // wait for their successors. Each rank runs batches in the same order.
+  void run_stage(const ForwardBatch& batch, KvCache& cache, float* logits);
+  // Pipeline rank 0 of tp rank 0 (the driver), pp > 1: receives the logits
+  // the last stage sent for `batch` (batches are received in run order).
+  void receive_logits(const ForwardBatch& batch, float* logits);
 
   bool is_driver() const { return shard_.tp_rank == 0 && shard_.pp_rank == 0; }
   const ModelSpec& spec() const { return spec_; }
