@@ -84,8 +84,10 @@ ScheduledSeq Scheduler::make_scheduled(const Seq& s, int32_t n_new, bool first) 
 }
 
 void Scheduler::preempt(Seq& s, StepPlan& plan) {
-  SHARDLM_CHECK(!running_.empty() && running_.back() == s.id);
-  running_.pop_back();
+  SHARDLM_CHECK(!s.in_flight, "sequence ", s.id, " is in flight and cannot be preempted");
+  auto pos = std::find(running_.begin(), running_.end(), s.id);
+  SHARDLM_CHECK(pos != running_.end());
+  running_.erase(pos);
   plan.freed_blocks.insert(plan.freed_blocks.end(), s.table.blocks.begin(), s.table.blocks.end());
   free_table(pool_, s.table);
   // Recompute: prompt + generated so far become the tokens to compute again.
@@ -97,32 +99,41 @@ void Scheduler::preempt(Seq& s, StepPlan& plan) {
   plan.preempted.push_back(s.id);
 }
 
-StepPlan Scheduler::schedule() {
+StepPlan Scheduler::schedule(int32_t max_seqs) {
   StepPlan plan;
   int32_t budget = config_.max_num_batched_tokens;
+  const size_t seq_cap = static_cast<size_t>(max_seqs > 0 ? max_seqs : config_.max_num_seqs);
 
-  // Running sequences first, oldest first; when blocks run out, the newest
-  // running sequence is preempted (possibly the one being scheduled).
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
+  // Running sequences first, oldest first, skipping those in flight; when
+  // blocks run out, the newest running sequence not in flight is preempted
+  // (possibly the one being scheduled: it is the last candidate).
+  for (size_t i = 0; i < running_.size() && budget > 0 && plan.seqs.size() < seq_cap;) {
     Seq& s = get(running_[i]);
+    if (s.in_flight) {
+      ++i;
+      continue;
+    }
     const int32_t n_left = static_cast<int32_t>(s.tokens.size()) - s.n_computed;
     SHARDLM_CHECK(n_left > 0, "running sequence ", s.id, " has nothing to compute");
     const int32_t n_new = std::min(n_left, budget);
     bool ok = false;
     while (!(ok = allocate_slots(pool_, s.table, s.n_computed + n_new))) {
-      const SeqId victim = running_.back();
+      size_t v = running_.size() - 1;
+      while (v > i && get(running_[v]).in_flight) --v;
+      const SeqId victim = running_[v];
       preempt(get(victim), plan);
       if (victim == s.id) break;
     }
-    if (!ok) break;  // s was the newest: nothing after it is left running
+    if (!ok) break;  // s was the newest candidate: nothing after it can run
     plan.seqs.push_back(make_scheduled(s, n_new, false));
+    s.in_flight = true;
     budget -= n_new;
     ++i;
   }
 
   // Then waiting sequences in FCFS order, unless this step had to preempt.
   if (plan.preempted.empty()) {
-    for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 &&
+    for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 && plan.seqs.size() < seq_cap &&
                                      static_cast<int32_t>(running_.size()) < config_.max_num_seqs;) {
       Seq& s = get(*it);
       if (blocked_by_sibling(s)) {
@@ -145,6 +156,7 @@ StepPlan Scheduler::schedule() {
       s.status = SeqStatus::kRunning;
       running_.push_back(s.id);
       plan.seqs.push_back(make_scheduled(s, n_new, true));
+      s.in_flight = true;
       budget -= n_new;
       it = waiting_.erase(it);
     }
@@ -157,6 +169,7 @@ void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled) {
   SHARDLM_CHECK(sampled.size() == plan.seqs.size(), "sampled ", sampled.size(), " for ", plan.seqs.size(), " seqs");
   for (size_t k = 0; k < plan.seqs.size(); ++k) {
     const ScheduledSeq& sc = plan.seqs[k];
+    end_flight(sc);
     auto it = seqs_.find(sc.seq_id);
     if (it == seqs_.end() || it->second->status != SeqStatus::kRunning) continue;
     Seq& s = *it->second;
@@ -170,6 +183,19 @@ void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled) {
   }
 }
 
+void Scheduler::end_flight(const ScheduledSeq& sc) {
+  if (auto f = finishing_.find(sc.seq_id); f != finishing_.end()) {
+    free_table(pool_, f->second->table);
+    finishing_.erase(f);
+    return;
+  }
+  if (auto it = seqs_.find(sc.seq_id); it != seqs_.end()) it->second->in_flight = false;
+}
+
+void Scheduler::release(const StepPlan& plan) {
+  for (const ScheduledSeq& sc : plan.seqs) end_flight(sc);
+}
+
 void Scheduler::finish(SeqId id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
@@ -179,8 +205,24 @@ void Scheduler::finish(SeqId id) {
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
   }
-  free_table(pool_, s.table);
+  if (s.in_flight) {
+    s.status = SeqStatus::kFinished;
+    finishing_.emplace(id, std::move(it->second));
+  } else {
+    free_table(pool_, s.table);
+  }
   seqs_.erase(it);
+}
+
+int32_t Scheduler::n_in_flight() const {
+  int32_t n = 0;
+  for (SeqId id : running_) n += get(id).in_flight ? 1 : 0;
+  return n;
+}
+
+bool Scheduler::in_flight(SeqId id) const {
+  auto it = seqs_.find(id);
+  return it != seqs_.end() && it->second->in_flight;
 }
 
 SeqStatus Scheduler::status(SeqId id) const {

@@ -7,6 +7,14 @@
 // commit(plan, sampled) appends the sampled tokens and registers computed KV;
 // then finish(seq) for sequences that stopped. Single-threaded: the engine
 // thread owns the Scheduler.
+//
+// Pipelining: schedule() may be called again before the last plan is
+// committed (one plan per micro-batch in flight). A sequence in an
+// uncommitted plan is "in flight": later plans leave it out (its next token
+// is not known yet) and never preempt it. Plans are committed (or released,
+// when they never ran) in the order they were scheduled. finish() of a
+// sequence in flight keeps its blocks until its plan is committed, so no
+// later batch can be given blocks that a running batch still writes.
 #pragma once
 
 #include <cstdint>
@@ -59,21 +67,28 @@ class Scheduler {
   // cached blocks (n > 1 siblings). Runs check_fits.
   void add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after = -1);
 
-  StepPlan schedule();
+  // max_seqs > 0 caps the sequences of this plan below max_num_seqs: the
+  // engine splits the live sequences over the micro-batches of a pipeline.
+  StepPlan schedule(int32_t max_seqs = 0);
 
   // After the model ran `plan`: marks the chunks computed, registers full
   // blocks in the prefix cache, and appends sampled[i] (< 0: none) to
   // plan.seqs[i]'s tokens. Sequences finished/aborted since schedule() are skipped.
   void commit(const StepPlan& plan, std::span<const int32_t> sampled);
+  // A scheduled plan that did not run (the model failed): its sequences are
+  // no longer in flight and nothing they were to compute counts as computed.
+  void release(const StepPlan& plan);
 
   // Removes the sequence (finished or aborted) and frees its blocks at once.
   // Unknown ids are ignored (already finished).
   void finish(SeqId id);
 
   bool has(SeqId id) const { return seqs_.count(id) != 0; }
+  bool in_flight(SeqId id) const;
   bool idle() const { return running_.empty() && waiting_.empty(); }
   int32_t n_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t n_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int32_t n_in_flight() const;  // running sequences in an uncommitted plan
   SeqStatus status(SeqId id) const;
   std::span<const int32_t> tokens(SeqId id) const;   // prompt + generated
   int32_t n_computed(SeqId id) const;
@@ -95,16 +110,20 @@ class Scheduler {
     bool admitted_once = false;
     int32_t n_prefix_hit = 0;
     int32_t n_preemptions = 0;
+    bool in_flight = false;       // in a plan not yet committed
   };
   Seq& get(SeqId id);
   const Seq& get(SeqId id) const;
   bool blocked_by_sibling(const Seq& s) const;
   void preempt(Seq& s, StepPlan& plan);
+  // Finished while in flight: held in finishing_ until its plan ends.
+  void end_flight(const ScheduledSeq& sc);
   ScheduledSeq make_scheduled(const Seq& s, int32_t n_new, bool first) const;
 
   SchedulerConfig config_;
   BlockPool pool_;
   std::unordered_map<SeqId, std::unique_ptr<Seq>> seqs_;
+  std::unordered_map<SeqId, std::unique_ptr<Seq>> finishing_;  // finished in flight; blocks still held
   std::vector<SeqId> running_;    // admission order; the back is preempted first
   std::deque<SeqId> waiting_;     // preempted sequences go to the front
   int64_t n_preemptions_ = 0;

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <deque>
 #include <map>
 #include <numeric>
 #include <set>
@@ -33,6 +34,15 @@ class Driver {
 
   // Returns the plan after committing it.
   StepPlan step() {
+    launch(/*keep_empty=*/true);
+    return land();
+  }
+
+  // Schedules a plan and "runs" it at once (writes its KV slots, computes its
+  // samples) the way a pipeline stage does, in schedule order; land()
+  // commits the oldest one. Returns false for an empty plan (then not kept
+  // unless keep_empty).
+  bool launch(bool keep_empty = false) {
     StepPlan plan = sched.schedule();
     const auto& c = sched.config();
     EXPECT_LE(plan.n_scheduled_tokens, c.max_num_batched_tokens);
@@ -56,7 +66,19 @@ class Driver {
     for (const auto& s : plan.seqs)
       for (int32_t b : s.block_table) ++n_users[b];
     for (const auto& [b, n] : n_users)
-      if (n > 1) EXPECT_FALSE(writer.count(b)) << "shared block " << b << " is written";
+      if (n > 1) {
+        EXPECT_FALSE(writer.count(b)) << "shared block " << b << " is written";
+      }
+    // Nothing in flight is scheduled again, and no block an in-flight plan
+    // uses is handed to another sequence to write.
+    for (const auto& f : in_flight_)
+      for (const auto& fs : f.plan.seqs) {
+        for (const auto& s : plan.seqs) EXPECT_NE(s.seq_id, fs.seq_id) << "sequence scheduled twice in flight";
+        for (int32_t b : fs.block_table) {
+          auto w = writer.find(b);
+          EXPECT_TRUE(w == writer.end() || w->second == fs.seq_id) << "block " << b << " of an in-flight plan reused";
+        }
+      }
 
     std::vector<int32_t> sampled(plan.seqs.size(), -1);
     for (size_t k = 0; k < plan.seqs.size(); ++k) {
@@ -68,20 +90,44 @@ class Driver {
         sampled[k] = int32_t(h % 1000);
       }
     }
-    sched.commit(plan, sampled);
-    for (size_t k = 0; k < plan.seqs.size(); ++k) {
-      if (sampled[k] < 0) continue;
-      SeqId id = plan.seqs[k].seq_id;
-      outputs[id].push_back(sampled[k]);
-      if (int32_t(outputs[id].size()) == max_new_[id]) sched.finish(id);
-    }
-    return plan;
+    if (plan.empty() && !keep_empty) return false;
+    in_flight_.push_back({std::move(plan), std::move(sampled)});
+    return true;
   }
 
-  void run(int max_steps = 10000) {
-    for (int i = 0; i < max_steps && !sched.idle(); ++i) step();
-    ASSERT_TRUE(sched.idle());
+  StepPlan land() {
+    EXPECT_FALSE(in_flight_.empty());
+    InFlight f = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    const StepPlan& plan = f.plan;
+    sched.commit(plan, f.sampled);
+    for (size_t k = 0; k < plan.seqs.size(); ++k) {
+      if (f.sampled[k] < 0) continue;
+      SeqId id = plan.seqs[k].seq_id;
+      if (!max_new_.count(id)) continue;  // finished by the test while in flight
+      outputs[id].push_back(f.sampled[k]);
+      if (int32_t(outputs[id].size()) == max_new_[id]) sched.finish(id);
+    }
+    return f.plan;
   }
+
+  // Keeps up to `depth` plans in flight, like the engine over a pipeline.
+  void run(int depth = 1, int max_steps = 10000) {
+    for (int i = 0; i < max_steps && !(sched.idle() && in_flight_.empty()); ++i) {
+      while (int(in_flight_.size()) < depth && launch()) {
+      }
+      if (!in_flight_.empty()) land();
+    }
+    ASSERT_TRUE(sched.idle());
+    ASSERT_TRUE(in_flight_.empty());
+  }
+
+  // The test ends a sequence itself (an abort): no more outputs are recorded.
+  void abort(SeqId id) {
+    sched.finish(id);
+    max_new_.erase(id);
+  }
+  size_t n_in_flight() const { return in_flight_.size(); }
 
   Scheduler sched;
   std::map<SeqId, std::vector<int32_t>> outputs;
@@ -91,8 +137,13 @@ class Driver {
     const int32_t bs = sched.config().block_size;
     return kv[size_t(s.block_table[pos / bs]) * bs + pos % bs];
   }
+  struct InFlight {
+    StepPlan plan;
+    std::vector<int32_t> sampled;
+  };
   std::vector<int32_t> kv;  // [n_blocks * block_size] token id stored at each slot
   std::map<SeqId, int32_t> max_new_;
+  std::deque<InFlight> in_flight_;
 };
 
 SchedulerConfig small_config() {
@@ -141,7 +192,9 @@ TEST(Scheduler, ChunkedPrefillSharesStepsWithDecodes) {
     std::set<SeqId> ids;
     for (auto& s : p.seqs) {
       ids.insert(s.seq_id);
-      if (s.seq_id == 1) EXPECT_EQ(s.n_tokens, 1);  // decode
+      if (s.seq_id == 1) {
+        EXPECT_EQ(s.n_tokens, 1);  // decode
+      }
       if (s.seq_id == 2 && s.n_tokens > 1) ++n_chunks;
     }
     if (ids.count(1) && ids.count(2)) ++steps_with_both;
@@ -167,10 +220,10 @@ TEST(Scheduler, RespectsMaxNumSeqs) {
   EXPECT_EQ(d.outputs.size(), 7u);
 }
 
-std::map<SeqId, std::vector<int32_t>> run_workload(SchedulerConfig c, int64_t* n_preempt) {
+std::map<SeqId, std::vector<int32_t>> run_workload(SchedulerConfig c, int64_t* n_preempt, int depth = 1) {
   Driver d(c);
   for (int i = 0; i < 6; ++i) d.add(i, prompt_of(5 + 3 * i, 1000 * i), 24);
-  d.run();
+  d.run(depth);
   *n_preempt = d.sched.stats().n_preemptions;
   EXPECT_EQ(d.sched.pool().n_used(), 0);
   return d.outputs;
@@ -262,6 +315,76 @@ TEST(Scheduler, WithoutChunkingLongPromptWaitsForAFullBudget) {
   ASSERT_EQ(p.seqs.size(), 2u);
   EXPECT_EQ(p.seqs[1].n_tokens, 100);
   d.run();
+}
+
+// Micro-batches in flight (pipeline parallelism): the same outputs as one
+// plan at a time, with and without preemption, at depths 2 and 3.
+TEST(Scheduler, PipelinedPlansGiveIdenticalOutputs) {
+  SchedulerConfig big = small_config();
+  big.n_blocks = 256;
+  int64_t n = 0;
+  const auto ref = run_workload(big, &n, 1);
+  for (int depth : {2, 3}) {
+    EXPECT_EQ(run_workload(big, &n, depth), ref) << "depth " << depth;
+    SchedulerConfig tiny = small_config();
+    tiny.n_blocks = 12;
+    EXPECT_EQ(run_workload(tiny, &n, depth), ref) << "tiny pool, depth " << depth;
+    EXPECT_GT(n, 0);
+  }
+}
+
+TEST(Scheduler, SequencesInFlightAreLeftOutOfTheNextPlan) {
+  Driver d(small_config());
+  for (int i = 0; i < 4; ++i) d.add(i, prompt_of(3, 10 * i), 5);
+  ASSERT_TRUE(d.launch());  // all four prompts
+  EXPECT_FALSE(d.launch());  // nothing else to run until they land
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(d.sched.in_flight(i));
+  d.land();
+  ASSERT_TRUE(d.launch());
+  d.add(9, prompt_of(3, 90), 5);
+  ASSERT_TRUE(d.launch());  // the newcomer runs beside the decodes in flight
+  EXPECT_TRUE(d.sched.in_flight(9));
+  d.run(2);
+  EXPECT_EQ(d.outputs.size(), 5u);
+}
+
+TEST(Scheduler, PlanSeqCapSplitsABurstOverMicroBatches) {
+  Scheduler s(small_config());
+  for (int i = 0; i < 5; ++i) s.add(i, prompt_of(2, 10 * i), 3);
+  EXPECT_EQ(s.schedule(2).seqs.size(), 2u);
+  EXPECT_EQ(s.schedule(2).seqs.size(), 2u);
+  EXPECT_EQ(s.schedule(2).seqs.size(), 1u);
+  EXPECT_EQ(s.n_in_flight(), 5);
+  EXPECT_TRUE(s.schedule(2).empty());
+}
+
+TEST(Scheduler, FinishInFlightKeepsBlocksUntilThePlanLands) {
+  Driver d(small_config());
+  d.add(1, prompt_of(9, 0), 5);
+  ASSERT_TRUE(d.launch());
+  const int32_t used = d.sched.pool().n_used();
+  EXPECT_GT(used, 0);
+  d.abort(1);  // the client went away while its batch runs
+  EXPECT_FALSE(d.sched.has(1));
+  EXPECT_EQ(d.sched.pool().n_used(), used);  // the running batch still writes them
+  d.land();
+  EXPECT_EQ(d.sched.pool().n_used(), 0);
+  EXPECT_TRUE(d.sched.idle());
+}
+
+TEST(Scheduler, ReleasedPlanIsScheduledAgainFromTheSameTokens) {
+  Scheduler s(small_config());
+  s.add(1, prompt_of(6, 0), 3);
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_TRUE(s.schedule().empty());
+  s.release(p);  // the model failed before it ran
+  EXPECT_FALSE(s.in_flight(1));
+  EXPECT_EQ(s.n_computed(1), 0);
+  StepPlan again = s.schedule();
+  ASSERT_EQ(again.seqs.size(), 1u);
+  EXPECT_EQ(again.seqs[0].n_past, 0);
+  EXPECT_EQ(again.seqs[0].token_ids, p.seqs[0].token_ids);
 }
 
 }  // namespace
