@@ -32,6 +32,10 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
     fail(ErrorCode::kInvalidArgument, "engine: the model's KV cache has ", executor.n_kv_blocks(), " blocks of ",
          executor.kv_block_size(), " tokens but the scheduler was configured for ", sc.n_blocks, " blocks of ",
          sc.block_size, "; build both from the same numbers");
+  if (config.max_batches_in_flight < 0)
+    fail(ErrorCode::kInvalidArgument, "engine: max_batches_in_flight must be >= 0, got ", config.max_batches_in_flight);
+  max_in_flight_ = std::max(1, executor.max_in_flight());
+  if (config.max_batches_in_flight > 0) max_in_flight_ = std::min(max_in_flight_, int(config.max_batches_in_flight));
   update_gauges();
 }
 
@@ -127,14 +131,14 @@ void Engine::loop() {
     bool stopping = false, drain = true;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return !queue_.empty() || stop_requested_ || !sched_.idle(); });
+      cv_.wait(lock, [&] { return !queue_.empty() || stop_requested_ || !idle(); });
       stopping = stop_requested_;
       drain = drain_;
     }
     try {
       drain_queue();
       if (stopping && !drain) abort_all("");
-      if (sched_.idle()) {
+      if (idle()) {
         if (stopping) {
           std::lock_guard<std::mutex> lock(mutex_);
           if (queue_.empty()) break;
@@ -152,7 +156,7 @@ void Engine::loop() {
 
 bool Engine::run_step() {
   drain_queue();
-  if (sched_.idle()) {
+  if (idle()) {
     update_gauges();
     return false;
   }
@@ -274,20 +278,49 @@ void Engine::abort_all(const std::string& error) {
   for (const auto& id : ids) abort_request(id, error);
 }
 
+void Engine::fail_plan(const StepPlan& plan, const std::exception& e) {
+  sched_.release(plan);
+  std::vector<std::string> ids;
+  for (const auto& sc : plan.seqs)
+    if (auto it = seqs_.find(sc.seq_id); it != seqs_.end()) ids.push_back(it->second->request->request.request_id);
+  for (const auto& id : ids) abort_request(id, std::string("model execution failed: ") + e.what());
+}
+
 bool Engine::step_inner() {
-  StepPlan plan = sched_.schedule();
-  SHARDLM_CHECK(!plan.empty(), "scheduler made no progress with ", sched_.n_running(), " running and ",
+  // Fill the pipeline: each plan leaves out the sequences already in flight,
+  // and takes about its share of the live ones, so that a burst of requests
+  // arriving together is split over the micro-batches instead of moving
+  // through the stages as one batch with the other stages idle.
+  while (static_cast<int>(in_flight_.size()) < max_in_flight_) {
+    int32_t share = 0;
+    if (max_in_flight_ > 1) {
+      const int32_t n_live = sched_.n_running() + sched_.n_waiting();
+      share = std::max<int32_t>(1, (n_live + max_in_flight_ - 1) / max_in_flight_);
+    }
+    StepPlan plan = sched_.schedule(share);
+    if (plan.empty()) break;
+    try {
+      executor_.submit(make_forward_batch(plan));
+    } catch (const std::exception& e) {
+      fail_plan(plan, e);
+      return true;
+    }
+    const bool overlapped = !in_flight_.empty();
+    in_flight_.push_back(std::move(plan));
+    if (overlapped) metrics_.update([](MetricsSnapshot& m) { ++m.pipeline_overlapped_batches_total; });
+  }
+  SHARDLM_CHECK(!in_flight_.empty(), "scheduler made no progress with ", sched_.n_running(), " running and ",
                 sched_.n_waiting(), " waiting sequences");
-  const ForwardBatch batch = make_forward_batch(plan);
-  const int64_t n_logits = batch.n_logits();
+  const StepPlan plan = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  int64_t n_logits = 0;
+  for (const auto& sc : plan.seqs) n_logits += sc.need_logits ? 1 : 0;
   logits_.assign(size_t(n_logits * vocab_size_), 0.0f);
   try {
-    executor_.execute(batch, logits_.data());
+    executor_.collect(logits_.data());
   } catch (const std::exception& e) {
     // The KV of the scheduled sequences is in doubt: end them with the error.
-    std::vector<std::string> ids;
-    for (const auto& sc : plan.seqs) ids.push_back(seqs_.at(sc.seq_id)->request->request.request_id);
-    for (const auto& id : ids) abort_request(id, std::string("model execution failed: ") + e.what());
+    fail_plan(plan, e);
     return true;
   }
 
@@ -297,7 +330,12 @@ bool Engine::step_inner() {
   int64_t row = 0;
   for (size_t k = 0; k < plan.seqs.size(); ++k) {
     if (!plan.seqs[k].need_logits) continue;
-    SeqState& seq = *seqs_.at(plan.seqs[k].seq_id);
+    auto live = seqs_.find(plan.seqs[k].seq_id);
+    if (live == seqs_.end()) {  // aborted while its batch was in flight
+      ++row;
+      continue;
+    }
+    SeqState& seq = *live->second;
     const EngineRequest& r = seq.request->request;
     banned.clear();
     if (static_cast<int32_t>(seq.output_ids.size()) < r.stop.min_tokens) {

@@ -1,8 +1,10 @@
 // The serving engine: one thread owns the scheduler, the KV bookkeeping and
 // every live sequence; other threads only post commands (submit, abort) to its
-// queue (llama.cpp's server queue). Per step: schedule -> executor.execute ->
-// sample each sequence that reached its last token -> commit -> stream
-// outputs through the request's callbacks.
+// queue (llama.cpp's server queue). Per step: schedule -> executor.submit
+// (repeated while the pipeline has room: micro-batches of disjoint sequences,
+// so PP stages all have work) -> collect the oldest batch -> sample each
+// sequence that reached its last token -> commit -> stream outputs through
+// the request's callbacks.
 //
 // Threading: submit/abort/stop/metrics are thread-safe. Callbacks run on the
 // engine thread. Without start(), drive it yourself with run_step() (tests,
@@ -35,6 +37,9 @@ struct EngineConfig {
   std::vector<int32_t> eos_token_ids;        // end the sequence ("stop") unless ignore_eos
   int32_t max_n = 64;                        // largest accepted EngineRequest::n
   int32_t max_live_requests = 0;             // > 0: submit refuses more (kOutOfMemory -> HTTP 429)
+  // Micro-batches in flight at once: 0 = as many as the executor takes (its
+  // pipeline depth, PP); 1 = one batch per step (no pipeline overlap).
+  int32_t max_batches_in_flight = 0;
 };
 
 class Engine {
@@ -115,6 +120,9 @@ class Engine {
   void abort_request(const std::string& request_id, const std::string& error);
   void abort_all(const std::string& error);
   bool step_inner();
+  bool idle() const { return sched_.idle() && in_flight_.empty(); }
+  // Ends the requests of a plan that failed to run (their KV is in doubt).
+  void fail_plan(const StepPlan& plan, const std::exception& e);
   void process_token(SeqState& seq, int32_t token, std::optional<TokenLogprobs> logprobs, Clock::time_point now);
   void finish_seq(SeqState& seq, SequenceOutput& out);
   void emit(RequestState& request, const SequenceOutput& out);
@@ -132,6 +140,8 @@ class Engine {
   std::unordered_map<SeqId, std::unique_ptr<SeqState>> seqs_;
   SeqId next_seq_id_ = 1;
   std::vector<float> logits_;  // [n_logits, vocab]
+  std::deque<StepPlan> in_flight_;  // submitted to the executor, oldest first
+  int max_in_flight_ = 1;
 
   // Shared with submitting threads.
   mutable std::mutex mutex_;

@@ -42,7 +42,12 @@ LocalGroupExecutor::LocalGroupExecutor(const ModelSpec& spec, std::shared_ptr<co
 
 LocalGroupExecutor::~LocalGroupExecutor() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    // Uncollected batches run to their end first: a stage that stopped early
+    // would leave the next stage waiting for its hidden states.
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] {
+      return broken_ || std::all_of(jobs_.begin(), jobs_.end(), [&](const auto& j) { return j->n_done == n_ranks_; });
+    });
     shutdown_ = true;
   }
   cv_.notify_all();
@@ -53,7 +58,6 @@ void LocalGroupExecutor::run_rank(int rank) {
   auto& world = *static_cast<World*>(world_.get());
   Communicator& comm = *world.comms[rank];
   const Layout& layout = options_.layout;
-  bool loaded = false;
   try {
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     backend::set_num_threads(options_.n_threads_per_rank > 0 ? options_.n_threads_per_rank
@@ -62,30 +66,36 @@ void LocalGroupExecutor::run_rank(int rank) {
     const int tp_rank = rank % layout.tp, pp_rank = rank / layout.tp;
     auto model = CausalLM::load(spec_, weights_, layout, tp_rank, pp_rank, *comms.tp, *comms.pp);
     KvCache cache = model->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype);
-    uint64_t seen = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (rank == 0) kv_block_bytes_rank0_ = model->kv_block_bytes(options_.block_size, options_.kv_dtype);
       rank_memory_[rank] = RankMemory{tp_rank, pp_rank, model->weight_bytes(), cache.bytes()};
       ++n_loaded_;
-      loaded = true;
     }
     cv_.notify_all();
-    for (;;) {
-      const ForwardBatch* batch = nullptr;
-      float* logits = nullptr;
+    // The last stage's tp 0 writes the logits straight into the job.
+    const bool writes_logits = tp_rank == 0 && pp_rank == layout.pp - 1;
+    for (uint64_t next = 0;; ++next) {
+      std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return shutdown_ || generation_ != seen; });
+        cv_.wait(lock, [&] { return shutdown_ || n_submitted_ > next; });
         if (shutdown_) return;
-        seen = generation_;
-        batch = batch_;
-        logits = logits_;
+        // Uncollected jobs stay in jobs_ until every rank is done with them.
+        job = jobs_[static_cast<size_t>(next - jobs_.front()->index)];
+        for (const auto& earlier : jobs_) {
+          if (earlier->index >= next) break;
+          if (earlier->n_done < n_ranks_) {
+            ++n_overlapped_starts_;
+            break;
+          }
+        }
+        ++job->n_started;
       }
-      model->forward(*batch, cache, model->is_driver() ? logits : nullptr);
+      model->run_stage(job->batch, cache, writes_logits ? job->logits.data() : nullptr);
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        ++n_done_;
+        ++job->n_done;
       }
       cv_.notify_all();
     }
@@ -94,23 +104,46 @@ void LocalGroupExecutor::run_rank(int rank) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!error_) error_ = std::current_exception();
     broken_ = true;
-    if (loaded) ++n_done_;
     cv_.notify_all();
   }
 }
 
-void LocalGroupExecutor::execute(const ForwardBatch& batch, float* logits) {
-  std::unique_lock<std::mutex> lock(mutex_);
+void LocalGroupExecutor::submit(ForwardBatch batch) {
+  auto job = std::make_shared<Job>();
+  job->logits.assign(static_cast<size_t>(batch.n_logits() * vocab_size_), 0.0f);
+  job->batch = std::move(batch);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (broken_) fail(ErrorCode::kDistributed, "the model's rank group failed earlier and cannot run more steps");
-  batch_ = &batch;
-  logits_ = logits;
-  n_done_ = 0;
-  ++generation_;
+  SHARDLM_CHECK(static_cast<int>(jobs_.size()) < max_in_flight(), "submit beyond max_in_flight (", max_in_flight(), ")");
+  job->index = n_submitted_++;
+  jobs_.push_back(std::move(job));
   cv_.notify_all();
-  // A failed rank counts as done (its peers are released from their
-  // collectives by the world abort and count as done too).
-  cv_.wait(lock, [&] { return n_done_ == n_ranks_; });
+}
+
+void LocalGroupExecutor::collect(float* logits) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  SHARDLM_CHECK(!jobs_.empty(), "collect with no batch submitted");
+  // A failed rank aborts the world, so its peers fail too instead of waiting.
+  cv_.wait(lock, [&] { return broken_ || jobs_.front()->n_done == n_ranks_; });
   if (broken_) std::rethrow_exception(error_);
+  std::shared_ptr<Job> job = std::move(jobs_.front());
+  jobs_.pop_front();
+  lock.unlock();
+  std::copy(job->logits.begin(), job->logits.end(), logits);
+}
+
+void LocalGroupExecutor::execute(const ForwardBatch& batch, float* logits) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    SHARDLM_CHECK(jobs_.empty(), "execute with batches in flight; collect them first");
+  }
+  submit(batch);
+  collect(logits);
+}
+
+int64_t LocalGroupExecutor::n_overlapped_starts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return n_overlapped_starts_;
 }
 
 }  // namespace shardlm

@@ -1,13 +1,16 @@
 // The real-model ModelExecutor for one replica whose TP x PP ranks are
 // threads of this process (LocalComm): each rank thread loads its CausalLM
 // slice and its KV cache once, then runs every ForwardBatch the engine hands
-// over; the driver rank (tp 0, pp 0) writes the logits. TP = PP = 1 is the
-// plain single-device case. (An MPI executor would broadcast the batch to
-// the other processes the same way; not written yet.)
+// over, in submission order; the last stage's tp 0 writes the logits. With
+// PP > 1 up to PP batches are in flight: each rank thread moves on to the
+// next batch as soon as its stage is done with the current one, so stage 0
+// runs batch k+1 while stage 1 runs batch k. TP = PP = 1 is the plain
+// single-device case.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -40,6 +43,9 @@ class LocalGroupExecutor final : public ModelExecutor {
 
   int64_t vocab_size() const override { return vocab_size_; }
   void execute(const ForwardBatch& batch, float* logits) override;
+  int max_in_flight() const override { return options_.layout.pp; }
+  void submit(ForwardBatch batch) override;
+  void collect(float* logits) override;
   int64_t n_kv_blocks() const override { return options_.n_blocks; }
   int64_t kv_block_size() const override { return options_.block_size; }
 
@@ -56,6 +62,10 @@ class LocalGroupExecutor final : public ModelExecutor {
   };
   const std::vector<RankMemory>& rank_memory() const { return rank_memory_; }
 
+  // Times a rank started a batch while an earlier batch was still running on
+  // another rank: the pipeline overlap that micro-batches buy (0 with PP = 1).
+  int64_t n_overlapped_starts() const;
+
  private:
   void run_rank(int rank);
 
@@ -67,18 +77,26 @@ class LocalGroupExecutor final : public ModelExecutor {
   int64_t kv_block_bytes_rank0_ = 0;
   std::vector<RankMemory> rank_memory_;
 
-  std::mutex mutex_;
+  // A submitted batch; every rank runs it once, in index order.
+  struct Job {
+    uint64_t index = 0;
+    ForwardBatch batch;
+    std::vector<float> logits;  // [n_logits, vocab]: written by the last stage's tp 0
+    int n_started = 0;
+    int n_done = 0;
+  };
+
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<std::thread> threads_;
   std::shared_ptr<void> world_;      // keeps the LocalComm world alive
   int n_loaded_ = 0;
-  uint64_t generation_ = 0;          // bumped per execute
-  int n_done_ = 0;                   // ranks finished with the current generation
+  std::deque<std::shared_ptr<Job>> jobs_;  // submitted, not collected; oldest first
+  uint64_t n_submitted_ = 0;
+  int64_t n_overlapped_starts_ = 0;
   bool shutdown_ = false;
   bool broken_ = false;              // a rank failed: the group cannot run again
   std::exception_ptr error_;
-  const ForwardBatch* batch_ = nullptr;
-  float* logits_ = nullptr;
 };
 
 }  // namespace shardlm

@@ -101,6 +101,9 @@ std::string Metrics::render_prometheus(const std::string& model_name) const {
             double(m.prefix_cache_queries_total));
   w.counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
             double(m.prefix_cache_hits_total));
+  w.counter("shardlm:pipeline_overlapped_batches_total",
+            "Micro-batches submitted while an earlier one was still in the pipeline (PP stages kept busy).",
+            double(m.pipeline_overlapped_batches_total));
   w.head("vllm:request_success_total", "counter", "Count of successfully processed requests.");
   for (const char* reason : {"stop", "length", "abort"}) {
     auto it = m.request_success_total.find(reason);

@@ -29,6 +29,7 @@ struct MetricsSnapshot {
   int64_t num_preemptions_total = 0;
   int64_t prefix_cache_queries_total = 0;  // tokens
   int64_t prefix_cache_hits_total = 0;     // tokens
+  int64_t pipeline_overlapped_batches_total = 0;  // submitted while an earlier batch was in the pipeline
   std::map<std::string, int64_t> request_success_total;  // by finished_reason: stop, length, abort
   Histogram time_to_first_token_seconds;
   Histogram inter_token_latency_seconds;

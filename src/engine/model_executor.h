@@ -1,11 +1,20 @@
-// What the engine needs from a model: run one ForwardBatch (on every rank
+// What the engine needs from a model: run ForwardBatches (on every rank
 // behind it) and return the logits of the tokens that asked for them. The
 // executor owns the KV tensors, sized for the engine's n_blocks x block_size;
 // the engine owns which block holds which positions.
+//
+// Two ways to drive it. execute: one batch, synchronously. submit/collect: a
+// pipeline of PP stages keeps up to max_in_flight() batches moving at once
+// (stage 0 runs batch k+1 while stage 1 runs batch k); the engine submits
+// batches of disjoint sequences and collects them oldest first. Batches run
+// in submission order on every rank, so a later batch sees the KV an earlier
+// one wrote.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 
+#include "core/error.h"
 #include "model/forward_batch.h"
 
 namespace shardlm {
@@ -16,11 +25,34 @@ class ModelExecutor {
   virtual int64_t vocab_size() const = 0;
   // logits: [batch.n_logits(), vocab_size()] row-major, one row per sequence
   // with need_logits, in batch.seqs order. Throws shardlm::Error on failure.
+  // Only with nothing in flight.
   virtual void execute(const ForwardBatch& batch, float* logits) = 0;
+
+  // How many submitted batches may wait uncollected: the pipeline depth.
+  virtual int max_in_flight() const { return 1; }
+  // Starts `batch`. At most max_in_flight() uncollected batches.
+  // The default keeps it and runs it at collect.
+  virtual void submit(ForwardBatch batch) {
+    SHARDLM_CHECK(static_cast<int>(pending_.size()) < max_in_flight(), "submit beyond max_in_flight (",
+                  max_in_flight(), ")");
+    pending_.push_back(std::move(batch));
+  }
+  // Waits for the oldest submitted batch and writes its logits
+  // ([n_logits, vocab_size()]). Throws what running it threw.
+  virtual void collect(float* logits) {
+    SHARDLM_CHECK(!pending_.empty(), "collect with no batch submitted");
+    ForwardBatch batch = std::move(pending_.front());
+    pending_.pop_front();
+    execute(batch, logits);
+  }
+
   // KV geometry the executor allocated, checked against the engine's
   // SchedulerConfig at construction; 0 = not known (fakes).
   virtual int64_t n_kv_blocks() const { return 0; }
   virtual int64_t kv_block_size() const { return 0; }
+
+ private:
+  std::deque<ForwardBatch> pending_;  // the default submit/collect
 };
 
 }  // namespace shardlm

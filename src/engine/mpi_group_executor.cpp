@@ -162,18 +162,67 @@ void MpiGroupExecutor::abort_world(const char* where, const std::exception& e) {
   throw Error(ErrorCode::kDistributed, what);
 }
 
-void MpiGroupExecutor::execute(const ForwardBatch& batch, float* logits) {
-  if (!is_driver()) fail(ErrorCode::kInternal, "execute is for the replica's driver; other ranks call run_worker");
-  if (shut_down_) fail(ErrorCode::kInternal, "execute after shutdown");
+void MpiGroupExecutor::pass_message(std::vector<int32_t>& message) {
+  const bool first_stage = comms_.pp->rank() == 0;
+  int64_t n = static_cast<int64_t>(message.size());
+  if (first_stage) {
+    comms_.tp->broadcast(&n, sizeof n, 0);
+  } else {
+    comms_.pp->recv(&n, sizeof n, comms_.pp->rank() - 1);
+  }
+  if (n < 1 || n > (int64_t{1} << 31))
+    fail(ErrorCode::kCorruptFile, "batch message of ", n, " ints announced by the driver");
+  message.resize(static_cast<size_t>(n));
+  if (first_stage) {
+    comms_.tp->broadcast(message.data(), message.size() * sizeof(int32_t), 0);
+  } else {
+    comms_.pp->recv(message.data(), message.size() * sizeof(int32_t), comms_.pp->rank() - 1);
+  }
+  if (comms_.pp->rank() + 1 < comms_.pp->size()) {
+    comms_.pp->send_async(&n, sizeof n, comms_.pp->rank() + 1);
+    comms_.pp->send_async(message.data(), message.size() * sizeof(int32_t), comms_.pp->rank() + 1);
+  }
+}
+
+void MpiGroupExecutor::submit(ForwardBatch batch) {
+  if (!is_driver()) fail(ErrorCode::kInternal, "submit is for the replica's driver; other ranks call run_worker");
+  if (shut_down_) fail(ErrorCode::kInternal, "submit after shutdown");
+  SHARDLM_CHECK(static_cast<int>(in_flight_.size()) < max_in_flight(), "submit beyond max_in_flight (",
+                max_in_flight(), ")");
   try {
-    const std::vector<int32_t> message = encode_forward_batch(batch);
-    int64_t n = static_cast<int64_t>(message.size());
-    replica_->broadcast(&n, sizeof n, 0);
-    replica_->broadcast(const_cast<int32_t*>(message.data()), message.size() * sizeof(int32_t), 0);
-    model_->forward(batch, cache_, logits);
+    std::vector<int32_t> message = encode_forward_batch(batch);
+    pass_message(message);
+    InFlight job;
+    job.batch = std::move(batch);
+    const bool single_stage = options_.layout.pp == 1;
+    if (single_stage) job.logits.resize(static_cast<size_t>(job.batch.n_logits() * vocab_size_));
+    model_->run_stage(job.batch, cache_, single_stage ? job.logits.data() : nullptr);
+    in_flight_.push_back(std::move(job));
   } catch (const std::exception& e) {
     abort_world("running a batch", e);
   }
+}
+
+void MpiGroupExecutor::collect(float* logits) {
+  if (!is_driver()) fail(ErrorCode::kInternal, "collect is for the replica's driver");
+  SHARDLM_CHECK(!in_flight_.empty(), "collect with no batch submitted");
+  InFlight job = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  try {
+    if (options_.layout.pp == 1) {
+      std::copy(job.logits.begin(), job.logits.end(), logits);
+    } else {
+      model_->receive_logits(job.batch, logits);
+    }
+  } catch (const std::exception& e) {
+    abort_world("receiving logits", e);
+  }
+}
+
+void MpiGroupExecutor::execute(const ForwardBatch& batch, float* logits) {
+  SHARDLM_CHECK(in_flight_.empty(), "execute with batches in flight; collect them first");
+  submit(batch);
+  collect(logits);
 }
 
 void MpiGroupExecutor::run_worker() {
@@ -181,14 +230,9 @@ void MpiGroupExecutor::run_worker() {
   try {
     std::vector<int32_t> message;
     for (;;) {
-      int64_t n = 0;
-      replica_->broadcast(&n, sizeof n, 0);
-      if (n < 1 || n > (int64_t{1} << 31))
-        fail(ErrorCode::kCorruptFile, "batch message of ", n, " ints announced by the driver");
-      message.resize(static_cast<size_t>(n));
-      replica_->broadcast(message.data(), message.size() * sizeof(int32_t), 0);
+      pass_message(message);
       if (!decode_forward_batch(message, &batch_)) return;
-      model_->forward(batch_, cache_, nullptr);
+      model_->run_stage(batch_, cache_, nullptr);
     }
   } catch (const std::exception& e) {
     abort_world("running a batch", e);
@@ -197,11 +241,16 @@ void MpiGroupExecutor::run_worker() {
 
 void MpiGroupExecutor::shutdown() {
   if (!is_driver() || shut_down_) return;
+  // Logits still on their way are received first: the last stage's sends
+  // must complete before its process may exit.
+  std::vector<float> discard;
+  while (!in_flight_.empty()) {
+    discard.resize(static_cast<size_t>(in_flight_.front().batch.n_logits() * vocab_size_));
+    collect(discard.data());
+  }
   shut_down_ = true;
   std::vector<int32_t> message = encode_shutdown();
-  int64_t n = static_cast<int64_t>(message.size());
-  replica_->broadcast(&n, sizeof n, 0);
-  replica_->broadcast(message.data(), message.size() * sizeof(int32_t), 0);
+  pass_message(message);
 }
 
 std::string describe_rank_bytes(const std::vector<RankBytes>& ranks) {

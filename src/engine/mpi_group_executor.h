@@ -5,11 +5,15 @@
 // its own shard from the model directory, and the ranks report their weight
 // and KV bytes to the replica's driver (tp 0, pp 0).
 //
-// The driver hands each ForwardBatch to execute(): it is encoded (see
-// encode_forward_batch) and broadcast over the replica, every rank runs the
-// forward, the driver receives the logits. The other ranks sit in
-// run_worker() until the driver's shutdown() (or its destructor) broadcasts
-// the end. A rank that throws calls Communicator::abort, which with MPI is
+// The driver hands each ForwardBatch to submit() (or execute()): it is
+// encoded (see encode_forward_batch) and broadcast over stage 0's TP group;
+// every rank passes the message on to the same tp rank of the next stage
+// ahead of the hidden states, so each stage learns of batch k when its input
+// arrives and is free to run batch k+1 meanwhile: up to PP batches are in
+// flight. The last stage's tp 0 sends the logits back to the driver, which
+// receives them at collect(). Every pipeline send is asynchronous, so the
+// ring of stages cannot deadlock. The other ranks sit in run_worker() until
+// the driver's shutdown() (or its destructor) sends the end the same way. A rank that throws calls Communicator::abort, which with MPI is
 // MPI_Abort: mpirun stops every process and names the failed one.
 //
 // Only Communicator is used, so the same executor also runs over LocalComm
@@ -17,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -66,6 +71,9 @@ class MpiGroupExecutor final : public ModelExecutor {
   int64_t vocab_size() const override { return vocab_size_; }
   // Driver only. logits: [batch.n_logits(), vocab_size()].
   void execute(const ForwardBatch& batch, float* logits) override;
+  int max_in_flight() const override { return options_.layout.pp; }
+  void submit(ForwardBatch batch) override;  // driver only
+  void collect(float* logits) override;      // driver only
   int64_t n_kv_blocks() const override { return options_.n_blocks; }
   int64_t kv_block_size() const override { return options_.block_size; }
   // Non-driver ranks: run every batch the driver broadcasts; returns after
@@ -84,8 +92,16 @@ class MpiGroupExecutor final : public ModelExecutor {
   int64_t kv_block_bytes() const { return model_->kv_block_bytes(options_.block_size, options_.kv_dtype); }
 
  private:
-  void run_batch(const std::vector<int32_t>& message, float* logits);
+  // Stage 0 receives the driver's message over its TP group; later stages
+  // from the previous stage. Either way it is passed on to the next stage.
+  void pass_message(std::vector<int32_t>& message);
   [[noreturn]] void abort_world(const char* where, const std::exception& e);
+
+  // A batch the driver submitted and has not collected.
+  struct InFlight {
+    ForwardBatch batch;
+    std::vector<float> logits;  // PP = 1: the logits, made at submit
+  };
 
   Communicator& world_;
   MpiGroupOptions options_;
@@ -98,6 +114,7 @@ class MpiGroupExecutor final : public ModelExecutor {
   KvCache cache_;
   std::vector<RankBytes> rank_bytes_;
   ForwardBatch batch_;  // the decoded batch (workers)
+  std::deque<InFlight> in_flight_;  // driver
   bool shut_down_ = false;
 };
 

@@ -62,6 +62,9 @@ class FakeModel : public ModelExecutor {
         slot_token_(size_t(n_blocks) * block_size, -1), slot_pos_(size_t(n_blocks) * block_size, -1) {}
 
   int64_t vocab_size() const override { return vocab_; }
+  // > 1: behaves as a pipeline of that depth (ModelExecutor's default
+  // submit/collect, which runs each batch at its collect, in order).
+  int max_in_flight() const override { return depth; }
 
   void execute(const ForwardBatch& batch, float* logits) override {
     ++n_steps;
@@ -127,6 +130,7 @@ class FakeModel : public ModelExecutor {
   std::vector<int32_t> batch_sizes;
   std::vector<std::string> errors;  // consistency violations seen
   bool throw_next = false;
+  int depth = 1;
 
  private:
   template <typename... A>

@@ -217,20 +217,25 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-// `mpirun -np tp*dp shardlm serve --tp tp --dp dp`: every replica's driver
-// answers /v1/completions on port + d with the TP=1 greedy text; rank 0 logs
-// the router line naming every replica.
-void serve_matches_tp1(const std::string& cli, const std::string& root, const std::string& dir, int tp, int dp) {
+// `mpirun -np tp*pp*dp shardlm serve --tp tp --pp pp --dp dp`: every
+// replica's driver answers /v1/completions on port + d with the TP=1 greedy
+// text; rank 0 logs the router line naming every replica. With pp > 1 four
+// requests arrive at once, so micro-batches pipeline through the stages'
+// processes.
+void serve_matches_tp1(const std::string& cli, const std::string& root, const std::string& dir, int tp, int dp,
+                       int pp = 1) {
   const std::string prompt = "3,141,59,26,5,35,8";
   Proc one = run(cli + " generate " + dir + " --prompt-ids " + prompt + " --max-tokens 6 --json", "serve_tp1");
   ASSERT_EQ(one.rc, 0) << one.out << one.err;
   const auto want = nlohmann::json::parse(one.out);
   const int port = free_port() / 2 * 2;  // keep port + 1 nearby
-  const std::string log = root + "/mpi_serve_tp" + std::to_string(tp) + "dp" + std::to_string(dp) + ".log";
+  const std::string name = "tp" + std::to_string(tp) + "pp" + std::to_string(pp) + "dp" + std::to_string(dp);
+  const std::string log = root + "/mpi_serve_" + name + ".log";
   const std::string cmd = std::string(SHARDLM_MPIRUN_PATH) +
-                          " --oversubscribe --allow-run-as-root --mca btl self,vader -np " + std::to_string(tp * dp) +
-                          " " + cli + " serve " + dir + " --tp " + std::to_string(tp) + " --dp " + std::to_string(dp) +
-                          " --host 127.0.0.1 --port " + std::to_string(port) + " --kv-cache-memory 8MiB";
+                          " --oversubscribe --allow-run-as-root --mca btl self,vader -np " +
+                          std::to_string(tp * pp * dp) + " " + cli + " serve " + dir + " --tp " + std::to_string(tp) +
+                          " --pp " + std::to_string(pp) + " --dp " + std::to_string(dp) + " --host 127.0.0.1 --port " +
+                          std::to_string(port) + " --kv-cache-memory 8MiB";
   Proc started = run("sh -c '" + cmd + " >" + log + " 2>&1 & echo $!'", "serve_start");
   const int pid = std::stoi(started.out);
   auto log_text = [&] {
@@ -250,13 +255,35 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
     ASSERT_TRUE(ready) << "replica " << d << " did not become ready:\n" << log_text();
     const std::string body = R"({"model":")" + dir + R"(","prompt":[)" + prompt +
                              R"(],"max_tokens":6,"temperature":0})";
-    Proc c = run("curl -s " + base + "/v1/completions -H 'Content-Type: application/json' -d '" + body + "'",
-                 "serve_completion");
+    const int n_concurrent = pp > 1 ? 4 : 1;
+    const std::string out = root + "/mpi_serve_" + name + "_r" + std::to_string(d) + "_";
+    std::string script;
+    for (int k = 0; k < n_concurrent; ++k)
+      script += "curl -s " + base + "/v1/completions -H 'Content-Type: application/json' -d '" + body + "' >" + out +
+                std::to_string(k) + " & ";
+    {
+      std::ofstream sh(out + "requests.sh");
+      sh << script << "wait\n";
+    }
+    Proc c = run("sh " + out + "requests.sh", "serve_completion");
     ASSERT_EQ(c.rc, 0) << c.err;
-    const auto j = nlohmann::json::parse(c.out);
-    ASSERT_TRUE(j.contains("choices")) << c.out;
-    EXPECT_EQ(j["choices"][0]["text"], want["text"]) << "replica " << d << ": " << c.out;
-    EXPECT_EQ(j["usage"]["completion_tokens"], want["token_ids"].size()) << c.out;
+    for (int k = 0; k < n_concurrent; ++k) {
+      std::ifstream in(out + std::to_string(k));
+      std::stringstream ss;
+      ss << in.rdbuf();
+      const auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+      ASSERT_TRUE(j.is_object() && j.contains("choices")) << ss.str();
+      EXPECT_EQ(j["choices"][0]["text"], want["text"]) << "replica " << d << ": " << ss.str();
+      EXPECT_EQ(j["usage"]["completion_tokens"], want["token_ids"].size()) << ss.str();
+    }
+    if (pp > 1) {
+      // The requests were split over micro-batches that overlapped in the pipeline.
+      Proc m = run("curl -s " + base + "/metrics", "serve_metrics");
+      std::smatch hit;
+      ASSERT_TRUE(std::regex_search(m.out, hit, std::regex("shardlm:pipeline_overlapped_batches_total\\S* ([0-9.e+]+)")))
+          << m.out;
+      EXPECT_GT(std::stod(hit[1]), 0.0) << m.out;
+    }
   }
   kill(pid, SIGTERM);
   // mpirun is not our child (sh started it): poll until it is gone.
@@ -281,5 +308,6 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
 
 TEST_F(MpiGenerate, ServeTp2AnswersWithTheTp1Tokens) { serve_matches_tp1(cli_, root_, m7_, 2, 1); }
 TEST_F(MpiGenerate, ServeTp2Dp2ReplicasOnTwoPorts) { serve_matches_tp1(cli_, root_, m7_, 2, 2); }
+TEST_F(MpiGenerate, ServePp2PipelinesConcurrentRequests) { serve_matches_tp1(cli_, root_, m14_, 1, 1, 2); }
 
 }  // namespace

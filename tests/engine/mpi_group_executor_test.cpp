@@ -8,11 +8,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <string>
 
 #include "comm/local_comm.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "engine/mpi_group_executor.h"
 #include "loader/synthetic_checkpoint.h"
 #include "model/generate.h"
@@ -137,6 +139,61 @@ TEST_F(MpiExecutorThreads, ReplicasMatchOneRankAndReportPlanBytes) {
       }
     }
   }
+}
+
+// The serving engine over the replica's pipeline: several requests, up to
+// PP micro-batches in flight (stage 0 runs batch k+1 while later stages run
+// batch k; each stage learns of a batch from the message that precedes its
+// input), the tokens of one request at a time on one rank.
+std::map<int, std::vector<int32_t>> serve_requests(const std::filesystem::path& dir, const Layout& layout,
+                                                   int in_flight, int n_requests) {
+  std::map<int, std::vector<int32_t>> got;
+  run_local_ranks(layout.world_size(), [&](Communicator& world) {
+    MpiGroupOptions mo;
+    mo.model_dir = dir;
+    mo.layout = layout;
+    mo.n_blocks = 64;
+    mo.block_size = 4;
+    mo.kv_dtype = DType::kF32;
+    mo.n_threads_per_rank = 1;
+    MpiGroupExecutor ex(world, mo);
+    if (!ex.is_driver()) {
+      ex.run_worker();
+      return;
+    }
+    EXPECT_EQ(ex.max_in_flight(), layout.pp);
+    EngineConfig cfg;
+    cfg.scheduler.n_blocks = 64;
+    cfg.scheduler.block_size = 4;
+    cfg.scheduler.max_num_batched_tokens = 16;
+    cfg.scheduler.max_model_len = 64;
+    cfg.max_batches_in_flight = in_flight;
+    {
+      Engine engine(cfg, ex);
+      for (int i = 0; i < n_requests; ++i) {
+        EngineRequest r;
+        r.request_id = std::to_string(i);
+        for (int k = 0; k < 5 + 3 * i; ++k) r.prompt_token_ids.push_back((k * 31 + i * 7 + 2) % 300);
+        r.sampling.temperature = 0.0;
+        r.stop.max_tokens = 5;
+        engine.submit(r, {[&got, i](const SequenceOutput& o) {
+          got[i].insert(got[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        }});
+      }
+      engine.run_until_idle();
+    }
+    ex.shutdown();
+  });
+  return got;
+}
+
+TEST_F(MpiExecutorThreads, EnginePipelinesMicroBatchesWithTheSameTokens) {
+  const auto want = serve_requests(dir_, Layout{1, 1, 1, {}}, 0, 5);
+  ASSERT_EQ(want.size(), 5u);
+  for (const auto& [i, tokens] : want) EXPECT_EQ(tokens.size(), 5u) << "request " << i;
+  EXPECT_EQ(serve_requests(dir_, Layout{1, 3, 1, {}}, 0, 5), want) << "PP3, 3 in flight";
+  EXPECT_EQ(serve_requests(dir_, Layout{2, 2, 1, {}}, 0, 5), want) << "TP2 x PP2, 2 in flight";
+  EXPECT_EQ(serve_requests(dir_, Layout{1, 2, 1, {}}, 1, 5), want) << "PP2, one batch at a time";
 }
 
 TEST_F(MpiExecutorThreads, WorldSizeMustMatchTheLayout) {

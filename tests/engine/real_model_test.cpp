@@ -21,7 +21,10 @@ std::vector<int32_t> prompt_for(int i, int64_t vocab) {
   return p;
 }
 
-void run_engine_against_reference(int tp, int pp, int32_t n_blocks, bool expect_preemption) {
+// in_flight: EngineConfig::max_batches_in_flight (0: the executor's depth, PP).
+// Returns the executor's overlapped starts (pipeline stages running
+// different batches at the same time).
+int64_t run_engine_against_reference(int tp, int pp, int32_t n_blocks, bool expect_preemption, int in_flight = 0) {
   ModelSpec spec = testing::qwen25_7b_like(256, 2, 512, 384);
   auto weights = testing::random_weights(spec, 3);
   constexpr int kRequests = 5;
@@ -56,6 +59,7 @@ void run_engine_against_reference(int tp, int pp, int32_t n_blocks, bool expect_
   cfg.scheduler.block_size = 4;
   cfg.scheduler.max_num_batched_tokens = 16;  // prompts of up to 26 tokens are chunked
   cfg.scheduler.max_model_len = 64;
+  cfg.max_batches_in_flight = in_flight;
   Engine engine(cfg, executor);
 
   std::map<int, std::vector<int32_t>> got;
@@ -95,6 +99,12 @@ void run_engine_against_reference(int tp, int pp, int32_t n_blocks, bool expect_
     EXPECT_GT(m.num_preemptions_total, 0);
   }
   EXPECT_DOUBLE_EQ(m.kv_cache_usage_perc, 0.0);
+  if (pp == 1 || in_flight == 1) {
+    EXPECT_EQ(m.pipeline_overlapped_batches_total, 0);
+  } else {
+    EXPECT_GT(m.pipeline_overlapped_batches_total, 0);
+  }
+  return executor.n_overlapped_starts();
 }
 
 TEST(EngineRealModel, Tp1MatchesGenerateLocal) { run_engine_against_reference(1, 1, 64, false); }
@@ -104,6 +114,19 @@ TEST(EngineRealModel, TinyPoolWithPreemptionMatchesGenerateLocal) {
 }
 
 TEST(EngineRealModel, Tp3Pp2MatchesGenerateLocal) { run_engine_against_reference(3, 2, 64, false); }
+
+// Micro-batches in flight: with PP stages the engine keeps up to PP batches
+// of disjoint sequences moving, so stage 0 starts batch k+1 while stage 1
+// still runs batch k; tokens stay those of one batch at a time.
+TEST(EngineRealModel, PipelineKeepsStagesBusyWithTheSameTokens) {
+  EXPECT_EQ(run_engine_against_reference(1, 2, 64, false, /*in_flight=*/1), 0);
+  EXPECT_GT(run_engine_against_reference(1, 2, 64, false), 0);
+  EXPECT_GT(run_engine_against_reference(2, 2, 64, false), 0);
+}
+
+TEST(EngineRealModel, PipelineWithPreemptionMatchesGenerateLocal) {
+  run_engine_against_reference(1, 2, 10, true);
+}
 
 TEST(EngineRealModel, ExecutorRejectsBadLayout) {
   ModelSpec spec = testing::qwen25_7b_like(256, 2, 512, 384);
