@@ -16,6 +16,7 @@
 
 #include "cli/command.h"
 #include "loader/generation_config.h"
+#include "cli/auto_layout_flag.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "engine/mpi_group_executor.h"
@@ -45,7 +46,7 @@ struct GenerateCliOptions {
   std::optional<uint64_t> seed;
   bool json = false;
   std::string dump_logits;
-  int tp = 1;
+  std::string tp = "1";  // a degree, or auto
   int pp = 1;
   std::string kv_dtype = "f32";  // exact; bf16 halves the bytes at ~1e-3 relative logit error
   int64_t block_size = 16;
@@ -123,8 +124,10 @@ int run_generate(const GenerateCliOptions& o) {
   if (prompt.empty()) fail(ErrorCode::kInvalidArgument, "--prompt encodes to no tokens; give some text");
 
   GenerateOptions g;
-  g.layout.tp = o.tp;
+  g.layout.tp = parse_tp_flag(o.tp);
   g.layout.pp = o.pp;
+  const bool tp_auto = g.layout.tp == kAutoDegree;
+  check_auto_alone(tp_auto, o.pp, 1, false);
   g.max_tokens = o.max_tokens;
   g.eos_token_ids = load_eos_token_ids(dir, spec);
   g.block_size = o.block_size;
@@ -146,11 +149,27 @@ int run_generate(const GenerateCliOptions& o) {
     return (*sampler)->sample({logits, static_cast<size_t>(vocab)}).token;
   };
 
+  // -tp auto: one stream, so plan's latency objective and no replicas.
+  auto choose_layout = [&]() {
+    PlanOptions po;
+    po.objective = Objective::kLatency;
+    po.max_model_len = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + o.max_tokens, spec.max_position_embeddings);
+    po.budget.max_num_seqs = 1;
+    po.budget.max_num_batched_tokens = static_cast<int64_t>(prompt.size());
+    po.budget.block_size = o.block_size;
+    if (!parse_kv_cache_dtype(o.kv_dtype, &po.budget.kv_cache_dtype))
+      fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");
+    const AutoLayoutChoice c = plan_auto_layout(spec, run_ranks(), po, /*max_dp=*/1);
+    std::fprintf(stderr, "%s\n", c.reason.c_str());
+    return c.layout;
+  };
+
   GenerateResult r;
   if (mpi_world_size() > 1) {
 #ifdef SHARDLM_HAVE_MPI
     MpiRuntime runtime(nullptr, nullptr);
     auto world = runtime.world();
+    if (tp_auto) g.layout = agree_on_layout(*world, choose_layout);
     std::vector<RankBytes> bytes;
     r = generate_mpi(*world, dir, prompt, g, &bytes);
     if (world->rank() != 0) return 0;  // rank 0 alone prints
@@ -160,6 +179,7 @@ int run_generate(const GenerateCliOptions& o) {
          " processes, but this build has no MPI; configure with -DSHARDLM_MPI=ON");
 #endif
   } else {
+    if (tp_auto) g.layout = choose_layout();
     r = generate_local(spec, open_checkpoint(dir), prompt, g);
   }
   if (!o.dump_logits.empty()) {
@@ -205,7 +225,10 @@ void setup(CLI::App& app) {
   sub->add_option("--seed", o->seed, "Seed of the sampler's RNG");
   sub->add_flag("--json", o->json, "Print one JSON object");
   sub->add_option("--dump-logits", o->dump_logits, "Write the last prompt position's logits (f32 LE [vocab]) here");
-  sub->add_option("--tp,--tensor-parallel-size", o->tp, "Tensor-parallel ranks (threads, or processes under mpirun)")->capture_default_str();
+  sub->add_option("--tp,--tensor-parallel-size", o->tp,
+                  "Tensor-parallel ranks (threads, or processes under mpirun); auto: the layout plan recommends for "
+                  "the ranks mpirun started")
+      ->capture_default_str();
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads, or processes under mpirun)")->capture_default_str();
   sub->add_option("--kv-cache-dtype", o->kv_dtype, "f32, bf16, f16, or auto (the weights' dtype)")->capture_default_str();
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <thread>
 
+#include "cli/auto_layout_flag.h"
 #include "cli/command.h"
 #include "cli/serve_mpi.h"
 #include "core/error.h"
@@ -29,7 +30,7 @@ struct ServeOptions {
   std::string kv_cache_memory;
   double gpu_memory_utilization = 0.0;
   bool enable_prefix_caching = true;
-  int tp = 1;
+  std::string tp = "1";  // a degree, or auto
   int pp = 1;
   int dp = 1;
   std::vector<int64_t> pp_layer_partition;
@@ -41,21 +42,36 @@ struct ServeOptions {
 };
 
 int run_serve(const ServeOptions& o) {
+  const int tp = parse_tp_flag(o.tp);
+  check_auto_alone(tp == kAutoDegree, o.pp, o.dp, !o.pp_layer_partition.empty());
+  if (!std::filesystem::is_directory(o.model))
+    fail(ErrorCode::kNotFound, "MODEL '", o.model, "' is not a directory; give a Hugging Face model directory (config.json, ",
+         "*.safetensors, tokenizer.json); `shardlm make-model` writes a synthetic one");
+  // -tp auto: plan's throughput objective over the ranks this run has.
+  auto choose_layout = [&]() {
+    const ModelSpec spec = load_model_config(std::filesystem::path(o.model) / "config.json");
+    PlanOptions po;
+    po.objective = Objective::kThroughput;
+    po.max_model_len = o.max_model_len;
+    if (o.gpu_memory_utilization > 0.0) po.budget.gpu_memory_utilization = o.gpu_memory_utilization;
+    po.budget.max_num_seqs = o.max_num_seqs;
+    po.budget.max_num_batched_tokens = o.max_num_batched_tokens;
+    po.budget.block_size = o.block_size;
+    if (!parse_kv_cache_dtype(o.kv_cache_dtype, &po.budget.kv_cache_dtype))
+      fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype '", o.kv_cache_dtype, "': use auto, bf16, f16, f32 or fp8");
+    const AutoLayoutChoice c = plan_auto_layout(spec, run_ranks(), po, /*max_dp=*/1024);
+    std::cerr << "shardlm serve: " << c.reason << std::endl;
+    return c.layout;
+  };
   // Under mpirun the ranks are processes: only each replica's driver serves.
-  ServeMpi mpi(o.model, Layout{o.tp, o.pp, o.dp, o.pp_layer_partition}, o.host, o.port);
+  ServeMpi mpi(o.model, Layout{tp, o.pp, o.dp, o.pp_layer_partition}, o.host, o.port, choose_layout);
   if (!mpi.is_driver()) return mpi.run_worker();
   server::EngineBackendOptions bo;
   bo.model_dir = o.model;
-  if (!std::filesystem::is_directory(bo.model_dir))
-    fail(ErrorCode::kNotFound, "MODEL '", o.model, "' is not a directory; give a Hugging Face model directory (config.json, ",
-         "*.safetensors, tokenizer.json); `shardlm make-model` writes a synthetic one");
   std::vector<std::string> names = o.served_model_names;
   if (names.empty()) names.push_back(o.model);
   bo.model_name = names[0];
-  bo.layout.tp = o.tp;
-  bo.layout.pp = o.pp;
-  bo.layout.dp = o.dp;
-  bo.layout.pp_layer_partition = o.pp_layer_partition;
+  bo.layout = mpi.layout();
   bo.max_model_len = o.max_model_len;
   bo.max_num_seqs = o.max_num_seqs;
   bo.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -136,8 +152,10 @@ void setup(CLI::App& app) {
   kvm->excludes(gmu);
   sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
                 "Reuse KV blocks across requests that share a prefix (default on)");
-  sub->add_option("--tensor-parallel-size,--tp", o->tp, "Tensor-parallel ranks, any degree up to the Q heads (also -tp)")
-      ->capture_default_str()->check(CLI::Range(1, 4096));
+  sub->add_option("--tensor-parallel-size,--tp", o->tp,
+                  "Tensor-parallel ranks, any degree up to the Q heads (also -tp); auto: the TP x PP x DP plan "
+                  "recommends for the ranks mpirun started (one rank without mpirun)")
+      ->capture_default_str();
   sub->add_option("--pipeline-parallel-size,--pp", o->pp, "Pipeline stages, any layer split (also -pp)")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_option("--data-parallel-size,--dp", o->dp, "Replicas behind the built-in router (also -dp)")->capture_default_str()->check(CLI::Range(1, 1024));
   sub->add_option("--pp-layer-partition", o->pp_layer_partition, "Layers per stage, e.g. 10,9,9 (default: balanced by bytes)")

@@ -11,6 +11,7 @@
 #include <exception>
 #include <iostream>
 
+#include "cli/auto_layout_flag.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "engine/mpi_group_executor.h"
@@ -36,11 +37,18 @@ std::array<char, kHostBytes> this_host() {
 
 #ifdef SHARDLM_HAVE_MPI
 
-ServeMpi::ServeMpi(const std::string& model_dir, const Layout& layout, const std::string& host, int port)
-    : model_dir_(model_dir), layout_(layout), host_(host), port_(port) {
-  if (mpirun_world_size() <= 1) return;
+ServeMpi::ServeMpi(const std::string& model_dir, const Layout& requested, const std::string& host, int port,
+                   const std::function<Layout()>& choose_auto)
+    : model_dir_(model_dir), layout_(requested), host_(host), port_(port) {
+  const bool tp_auto = requested.tp == kAutoDegree;
+  if (mpirun_world_size() <= 1) {
+    if (tp_auto) layout_ = choose_auto();
+    return;
+  }
   runtime_ = std::make_unique<MpiRuntime>(nullptr, nullptr);
   auto world = runtime_->world();
+  if (tp_auto) layout_ = agree_on_layout(*world, choose_auto);
+  const Layout& layout = layout_;
   if (world->size() != layout.world_size())
     fail(ErrorCode::kInvalidArgument, "mpirun started ", world->size(), " processes but ", layout.to_string(), " needs ",
          layout.world_size(), " (tp × pp × dp = ", layout.tp, " × ", layout.pp, " × ", layout.dp, "); run mpirun -np ",
@@ -69,8 +77,10 @@ ServeMpi::ServeMpi(const std::string& model_dir, const Layout& layout, const std
 
 #else
 
-ServeMpi::ServeMpi(const std::string& model_dir, const Layout& layout, const std::string& host, int port)
-    : model_dir_(model_dir), layout_(layout), host_(host), port_(port) {
+ServeMpi::ServeMpi(const std::string& model_dir, const Layout& requested, const std::string& host, int port,
+                   const std::function<Layout()>& choose_auto)
+    : model_dir_(model_dir), layout_(requested), host_(host), port_(port) {
+  if (requested.tp == kAutoDegree && mpirun_world_size() <= 1) layout_ = choose_auto();
   if (mpirun_world_size() > 1)
     fail(ErrorCode::kUnsupported, "started by mpirun with ", mpirun_world_size(),
          " processes, but this build has no MPI; configure with -DSHARDLM_MPI=ON");

@@ -6,6 +6,7 @@
 // replicas. Without mpirun (or with one process) every call is a no-op.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,12 +23,16 @@ namespace shardlm::cli {
 class ServeMpi {
  public:
   // Initialises MPI when started by mpirun with more than one process.
-  // Collective over the world then. Throws kInvalidArgument when the world
-  // size is not tp × pp × dp (naming both).
-  ServeMpi(const std::string& model_dir, const Layout& layout, const std::string& host, int port);
+  // Collective over the world then. layout.tp == kAutoDegree (-tp auto):
+  // choose_auto() picks the layout (on rank 0 under mpirun, agreed by all).
+  // Throws kInvalidArgument when the world size is not tp × pp × dp (naming
+  // both).
+  ServeMpi(const std::string& model_dir, const Layout& layout, const std::string& host, int port,
+           const std::function<Layout()>& choose_auto = {});
   ~ServeMpi();
 
   bool active() const { return world_ != nullptr; }
+  const Layout& layout() const { return layout_; }  // resolved (never auto)
   bool is_driver() const;
   // Non-driver ranks: load the shard, run batches until the driver stops.
   int run_worker();

@@ -153,6 +153,23 @@ TEST_F(MpiGenerate, Pp2Of5Layers) { expect_same_as_tp1(m14_, 1, 2); }
 TEST_F(MpiGenerate, Pp3Of5Layers) { expect_same_as_tp1(m14_, 1, 3); }
 TEST_F(MpiGenerate, Tp2Pp3) { expect_same_as_tp1(m14_, 2, 3); }
 
+// -tp auto under mpirun: rank 0 asks plan for the best layout of exactly the
+// processes started (one stream: latency, no replicas), every rank runs it,
+// and the tokens are TP=1's.
+TEST_F(MpiGenerate, TpAutoLaysTheModelOverEveryProcess) {
+  Proc one = run(generate(m14_, "auto_tp1"), "auto_tp1");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  Proc r = run(mpirun(3) + generate(m14_, "auto3") + " -tp auto", "auto3");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"], nlohmann::json::parse(one.out)["token_ids"]);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("-tp auto: plan chose TP=(\\d+) PP=(\\d+) DP=1 for 3 ")))
+      << r.err;
+  EXPECT_EQ(std::stoi(m[1]) * std::stoi(m[2]), 3) << r.err;
+  // Only rank 0 decided (and logged).
+  EXPECT_EQ(r.err.find("plan chose"), r.err.rfind("plan chose")) << r.err;
+}
+
 TEST_F(MpiGenerate, WorldOfTheWrongSizeIsRefused) {
   Proc r = run(mpirun(3) + generate(m7_, "wrong") + " --tp 2", "wrong");
   EXPECT_NE(r.rc, 0);
@@ -222,8 +239,10 @@ int free_port() {
 // text; rank 0 logs the router line naming every replica. With pp > 1 four
 // requests arrive at once, so micro-batches pipeline through the stages'
 // processes.
+// tp_auto: `-tp auto` instead of the degrees, over tp × pp × dp processes;
+// the replicas to query are those plan chose (read from the log).
 void serve_matches_tp1(const std::string& cli, const std::string& root, const std::string& dir, int tp, int dp,
-                       int pp = 1) {
+                       int pp = 1, bool tp_auto = false) {
   const std::string prompt = "3,141,59,26,5,35,8";
   Proc one = run(cli + " generate " + dir + " --prompt-ids " + prompt + " --max-tokens 6 --json", "serve_tp1");
   ASSERT_EQ(one.rc, 0) << one.out << one.err;
@@ -233,9 +252,11 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
   const std::string log = root + "/mpi_serve_" + name + ".log";
   const std::string cmd = std::string(SHARDLM_MPIRUN_PATH) +
                           " --oversubscribe --allow-run-as-root --mca btl self,vader -np " +
-                          std::to_string(tp * pp * dp) + " " + cli + " serve " + dir + " --tp " + std::to_string(tp) +
-                          " --pp " + std::to_string(pp) + " --dp " + std::to_string(dp) + " --host 127.0.0.1 --port " +
-                          std::to_string(port) + " --kv-cache-memory 8MiB";
+                          std::to_string(tp * pp * dp) + " " + cli + " serve " + dir +
+                          (tp_auto ? std::string(" -tp auto")
+                                   : " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp) + " --dp " +
+                                         std::to_string(dp)) +
+                          " --host 127.0.0.1 --port " + std::to_string(port) + " --kv-cache-memory 8MiB";
   Proc started = run("sh -c '" + cmd + " >" + log + " 2>&1 & echo $!'", "serve_start");
   const int pid = std::stoi(started.out);
   auto log_text = [&] {
@@ -244,6 +265,21 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
     ss << in.rdbuf();
     return ss.str();
   };
+  if (tp_auto) {
+    const int n = tp * pp * dp;
+    std::smatch m;
+    std::string text;
+    for (int i = 0; i < 300; ++i) {
+      text = log_text();
+      if (std::regex_search(text, m, std::regex("-tp auto: plan chose TP=(\\d+) PP=(\\d+) DP=(\\d+)"))) break;
+      usleep(100000);
+    }
+    ASSERT_FALSE(m.empty()) << text;
+    tp = std::stoi(m[1]);
+    pp = std::stoi(m[2]);
+    dp = std::stoi(m[3]);
+    EXPECT_EQ(tp * pp * dp, n) << text;
+  }
   for (int d = 0; d < dp; ++d) {
     const std::string base = "http://127.0.0.1:" + std::to_string(port + d);
     bool ready = false;
@@ -309,5 +345,6 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
 TEST_F(MpiGenerate, ServeTp2AnswersWithTheTp1Tokens) { serve_matches_tp1(cli_, root_, m7_, 2, 1); }
 TEST_F(MpiGenerate, ServeTp2Dp2ReplicasOnTwoPorts) { serve_matches_tp1(cli_, root_, m7_, 2, 2); }
 TEST_F(MpiGenerate, ServePp2PipelinesConcurrentRequests) { serve_matches_tp1(cli_, root_, m14_, 1, 1, 2); }
+TEST_F(MpiGenerate, ServeTpAutoOverFourProcesses) { serve_matches_tp1(cli_, root_, m7_, 4, 1, 1, true); }
 
 }  // namespace

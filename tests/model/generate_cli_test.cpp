@@ -130,6 +130,24 @@ TEST_F(GenerateCli, ChatRendersTheTemplateOrSaysWhyNot) {
 #endif
 }
 
+// Without mpirun the run has one rank: plan's choice is TP=1, and says so.
+TEST_F(GenerateCli, TpAutoAsksPlanAndTakesItsLayout) {
+  const std::string base = cli_ + " generate " + dir_ + " --prompt-ids 3,141,59 --max-tokens 4 --json";
+  Proc one = sh(base);
+  Proc r = sh(base + " -tp auto");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("-tp auto: plan chose TP=1 PP=1 DP=1 for 1 × CPU rank"), std::string::npos) << r.out;
+  const auto json_of = [](const std::string& out) { return nlohmann::json::parse(out.substr(out.find('{'))); };
+  EXPECT_EQ(json_of(r.out)["token_ids"], json_of(one.out)["token_ids"]);
+  r = sh(base + " -tp auto -pp 2");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("-tp auto chooses TP, PP and DP together"), std::string::npos) << r.out;
+  r = sh(base + " -tp two");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--tensor-parallel-size \"two\": give a degree from 1 to 4096, or auto"), std::string::npos)
+      << r.out;
+}
+
 TEST_F(GenerateCli, BadInputsExplainThemselves) {
   const std::string base = cli_ + " generate " + dir_ + " --max-tokens 2";
   Proc r = sh(base + " --prompt-ids 1,x,3");
