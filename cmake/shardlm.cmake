@@ -12,7 +12,7 @@ endfunction()
 function(shardlm_test name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
-  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${T_LIBS} shardlm_test_support GTest::gtest GTest::gtest_main)
   add_dependencies(${name} shardlm)
   # Tests find the sources, the build and the CLI through the environment.
   # ctest's ENVIRONMENT property holds only one variable when passed through

