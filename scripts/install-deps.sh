@@ -7,8 +7,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libssl-dev zlib1g-dev
   libpcre2-dev libutf8proc-dev libxxhash-dev
   libopenmpi-dev openmpi-bin
-  libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev
+  libgtest-dev libgmock-dev
   python3 python3-numpy python3-jinja2
   gnuplot-nox
 )
@@ -16,6 +15,7 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# (The libFuzzer targets, -DSHARDLM_FUZZ=ON, also need clang libclang-rt-14-dev.)
 # Node.js (tokenizer reference, the official openai client): keep an existing one.
 command -v node >/dev/null && command -v npm >/dev/null || missing+=(nodejs npm)
 if ((${#missing[@]})); then
