@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "loadgen/sse.h"

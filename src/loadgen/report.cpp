@@ -6,6 +6,7 @@
 #include <ctime>
 #include <fstream>
 #include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 

@@ -4,7 +4,7 @@
 // a few shardlm extras (base_url, interrupted, num_usage_missing, ...).
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "loadgen/runner.h"

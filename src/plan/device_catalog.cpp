@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/units.h"

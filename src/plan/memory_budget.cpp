@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/units.h"

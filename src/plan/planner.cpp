@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 #include <tuple>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/units.h"

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/units.h"

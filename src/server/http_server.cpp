@@ -11,6 +11,7 @@
 
 #include <ctime>
 #include <thread>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "server/listener.h"

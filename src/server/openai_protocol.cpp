@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <queue>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "tokenizer/utf8.h"

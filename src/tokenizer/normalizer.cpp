@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "tokenizer/utf8.h"

@@ -1,6 +1,7 @@
 #include "tokenizer/post_processor.h"
 
 #include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 

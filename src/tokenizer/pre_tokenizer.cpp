@@ -1,6 +1,7 @@
 #include "tokenizer/pre_tokenizer.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "tokenizer/byte_level.h"

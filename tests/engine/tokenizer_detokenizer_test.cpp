@@ -2,6 +2,7 @@
 // byte-level BPE): deltas concatenate to Tokenizer::decode of the tokens, and
 // a stop string cuts the text before it.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "engine/tokenizer_detokenizer.h"

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <nlohmann/json.hpp>
 
 #include "fake_openai_server.h"
 

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <thread>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "fake_openai_server.h"

@@ -2,6 +2,7 @@
 // Every expected value below is worked out in the comment from config.json
 // shapes, not taken from the code's output.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "loader/model_catalog.h"

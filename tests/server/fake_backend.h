@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <nlohmann/json.hpp>
 
 #include "server/serving_backend.h"
 

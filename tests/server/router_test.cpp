@@ -4,6 +4,7 @@
 #include <httplib.h>
 
 #include <thread>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "fake_backend.h"

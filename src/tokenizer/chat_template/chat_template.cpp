@@ -1,4 +1,5 @@
 #include "tokenizer/chat_template/chat_template.h"
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "tokenizer/chat_template/interpreter.h"

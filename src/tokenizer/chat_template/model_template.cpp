@@ -1,6 +1,7 @@
 #include "tokenizer/chat_template/model_template.h"
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
