@@ -222,6 +222,14 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
                           " --host 127.0.0.1 --port " + std::to_string(port) + " --kv-cache-memory 8MiB";
   Proc started = run_command("sh -c '" + cmd + " >" + log + " 2>&1 & echo $!'");
   const int pid = std::stoi(started.out);
+  // A failed ASSERT returns early: stop the job anyway, or its processes
+  // would load the machine for every test after this one.
+  struct StopOnEarlyReturn {
+    int pid;
+    ~StopOnEarlyReturn() {
+      if (pid > 0) kill(pid, SIGTERM);
+    }
+  } guard{pid};
   auto log_text = [&] {
     std::ifstream in(log);
     std::stringstream ss;
@@ -232,7 +240,7 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
     const int n = tp * pp * dp;
     std::smatch m;
     std::string text;
-    for (int i = 0; i < 300; ++i) {
+    for (int i = 0; i < 900; ++i) {
       text = log_text();
       if (std::regex_search(text, m, std::regex("-tp auto: plan chose TP=(\\d+) PP=(\\d+) DP=(\\d+)"))) break;
       usleep(100000);
@@ -246,7 +254,7 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
   for (int d = 0; d < dp; ++d) {
     const std::string base = "http://127.0.0.1:" + std::to_string(port + d);
     bool ready = false;
-    for (int i = 0; i < 300 && !ready; ++i) {
+    for (int i = 0; i < 900 && !ready; ++i) {  // 90 s: loading under a sanitizer on a busy machine
       Proc h = run_command("curl -s -o /dev/null -w '%{http_code}' " + base + "/health");
       ready = h.out == "200";
       if (!ready) usleep(100000);
@@ -284,6 +292,7 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
       EXPECT_GT(std::stod(hit[1]), 0.0) << m.out;
     }
   }
+  guard.pid = -1;
   kill(pid, SIGTERM);
   // mpirun is not our child (sh started it): poll until it is gone.
   bool gone = false;
