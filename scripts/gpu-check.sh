@@ -57,7 +57,7 @@ not_wired() { echo "shardlm has no --device cuda yet: the CUDA backend is not wi
 build_cuda() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DSHARDLM_BENCH=OFF -DSHARDLM_NATIVE=ON &&
-    cmake --build "$build" -j"$jobs" --target shardlm cuda_ops_test shardlm_comm_nccl &&
+    cmake --build "$build" -j"$jobs" --target shardlm cuda_ops_test shardlm_comm_nccl device_local_comm_test &&
     echo "built $build"
 }
 step "build (CUDA, sm_90)" 300 build_cuda
@@ -65,10 +65,9 @@ step "doctor" 30 "$cli" doctor
 
 # 1. Ops against the CPU reference.
 ops() {
-  "$build/tests/backend/cuda/cuda_ops_test" --gtest_brief=1 || return 1
-  if "$build/tests/backend/cuda/cuda_ops_test" --gtest_brief=1 2>&1 | grep -q SKIPPED; then
-    echo "ops were skipped: no usable GPU"; return 1
-  fi
+  local out
+  out=$("$build/tests/backend/cuda/cuda_ops_test" --gtest_brief=1 2>&1) || { echo "$out" | tail -n 5; return 1; }
+  if grep -q SKIPPED <<<"$out"; then echo "skipped: no usable GPU"; return 1; fi
   echo "every CUDA op matches backend::ref"
 }
 step "1 ops vs CPU reference" 120 ops
@@ -91,6 +90,13 @@ step "2 tokens qwen2.5-7b (4 layers)" 120 same_tokens qwen2.5-7b
 step "2 tokens qwen3-8b (4 layers)" 120 same_tokens qwen3-8b
 
 # 3. TP on one device (ranks share the GPU through a device-local communicator).
+local_comm() {
+  local out
+  out=$("$build/tests/comm/cuda/device_local_comm_test" --gtest_brief=1 2>&1) || { echo "$out" | tail -n 5; return 1; }
+  if grep -q SKIPPED <<<"$out"; then echo "skipped: no usable GPU"; return 1; fi
+  echo "collectives, ring and split on 2/3/4/6 ranks sharing the GPU"
+}
+step "3 device-local communicator" 60 local_comm
 tp_same() {  # tp_same TP
   have_device_flag || not_wired || return 1
   local dir="$work/qwen2.5-7b"

@@ -20,8 +20,8 @@ if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   cuda_start=$SECONDS
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
     -DSHARDLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DSHARDLM_BENCH=OFF
-  cmake --build build-cuda -j"$jobs" --target shardlm_backend_cuda shardlm_comm_nccl cuda_ops_test
-  ctest --test-dir build-cuda --output-on-failure -R '^Cuda'
+  cmake --build build-cuda -j"$jobs" --target shardlm_backend_cuda shardlm_comm_nccl cuda_ops_test device_local_comm_test
+  ctest --test-dir build-cuda --output-on-failure -R '^(Cuda|DeviceLocalComm)'
   echo "CUDA compile-only pass: $((SECONDS - cuda_start)) s"
 else
   echo "CUDA: /usr/local/cuda/bin/nvcc not found; skipping the compile-only CUDA build"
