@@ -7,7 +7,7 @@
 // model's logits before any processing.
 //
 // Differences from the CPU sampler, stated: top-k and top-p cut at a
-// probability threshold found by bisection (30 steps) instead of a sort, so
+// probability threshold found by bisection (30 steps on log p) instead of a sort, so
 // tokens tied exactly at the cut are all kept; the draw uses Philox
 // (curand) seeded with (seed, step), so seeded runs repeat on the GPU but
 // give other tokens than the CPU's generator.

@@ -11,6 +11,7 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr float kGreedyT = 1e-5f;
 constexpr int kBisectSteps = 30;
+constexpr float kLogFloor = -88.0f;  // exp(-88) is about the smallest normal float
 
 // (value, id) ordered by value descending then id ascending; NaN never wins.
 struct Best {
@@ -130,12 +131,14 @@ __global__ void __launch_bounds__(kThreads)
     };
     float cut = 0.0f;  // keep e >= cut (and e > 0)
     if (p.top_k > 0 && count_at_least(0.0f) > static_cast<float>(p.top_k)) {
-      float lo = 0.0f, hi = 1.0f;  // count(>= lo) > k ... count(>= hi) <= k
+      // Bisection on log(e) in [kLogFloor, 0], so tail probabilities far below
+      // 2^-30 are still told apart: count(e >= exp(lo)) >= k stays true.
+      float lo = kLogFloor, hi = 0.0f;
       for (int it = 0; it < kBisectSteps; ++it) {
         const float mid = 0.5f * (lo + hi);
-        if (count_at_least(mid) >= static_cast<float>(p.top_k)) lo = mid; else hi = mid;
+        if (count_at_least(__expf(mid)) >= static_cast<float>(p.top_k)) lo = mid; else hi = mid;
       }
-      cut = lo;
+      cut = __expf(lo);
     }
     if (p.top_p < 1.0f) {
       for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
@@ -143,13 +146,13 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
       const float target = p.top_p * mass_above(0.0f);
       // Keep token v while the mass of the more likely ones is below top_p × kept mass.
-      float lo = 0.0f, hi = 1.0f;  // mass_above(hi) = 0 < target
-      if (mass_above(lo) >= target) {
+      float lo = kLogFloor, hi = 0.0f;  // in log(e): mass_above(exp(hi)) = 0 < target
+      if (mass_above(__expf(lo)) >= target) {
         for (int it = 0; it < kBisectSteps; ++it) {
           const float mid = 0.5f * (lo + hi);
-          if (mass_above(mid) < target) hi = mid; else lo = mid;
+          if (mass_above(__expf(mid)) < target) hi = mid; else lo = mid;
         }
-        cut = fmaxf(cut, hi);
+        cut = fmaxf(cut, __expf(hi));
       }
     }
     // Kept mass per thread over a contiguous chunk, then a scan over threads.
