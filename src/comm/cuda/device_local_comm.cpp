@@ -11,6 +11,15 @@ namespace shardlm {
 
 namespace {
 
+const char* elem_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    default: return dtype_safetensors_name(dtype);
+  }
+}
+
 void cuda_ok(cudaError_t st, int rank, const std::string& what, const char* call) {
   if (st != cudaSuccess)
     fail(ErrorCode::kDistributed, "rank ", rank, ": ", what, ": ", call, " failed: ", cudaGetErrorName(st), " (",
@@ -111,10 +120,13 @@ void DeviceLocalComm::sync_phase(int phase, const std::string& what) {
       cuda_ok(cudaStreamWaitEvent(stream_, g.events_[phase * g.n_ + q], 0), rank_, what, "cudaStreamWaitEvent");
 }
 
-void DeviceLocalComm::reduce(void* data, size_t count, bool bf16, const std::string& what) {
+void DeviceLocalComm::reduce(void* data, size_t count, DType dtype, const std::string& what) {
   DeviceLocalGroup& g = *group_;
   const int n = g.n_;
-  const size_t elem = bf16 ? 2 : 4;
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+    fail(ErrorCode::kUnsupported, "rank ", rank_, ": ", what, ": the device-local communicator sums f32, bf16 or f16");
+  const size_t elem = dtype_size(dtype);
+  const int kind = dtype == DType::kF32 ? 0 : dtype == DType::kBF16 ? 1 : 2;
   {
     std::lock_guard<std::mutex> lock(g.mu_);
     g.ptrs_[rank_] = data;
@@ -126,7 +138,7 @@ void DeviceLocalComm::reduce(void* data, size_t count, bool bf16, const std::str
     ptrs = g.ptrs_;
   }
   auto lo = [&](int r) { return count * static_cast<size_t>(r) / static_cast<size_t>(n); };
-  cuda_ok(device_local_sum(ptrs.data(), n, bf16, data, lo(rank_), lo(rank_ + 1), stream_), rank_, what,
+  cuda_ok(device_local_sum(ptrs.data(), n, kind, data, lo(rank_), lo(rank_ + 1), stream_), rank_, what,
           "sum kernel");
   sync_phase(1, what);  // every slice is reduced in its owner's buffer
   for (int q = 0; q < n; ++q) {
@@ -138,12 +150,8 @@ void DeviceLocalComm::reduce(void* data, size_t count, bool bf16, const std::str
   sync_phase(2, what);  // nobody changes its buffer while another still copies from it
 }
 
-void DeviceLocalComm::all_reduce_sum(float* data, size_t count) {
-  reduce(data, count, false, str_cat("all_reduce_sum(f32, ", count, " elements)"));
-}
-
-void DeviceLocalComm::all_reduce_sum_bf16(void* data, size_t count) {
-  reduce(data, count, true, str_cat("all_reduce_sum(bf16, ", count, " elements)"));
+void DeviceLocalComm::all_reduce_sum(void* data, size_t count, DType dtype) {
+  reduce(data, count, dtype, str_cat("all_reduce_sum(", elem_name(dtype), ", ", count, " elements)"));
 }
 
 void DeviceLocalComm::gather(const void* in, void* out, const std::vector<size_t>& counts, size_t elem,
@@ -172,12 +180,8 @@ void DeviceLocalComm::gather(const void* in, void* out, const std::vector<size_t
   sync_phase(1, what);
 }
 
-void DeviceLocalComm::all_gather(const float* in, float* out, const std::vector<size_t>& counts) {
-  gather(in, out, counts, 4, "all_gather(f32)");
-}
-
-void DeviceLocalComm::all_gather_bf16(const void* in, void* out, const std::vector<size_t>& counts) {
-  gather(in, out, counts, 2, "all_gather(bf16)");
+void DeviceLocalComm::all_gather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) {
+  gather(in, out, counts, dtype_size(dtype), str_cat("all_gather(", elem_name(dtype), ")"));
 }
 
 void DeviceLocalComm::broadcast(void* data, size_t bytes, int root) {

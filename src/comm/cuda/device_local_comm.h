@@ -32,8 +32,12 @@ class DeviceLocalComm final : public Communicator {
   ~DeviceLocalComm() override;
   int rank() const override { return rank_; }
   int size() const override;
-  void all_reduce_sum(float* data, size_t count) override;
-  void all_gather(const float* in, float* out, const std::vector<size_t>& counts) override;
+  using Communicator::all_gather;
+  using Communicator::all_reduce_sum;
+  // f32, bf16 or f16 in device memory; half types are summed in f32 and
+  // rounded once, in rank order, so every rank gets the same bits.
+  void all_reduce_sum(void* data, size_t count, DType dtype) override;
+  void all_gather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) override;
   void broadcast(void* data, size_t bytes, int root) override;
   void send(const void* data, size_t bytes, int dst) override;
   void recv(void* data, size_t bytes, int src) override;
@@ -42,14 +46,12 @@ class DeviceLocalComm final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override;
   void abort(const char* what) noexcept override;
 
-  void all_reduce_sum_bf16(void* data, size_t count);
-  void all_gather_bf16(const void* in, void* out, const std::vector<size_t>& counts);
   cudaStream_t stream() const { return stream_; }
 
  private:
   friend class DeviceLocalGroup;
   DeviceLocalComm(std::shared_ptr<DeviceLocalGroup> group, int rank);
-  void reduce(void* data, size_t count, bool bf16, const std::string& what);
+  void reduce(void* data, size_t count, DType dtype, const std::string& what);
   void gather(const void* in, void* out, const std::vector<size_t>& counts, size_t elem, const std::string& what);
   // Records this rank's event of `phase`, meets the others, and makes this
   // rank's stream wait for theirs.

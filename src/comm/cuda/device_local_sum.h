@@ -7,8 +7,9 @@
 
 namespace shardlm {
 
-// out[i] = Σ_r bufs[r][i] for i in [begin, end), f32 or bf16 (f32 sum); n <= 16 ranks.
-cudaError_t device_local_sum(const void* const* bufs, int n, bool bf16, void* out, size_t begin, size_t end,
+// out[i] = Σ_r bufs[r][i] for i in [begin, end), summed in f32 in rank order;
+// kind 0 = f32, 1 = bf16, 2 = f16; n <= 16 ranks.
+cudaError_t device_local_sum(const void* const* bufs, int n, int kind, void* out, size_t begin, size_t end,
                              cudaStream_t stream);
 
 }  // namespace shardlm

@@ -12,6 +12,15 @@ namespace shardlm {
 
 namespace {
 
+const char* elem_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    default: return dtype_safetensors_name(dtype);
+  }
+}
+
 // The stream's work is done, or NCCL reported an asynchronous error.
 class NcclProbe final : public CollectiveProbe {
  public:
@@ -146,15 +155,22 @@ void NcclComm::wait(const std::string& what) {
   }
 }
 
-void NcclComm::all_reduce_sum(float* data, size_t count) {
-  const std::string what = str_cat("all_reduce_sum(f32, ", count, " elements)");
-  check(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_), what);
-  wait(what);
+namespace {
+ncclDataType_t nccl_type(DType dtype, int rank, const char* op) {
+  switch (dtype) {
+    case DType::kF32: return ncclFloat32;
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kF16: return ncclFloat16;
+    default:
+      fail(ErrorCode::kUnsupported, "rank ", rank, ": ", op, " on ", elem_name(dtype),
+           " elements: NCCL collectives here take f32, bf16 or f16");
+  }
 }
+}  // namespace
 
-void NcclComm::all_reduce_sum_bf16(void* data, size_t count) {
-  const std::string what = str_cat("all_reduce_sum(bf16, ", count, " elements)");
-  check(ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, comm_, stream_), what);
+void NcclComm::all_reduce_sum(void* data, size_t count, DType dtype) {
+  const std::string what = str_cat("all_reduce_sum(", elem_name(dtype), ", ", count, " elements)");
+  check(ncclAllReduce(data, data, count, nccl_type(dtype, rank_, "all_reduce_sum"), ncclSum, comm_, stream_), what);
   wait(what);
 }
 
@@ -178,12 +194,8 @@ void NcclComm::gather_typed(const void* in, void* out, const std::vector<size_t>
   wait(what);
 }
 
-void NcclComm::all_gather(const float* in, float* out, const std::vector<size_t>& counts) {
-  gather_typed(in, out, counts, ncclFloat32, sizeof(float), "f32");
-}
-
-void NcclComm::all_gather_bf16(const void* in, void* out, const std::vector<size_t>& counts) {
-  gather_typed(in, out, counts, ncclBfloat16, 2, "bf16");
+void NcclComm::all_gather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) {
+  gather_typed(in, out, counts, nccl_type(dtype, rank_, "all_gather"), dtype_size(dtype), elem_name(dtype));
 }
 
 void NcclComm::broadcast(void* data, size_t bytes, int root) {

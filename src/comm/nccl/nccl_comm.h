@@ -37,8 +37,13 @@ class NcclComm final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void all_reduce_sum(float* data, size_t count) override;  // f32, device memory
-  void all_gather(const float* in, float* out, const std::vector<size_t>& counts) override;
+  using Communicator::all_gather;
+  using Communicator::all_reduce_sum;
+  // f32, bf16 or f16 in device memory. Half types are summed by NCCL in their
+  // own precision (a ring rounds at each hop), not in f32 as the CPU
+  // communicators do; every rank still gets the same bits.
+  void all_reduce_sum(void* data, size_t count, DType dtype) override;
+  void all_gather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) override;
   void broadcast(void* data, size_t bytes, int root) override;
   void send(const void* data, size_t bytes, int dst) override;
   void recv(void* data, size_t bytes, int src) override;
@@ -46,11 +51,6 @@ class NcclComm final : public Communicator {
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   void abort(const char* what) noexcept override;
-
-  // The same collectives on bf16 elements (activations on GPUs are bf16 where
-  // the model allows it; sums accumulate in NCCL's bf16 reduction).
-  void all_reduce_sum_bf16(void* data, size_t count);
-  void all_gather_bf16(const void* in, void* out, const std::vector<size_t>& counts);
 
   cudaStream_t stream() const { return stream_; }
   // "rank 0 ↔ rank 1: same host, P2P (cudaDeviceCanAccessPeer)" lines, made at create().
