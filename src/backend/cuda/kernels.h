@@ -58,11 +58,22 @@ struct DeviceKvLayer {
   int64_t head_dim = 0;
 };
 
-// Writes each token's key and value at its slot (block × block_size + offset;
-// -1: padding, skipped). k, v: [n_tokens, n_kv_heads, head_dim] f32 with row
-// stride row_stride floats; slots: [n_tokens].
+// The step's sequences as backend::StepMetadata packs them and begin_step
+// uploads them, in one buffer: records [n_seqs × 5] of (token_begin,
+// n_tokens, n_past, table_offset, n_table), and the block tables they point
+// into. A record with n_tokens = 0 is padding (a CUDA-graph bucket's spare row).
+struct DeviceSeqs {
+  const int32_t* records = nullptr;       // [n_seqs, StepMetadata::kSeqRecord]
+  const int32_t* block_tables = nullptr;  // [sum of n_table]
+  int64_t n_seqs = 0;
+};
+constexpr int kSeqRecord = 5;
+
+// Writes each new token's key and value at its position's slot (block
+// table[pos / block_size], offset pos % block_size). k, v: [n_tokens,
+// n_kv_heads, head_dim] f32 with row stride row_stride floats.
 void kv_cache_write(const DeviceKvLayer& cache, const float* k, const float* v, int64_t row_stride,
-                    const int32_t* slots, int64_t n_tokens, cudaStream_t stream);
+                    const DeviceSeqs& seqs, int64_t n_tokens, cudaStream_t stream);
 
 // Which heads this rank computes: backend::AttentionHeads (uneven TP included).
 struct DeviceHeads {
@@ -76,28 +87,28 @@ struct DeviceHeads {
 // each thread block takes one (sequence, local KV head, context partition of
 // kDecodePartition tokens) and serves every local Q head of that KV head's
 // GQA group from one read of K and V; a second kernel merges the partitions.
-// q: [n_seqs, n_q_heads, head_dim] f32 (row stride q_stride floats per token);
-// context_lens: [n_seqs] (cached tokens including the new one; 0 = padding row);
-// block_tables: [n_seqs, max_blocks_per_seq]; out: [n_seqs, n_q_heads, head_dim] bf16.
-// workspace: decode_attention_workspace_bytes(...) bytes, or null when max_context <= kDecodePartition.
+// Sequence s's query is row token_begin of q: [n_tokens, n_q_heads, head_dim]
+// f32 (row stride q_stride floats); its context is n_past + 1 cached tokens
+// (the new one written first). out: [n_tokens, n_q_heads, head_dim] bf16.
+// max_context bounds every context (it fixes the partition count, so a CUDA
+// graph captured with it serves any step up to it). workspace:
+// decode_attention_workspace_bytes(...) bytes, or null when max_context <= kDecodePartition.
 constexpr int kDecodePartition = 512;
 size_t decode_attention_workspace_bytes(int64_t n_seqs, int64_t n_q_heads, int64_t head_dim, int64_t max_context);
 void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
-                            const int32_t* context_lens, const int32_t* block_tables, int64_t max_blocks_per_seq,
-                            int64_t n_seqs, int64_t max_context, void* workspace, bf16* out, cudaStream_t stream);
+                            const DeviceSeqs& seqs, int64_t max_context, void* workspace, bf16* out,
+                            cudaStream_t stream);
 
 // Prefill / chunked prefill attention, tiled and causal: sequence s's tokens
-// [token_begin[s], token_begin[s] + n_tokens[s]) of the batch sit at
-// positions n_past[s] ..; each query attends to every cached position <= its
-// own (the chunk must already be in the cache). Thread blocks take (tile of
+// [token_begin, token_begin + n_tokens) of the batch sit at positions
+// n_past ..; each query attends to every cached position <= its own (the
+// chunk must already be in the cache). Thread blocks take (tile of
 // kPrefillQueryTile queries, Q head, sequence) and stream K/V tiles through
 // shared memory with an online softmax. q: [n_tokens, n_q_heads, head_dim] f32
 // (row stride q_stride); out: [n_tokens, n_q_heads, head_dim] bf16.
 constexpr int kPrefillQueryTile = 8;
 void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
-                             const int32_t* token_begin, const int32_t* n_tokens, const int32_t* n_past,
-                             const int32_t* block_tables, int64_t max_blocks_per_seq, int64_t n_seqs,
-                             int64_t max_tokens_per_seq, bf16* out, cudaStream_t stream);
+                             const DeviceSeqs& seqs, int64_t max_tokens_per_seq, bf16* out, cudaStream_t stream);
 
 // f32 ⇄ bf16 conversion (round to nearest even), count elements.
 void f32_to_bf16(const float* in, int64_t count, bf16* out, cudaStream_t stream);

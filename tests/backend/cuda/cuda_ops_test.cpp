@@ -205,12 +205,13 @@ void run_attention_case(const AttentionCase& c, const std::vector<int64_t>& n_pa
   auto q = random_bf16_values(n_tokens * c.n_q_heads * hd, 13);
 
   std::vector<AttentionSeq> seqs(n_seqs);
-  std::vector<int32_t> token_begin(n_seqs), n_tok(n_seqs), past(n_seqs);
+  std::vector<int32_t> records;  // StepMetadata's packed records: token_begin, n_tokens, n_past, table_offset, n_table
   int64_t t0 = 0;
   for (int64_t s = 0; s < n_seqs; ++s) {
     seqs[s] = {t0, n_new[s], n_past[s], tables.data() + s * blocks_per_seq, blocks_per_seq};
-    token_begin[s] = static_cast<int32_t>(t0), n_tok[s] = static_cast<int32_t>(n_new[s]);
-    past[s] = static_cast<int32_t>(n_past[s]);
+    records.insert(records.end(), {static_cast<int32_t>(t0), static_cast<int32_t>(n_new[s]),
+                                   static_cast<int32_t>(n_past[s]), static_cast<int32_t>(s * blocks_per_seq),
+                                   static_cast<int32_t>(blocks_per_seq)});
     t0 += n_new[s];
   }
   KvLayerView view{kb.data(), vb.data(), DType::kBF16, n_blocks, block_size, c.n_kv_heads, hd};
@@ -223,31 +224,25 @@ void run_attention_case(const AttentionCase& c, const std::vector<int64_t>& n_pa
   const DeviceHeads dh{c.n_q_heads, c.q_head_begin, c.kv_head_begin, c.group_size};
   float* d_q = upload(q);
   int32_t* d_tables = upload(tables);
+  int32_t* d_records = upload(records);
+  const DeviceSeqs dseqs{d_records, d_tables, n_seqs};
   bf16* d_out = nullptr;
   SHARDLM_CUDA_CHECK(cudaMalloc(&d_out, want.size() * 2));
   const bool decode = max_new == 1;
   if (decode) {
-    std::vector<int32_t> ctx(n_seqs);
-    for (int64_t s = 0; s < n_seqs; ++s) ctx[s] = static_cast<int32_t>(n_past[s] + 1);
-    int32_t* d_ctx = upload(ctx);
     void* ws = nullptr;
     const size_t ws_bytes = decode_attention_workspace_bytes(n_seqs, c.n_q_heads, hd, max_ctx);
     if (ws_bytes) SHARDLM_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-    paged_attention_decode(d_q, c.n_q_heads * hd, dev, dh, d_ctx, d_tables, blocks_per_seq, n_seqs, max_ctx, ws, d_out,
-                           nullptr);
-    cudaFree(d_ctx), cudaFree(ws);
+    paged_attention_decode(d_q, c.n_q_heads * hd, dev, dh, dseqs, max_ctx, ws, d_out, nullptr);
+    cudaFree(ws);
   }
-  int32_t* d_tb = upload(token_begin);
-  int32_t* d_nt = upload(n_tok);
-  int32_t* d_np = upload(past);
   bf16* d_out2 = nullptr;
   SHARDLM_CUDA_CHECK(cudaMalloc(&d_out2, want.size() * 2));
-  paged_attention_prefill(d_q, c.n_q_heads * hd, dev, dh, d_tb, d_nt, d_np, d_tables, blocks_per_seq, n_seqs, max_new,
-                          d_out2, nullptr);
+  paged_attention_prefill(d_q, c.n_q_heads * hd, dev, dh, dseqs, max_new, d_out2, nullptr);
   if (decode) expect_close(download_bf16(d_out, want.size()), want, 2e-2f, 1e-2f, "decode attention");
   expect_close(download_bf16(d_out2, want.size()), want, 2e-2f, 1e-2f, "prefill attention");
   cudaFree(dev.k), cudaFree(dev.v), cudaFree(d_q), cudaFree(d_tables), cudaFree(d_out), cudaFree(d_out2);
-  cudaFree(d_tb), cudaFree(d_nt), cudaFree(d_np);
+  cudaFree(d_records);
 }
 
 TEST(CudaOps, DecodeAttentionSplitKUnevenHeads) {
@@ -265,28 +260,33 @@ TEST(CudaOps, PrefillAndChunkedPrefillAttention) {
   run_attention_case({256, 4, 0, 0, 1, 4}, {5}, {40});
 }
 
-TEST(CudaOps, KvCacheWriteStoresSlotsAndSkipsPadding) {
+TEST(CudaOps, KvCacheWriteStoresEachTokenAtItsPositionsSlot) {
   REQUIRE_GPU();
   const int64_t hd = 64, kvh = 2, row = hd * kvh, bs = 4, n_blocks = 3;
   auto k = random_bf16_values(3 * row, 21), v = random_bf16_values(3 * row, 22);
-  std::vector<int32_t> slots = {9, -1, 2};
+  // Sequence 0: one token at position 5 (table {2, 0}: block 0, slot 1 -> slot index 1).
+  // A padding record (no tokens). Sequence 2: two tokens at positions 2, 3 (table {1}: slots 6, 7).
+  std::vector<int32_t> tables = {2, 0, 1};
+  std::vector<int32_t> records = {0, 1, 5, 0, 2, /*padding*/ 1, 0, 0, 2, 0, 1, 2, 2, 2, 1};
   std::vector<uint16_t> zeros(n_blocks * bs * row, 0);
   DeviceKvLayer dev{reinterpret_cast<bf16*>(upload(zeros)), reinterpret_cast<bf16*>(upload(zeros)), n_blocks, bs, kvh, hd};
   float* d_k = upload(k);
   float* d_v = upload(v);
-  int32_t* d_s = upload(slots);
-  kv_cache_write(dev, d_k, d_v, row, d_s, 3, nullptr);
+  int32_t* d_tables = upload(tables);
+  int32_t* d_records = upload(records);
+  kv_cache_write(dev, d_k, d_v, row, DeviceSeqs{d_records, d_tables, 3}, 3, nullptr);
   auto kc = download_bf16(dev.k, zeros.size());
   auto vc = download_bf16(dev.v, zeros.size());
   for (int64_t i = 0; i < row; ++i) {
-    EXPECT_EQ(kc[9 * row + i], k[i]);
-    EXPECT_EQ(vc[2 * row + i], v[2 * row + i]);
+    EXPECT_EQ(kc[1 * row + i], k[i]);
+    EXPECT_EQ(kc[6 * row + i], k[row + i]);
+    EXPECT_EQ(vc[7 * row + i], v[2 * row + i]);
   }
-  float nonzero = 0;
-  for (int64_t s : {0, 1, 3, 4, 5, 6, 7, 8, 10, 11})
-    for (int64_t i = 0; i < row; ++i) nonzero += std::fabs(kc[s * row + i]);
-  EXPECT_EQ(nonzero, 0.0f);
-  cudaFree(dev.k), cudaFree(dev.v), cudaFree(d_k), cudaFree(d_v), cudaFree(d_s);
+  float elsewhere = 0;
+  for (int64_t s : {0, 2, 3, 4, 5, 8, 9, 10, 11})
+    for (int64_t i = 0; i < row; ++i) elsewhere += std::fabs(kc[s * row + i]);
+  EXPECT_EQ(elsewhere, 0.0f);
+  cudaFree(dev.k), cudaFree(dev.v), cudaFree(d_k), cudaFree(d_v), cudaFree(d_tables), cudaFree(d_records);
 }
 
 TEST(CudaOps, EmbeddingGatherOfAVocabSlice) {

@@ -27,14 +27,12 @@ struct DecodeArgs {
   int64_t block_size;
   int64_t n_kv_heads;
   DeviceHeads heads;
-  const int32_t* context_lens;
-  const int32_t* block_tables;
-  int64_t max_blocks_per_seq;
+  DeviceSeqs seqs;
   int n_partitions;
   float scale;
   float* ws_out;  // [n_seqs, n_q_heads, n_partitions, HD]
   float* ws_ml;   // [n_seqs, n_q_heads, n_partitions, 2]: running max, sum of exp
-  bf16* out;      // [n_seqs, n_q_heads, HD]
+  bf16* out;      // [n_tokens, n_q_heads, HD]
 };
 
 template <int HD>
@@ -53,7 +51,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
   const int n_g = static_cast<int>(q_hi - q_lo);
   if (n_g <= 0) return;
 
-  const int ctx = a.context_lens[seq];
+  const int32_t* rec = a.seqs.records + static_cast<int64_t>(seq) * kSeqRecord;
+  const int ctx = rec[1] > 0 ? rec[2] + rec[1] : 0;  // padding records have no context
+  const int64_t row = rec[0];                        // this sequence's token in q and out
   const int t_begin = part * kDecodePartition;
   const int t_end = min(ctx, t_begin + kDecodePartition);
   const int64_t n_q = h.n_q_heads;
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
       }
     } else {
       for (int i = threadIdx.x; i < n_g * HD; i += kThreads)
-        a.out[(static_cast<int64_t>(seq) * n_q + q_lo + i / HD) * HD + i % HD] = __float2bfloat16(0.0f);
+        if (rec[1] > 0) a.out[(row * n_q + q_lo + i / HD) * HD + i % HD] = __float2bfloat16(0.0f);
     }
     return;
   }
@@ -77,11 +77,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
   float* stats = scores + n_g * kDecodePartition;  // [n_g, 2]
   for (int i = threadIdx.x; i < n_g * HD; i += kThreads) {
     const int g = i / HD, d = i % HD;
-    q_s[i] = a.q[static_cast<int64_t>(seq) * a.q_stride + (q_lo + g) * HD + d];
+    q_s[i] = a.q[row * a.q_stride + (q_lo + g) * HD + d];
   }
   __syncthreads();
 
-  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
+  const int32_t* table = a.seqs.block_tables + rec[3];
   const int64_t row_elems = a.n_kv_heads * HD;
   auto slot_of = [&](int t) { return static_cast<int64_t>(table[t / a.block_size]) * a.block_size + t % a.block_size; };
 
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
       if (g >= n_g) break;
       const float o = acc[g] / stats[g * 2 + 1];
       if (a.n_partitions == 1)
-        a.out[(static_cast<int64_t>(seq) * n_q + q_lo + g) * HD + d] = __float2bfloat16(o);
+        a.out[(row * n_q + q_lo + g) * HD + d] = __float2bfloat16(o);
       else
         a.ws_out[ws_index(g) * HD + d] = o;
     }
@@ -154,8 +154,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
 // Merges the partitions of one (sequence, Q head): a thread per dimension.
 template <int HD>
 __global__ void decode_reduce_kernel(const float* __restrict__ ws_out, const float* __restrict__ ws_ml,
-                                     int n_partitions, int64_t n_q, bf16* __restrict__ out) {
-  const int64_t row = static_cast<int64_t>(blockIdx.y) * n_q + blockIdx.x;  // (seq, q head)
+                                     int n_partitions, int64_t n_q, DeviceSeqs seqs, bf16* __restrict__ out) {
+  const int32_t* rec = seqs.records + static_cast<int64_t>(blockIdx.y) * kSeqRecord;
+  if (rec[1] == 0) return;  // padding
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * n_q + blockIdx.x;        // (seq, q head) in the workspace
+  const int64_t out_row = static_cast<int64_t>(rec[0]) * n_q + blockIdx.x;        // (token, q head) in out
   const float* ml = ws_ml + row * n_partitions * 2;
   float m = -INFINITY;
   for (int p = 0; p < n_partitions; ++p) m = fmaxf(m, ml[p * 2]);
@@ -169,7 +172,7 @@ __global__ void decode_reduce_kernel(const float* __restrict__ ws_out, const flo
         den += w;
       }
     }
-    out[row * HD + d] = __float2bfloat16(den > 0.0f ? num / den : 0.0f);
+    out[out_row * HD + d] = __float2bfloat16(den > 0.0f ? num / den : 0.0f);
   }
 }
 
@@ -182,8 +185,9 @@ size_t decode_attention_workspace_bytes(int64_t n_seqs, int64_t n_q_heads, int64
 }
 
 void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
-                            const int32_t* context_lens, const int32_t* block_tables, int64_t max_blocks_per_seq,
-                            int64_t n_seqs, int64_t max_context, void* workspace, bf16* out, cudaStream_t stream) {
+                            const DeviceSeqs& seqs, int64_t max_context, void* workspace, bf16* out,
+                            cudaStream_t stream) {
+  const int64_t n_seqs = seqs.n_seqs;
   if (n_seqs <= 0 || heads.n_q_heads <= 0) return;
   if (max_context < 1) fail(ErrorCode::kInvalidArgument, "CUDA decode attention: max_context ", max_context, " < 1");
   DecodeArgs a{};
@@ -194,9 +198,7 @@ void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLaye
   a.block_size = cache.block_size;
   a.n_kv_heads = cache.n_kv_heads;
   a.heads = heads;
-  a.context_lens = context_lens;
-  a.block_tables = block_tables;
-  a.max_blocks_per_seq = max_blocks_per_seq;
+  a.seqs = seqs;
   a.n_partitions = static_cast<int>((max_context + kDecodePartition - 1) / kDecodePartition);
   a.scale = 1.0f / std::sqrt(static_cast<float>(cache.head_dim));
   a.out = out;
@@ -224,7 +226,7 @@ void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLaye
     if (a.n_partitions > 1) {
       decode_reduce_kernel<kHd><<<dim3(static_cast<unsigned>(heads.n_q_heads), static_cast<unsigned>(n_seqs)),
                                   kHd < 128 ? kHd : 128, 0, stream>>>(a.ws_out, a.ws_ml, a.n_partitions,
-                                                                      heads.n_q_heads, out);
+                                                                      heads.n_q_heads, seqs, out);
       SHARDLM_CUDA_CHECK_LAUNCH();
     }
   };

@@ -26,11 +26,7 @@ struct PrefillArgs {
   int64_t block_size;
   int64_t n_kv_heads;
   DeviceHeads heads;
-  const int32_t* token_begin;
-  const int32_t* n_tokens;
-  const int32_t* n_past;
-  const int32_t* block_tables;
-  int64_t max_blocks_per_seq;
+  DeviceSeqs seqs;
   float scale;
   bf16* out;
 };
@@ -45,11 +41,12 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(PrefillArgs a) {
 
   const int tile = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_tok = a.n_tokens[seq];
+  const int32_t* rec = a.seqs.records + static_cast<int64_t>(seq) * kSeqRecord;
+  const int n_tok = rec[1];
   const int q_first = tile * kPrefillQueryTile;
   if (q_first >= n_tok) return;  // whole block past this sequence's chunk
-  const int past = a.n_past[seq];
-  const int64_t tok0 = a.token_begin[seq];
+  const int past = rec[2];
+  const int64_t tok0 = rec[0];
   const int64_t kv_local = (a.heads.q_head_begin + h) / a.heads.group_size - a.heads.kv_head_begin;
   const int64_t n_q = a.heads.n_q_heads;
 
@@ -59,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(PrefillArgs a) {
   for (int d = lane; d < HD; d += 32)
     q_s[warp * HD + d] = active ? a.q[(tok0 + qi) * a.q_stride + h * HD + d] * a.scale : 0.0f;
 
-  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
+  const int32_t* table = a.seqs.block_tables + rec[3];
   const int64_t row_elems = a.n_kv_heads * HD;
   // Keys this block needs: positions [0, past + last query of the tile].
   const int last_q = min(n_tok, q_first + kPrefillQueryTile) - 1;
@@ -123,9 +120,8 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(PrefillArgs a) {
 }  // namespace
 
 void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
-                             const int32_t* token_begin, const int32_t* n_tokens, const int32_t* n_past,
-                             const int32_t* block_tables, int64_t max_blocks_per_seq, int64_t n_seqs,
-                             int64_t max_tokens_per_seq, bf16* out, cudaStream_t stream) {
+                             const DeviceSeqs& seqs, int64_t max_tokens_per_seq, bf16* out, cudaStream_t stream) {
+  const int64_t n_seqs = seqs.n_seqs;
   if (n_seqs <= 0 || max_tokens_per_seq <= 0 || heads.n_q_heads <= 0) return;
   PrefillArgs a{};
   a.q = q;
@@ -135,11 +131,7 @@ void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLay
   a.block_size = cache.block_size;
   a.n_kv_heads = cache.n_kv_heads;
   a.heads = heads;
-  a.token_begin = token_begin;
-  a.n_tokens = n_tokens;
-  a.n_past = n_past;
-  a.block_tables = block_tables;
-  a.max_blocks_per_seq = max_blocks_per_seq;
+  a.seqs = seqs;
   a.scale = 1.0f / std::sqrt(static_cast<float>(cache.head_dim));
   a.out = out;
   const dim3 grid(static_cast<unsigned>((max_tokens_per_seq + kPrefillQueryTile - 1) / kPrefillQueryTile),
