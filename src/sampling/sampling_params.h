@@ -25,7 +25,7 @@ struct SamplingParams {
   int32_t logprobs = 0;             // [0, kMaxLogprobs]: top alternatives returned per token
   // (token id, bias in [-100, 100]) added to that token's logit before the
   // penalties (OpenAI's logit_bias; -100 bans a token, +100 all but forces it).
-  std::vector<std::pair<int32_t, float>> logit_bias;
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
 
   bool greedy() const { return temperature < kGreedyTemperature; }
   // Throws Error(kInvalidArgument) naming the first parameter out of range,
