@@ -39,6 +39,10 @@ struct ServeOptions {
   std::string kv_cache_dtype = "auto";
   int64_t max_pending_requests = 1024;
   size_t max_body_bytes = 8u << 20;
+  std::string tool_call_parser;   // "": from the chat template
+  std::string reasoning_parser;
+  std::string generation_config = "auto";
+  std::vector<std::string> allowed_origins;
   double shutdown_grace_s = 5.0;
 };
 
@@ -101,6 +105,10 @@ int run_serve(const ServeOptions& given) {
   so.api_key = api_key;
   so.max_body_bytes = o.max_body_bytes;
   so.version = SHARDLM_VERSION;
+  so.api.tool_call_parser = o.tool_call_parser;
+  so.api.reasoning_parser = o.reasoning_parser;
+  so.api.generation_config = o.generation_config == "auto";
+  so.allowed_origins = o.allowed_origins;
   server::HttpServer http(backend, so);
 
   // SIGINT/SIGTERM are handled by this thread with sigwait; every other
@@ -172,6 +180,16 @@ void setup(CLI::App& app) {
   sub->add_option("--max-request-body-bytes", o->max_body_bytes, "Larger bodies get 413")->capture_default_str();
   sub->add_option("--shutdown-grace-seconds", o->shutdown_grace_s, "On SIGINT/SIGTERM, time in-flight requests get to finish")
       ->capture_default_str()->check(CLI::Range(0.0, 3600.0));
+  sub->add_option("--tool-call-parser", o->tool_call_parser,
+                  "hermes (Qwen2.5/Qwen3 <tool_call>) or llama3_json (Llama 3.1); default: from the chat template")
+      ->check(CLI::IsMember({"hermes", "llama3_json"}));
+  sub->add_option("--reasoning-parser", o->reasoning_parser, "qwen3: <think>...</think> goes to reasoning_content")
+      ->check(CLI::IsMember({"qwen3"}));
+  sub->add_option("--generation-config", o->generation_config,
+                  "auto: generation_config.json's sampling values are request defaults; vllm: OpenAI's defaults")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "vllm"}));
+  sub->add_option("--allowed-origins", o->allowed_origins, "CORS origins allowed (\"*\" for any); default: none")
+      ->delimiter(',');
   set_command_action(sub, [o] { return run_serve(*o); });
 }
 

@@ -35,4 +35,41 @@ std::vector<int64_t> load_eos_token_ids(const std::filesystem::path& dir, const 
   return ids;
 }
 
+GenerationDefaults load_generation_defaults(const std::filesystem::path& dir) {
+  GenerationDefaults d;
+  const auto path = dir / "generation_config.json";
+  if (!std::filesystem::exists(path)) return d;
+  std::ifstream in(path);
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON (", e.what(), ")");
+  }
+  if (!j.is_object()) fail(ErrorCode::kCorruptFile, path.string(), ": must be a JSON object");
+  auto number = [&](const char* key, std::optional<double>* out) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return;
+    if (!it->is_number()) fail(ErrorCode::kInvalidArgument, path.string(), ": ", key, " must be a number, found ", it->dump());
+    *out = it->get<double>();
+  };
+  auto integer = [&](const char* key, std::optional<int64_t>* out) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return;
+    if (!it->is_number_integer())
+      fail(ErrorCode::kInvalidArgument, path.string(), ": ", key, " must be an integer, found ", it->dump());
+    *out = it->get<int64_t>();
+  };
+  number("temperature", &d.temperature);
+  number("top_p", &d.top_p);
+  integer("top_k", &d.top_k);
+  number("min_p", &d.min_p);
+  number("repetition_penalty", &d.repetition_penalty);
+  integer("max_new_tokens", &d.max_new_tokens);
+  // transformers: do_sample false means greedy whatever temperature says.
+  auto sample = j.find("do_sample");
+  if (sample != j.end() && sample->is_boolean() && !sample->get<bool>() && d.temperature) d.temperature = 0.0;
+  return d;
+}
+
 }  // namespace shardlm

@@ -33,6 +33,11 @@ void SamplingParams::validate() const {
     fail(ErrorCode::kInvalidArgument, "repetition_penalty must be in (0, 2] (1 = off), found ", repetition_penalty);
   if (logprobs < 0 || logprobs > kMaxLogprobs)
     fail(ErrorCode::kInvalidArgument, "logprobs must be in [0, ", kMaxLogprobs, "], found ", logprobs);
+  for (const auto& [token, bias] : logit_bias) {
+    if (token < 0) fail(ErrorCode::kInvalidArgument, "logit_bias token ids must be non-negative, found ", token);
+    if (!in_range(bias, -100.0, 100.0))
+      fail(ErrorCode::kInvalidArgument, "logit_bias for token ", token, " must be in [-100, 100], found ", bias);
+  }
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -127,6 +132,9 @@ Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt_i
     : params_(params), vocab_size_(vocab_size) {
   params_.validate();
   if (vocab_size <= 0) fail(ErrorCode::kInvalidArgument, "sampler: vocab_size must be positive, found ", vocab_size);
+  for (const auto& [token, bias] : params_.logit_bias)
+    if (token >= vocab_size)
+      fail(ErrorCode::kInvalidArgument, "logit_bias token ", token, " is outside the vocabulary of ", vocab_size, " tokens");
   in_prompt_.assign(static_cast<size_t>(vocab_size), 0);
   for (int32_t t : prompt_ids)
     if (t >= 0 && t < vocab_size) in_prompt_[t] = 1;
@@ -143,6 +151,7 @@ SampleResult Sampler::sample(std::span<const float> logits) {
     fail(ErrorCode::kInvalidArgument, "sampler: logits have ", logits.size(), " entries, the vocabulary has ", vocab_size_);
   SampleResult result;
   std::vector<float> processed(logits.begin(), logits.end());
+  for (const auto& [token, bias] : params_.logit_bias) processed[token] += bias;
   apply_penalties(params_, processed, in_prompt_, output_count_);
   if (params_.greedy()) {
     result.token = argmax(processed);

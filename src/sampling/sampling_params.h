@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace shardlm {
 
@@ -21,6 +23,9 @@ struct SamplingParams {
   double repetition_penalty = 1.0;  // (0, 2]: prompt+output tokens: positive logits / p, negative * p
   std::optional<uint64_t> seed = std::nullopt;  // set: the same tokens every run, whatever the batch
   int32_t logprobs = 0;             // [0, kMaxLogprobs]: top alternatives returned per token
+  // (token id, bias in [-100, 100]) added to that token's logit before the
+  // penalties (OpenAI's logit_bias; -100 bans a token, +100 all but forces it).
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
 
   bool greedy() const { return temperature < kGreedyTemperature; }
   // Throws Error(kInvalidArgument) naming the first parameter out of range,

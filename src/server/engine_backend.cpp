@@ -48,6 +48,7 @@ struct StreamState {
   std::deque<GenerateEvent> events;
   bool finished = false;
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;               // prompt tokens the prefix cache served
   std::vector<int64_t> completion_by_seq;  // [n]
   std::function<void()> on_finish;         // releases the routing slot
 };
@@ -77,6 +78,10 @@ class EngineStream final : public RequestStream {
   int64_t prompt_tokens() const override {
     std::lock_guard<std::mutex> lock(state_->mutex);
     return state_->prompt_tokens;
+  }
+  int64_t cached_tokens() const override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->cached_tokens;
   }
   int64_t completion_tokens() const override {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -142,6 +147,10 @@ void EngineBackend::load() {
          "); this build's CPU engine has no quantized kernels yet (plan and verify read it)");
   tokenizer_.emplace(Tokenizer::load(dir));
   chat_template_ = chat_template::load_model_chat_template(dir);
+  {
+    GenerationDefaults g = load_generation_defaults(dir);
+    sampling_defaults_ = {g.temperature, g.top_p, g.top_k, g.min_p, g.repetition_penalty, g.max_new_tokens};
+  }
   detokenizer_ = std::make_unique<TokenizerDetokenizer>(*tokenizer_);
 
   Layout replica = options_.layout;
@@ -272,6 +281,7 @@ std::unique_ptr<RequestStream> EngineBackend::submit(const GenerateParams& p) {
   req.sampling.frequency_penalty = p.frequency_penalty;
   req.sampling.repetition_penalty = p.repetition_penalty;
   if (p.seed) req.sampling.seed = static_cast<uint64_t>(*p.seed);
+  req.sampling.logit_bias = p.logit_bias;
   req.logprobs = p.logprobs >= 0;
   req.sampling.logprobs = std::max(0, p.logprobs);
   req.stop.max_tokens = static_cast<int32_t>(std::min<int64_t>(p.max_tokens, INT32_MAX));
@@ -314,6 +324,7 @@ std::unique_ptr<RequestStream> EngineBackend::submit(const GenerateParams& p) {
       std::lock_guard<std::mutex> lock(state->mutex);
       if (o.index >= 0 && o.index < static_cast<int>(state->completion_by_seq.size()))
         state->completion_by_seq[o.index] = o.n_completion_tokens;
+      if (o.index == 0) state->cached_tokens = o.n_cached_tokens;  // the n sequences share one prompt
       state->events.push_back(std::move(e));
       if (o.request_finished) {
         state->finished = true;

@@ -77,6 +77,9 @@ class EngineBackend final : public ServingBackend {
                           const ordered_json& template_kwargs) const override;
   std::unique_ptr<RequestStream> submit(const GenerateParams& params) override;
   std::string metrics() const override;
+  std::string chat_template_source() const override { return chat_template_ ? chat_template_->source : ""; }
+  int64_t vocab_size() const override { return report_.spec.vocab_size; }
+  SamplingDefaults sampling_defaults() const override { return sampling_defaults_; }
 
  private:
   struct Replica;
@@ -87,6 +90,7 @@ class EngineBackend final : public ServingBackend {
   std::unique_ptr<Detokenizer> detokenizer_;
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::unique_ptr<RoutingPolicy> routing_;
+  SamplingDefaults sampling_defaults_;
   std::atomic<bool> ready_{false};
 };
 

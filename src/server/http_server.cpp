@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <ctime>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -43,6 +44,33 @@ std::array<unsigned char, 32> sha256(const std::string& s) {
   unsigned int len = 0;
   EVP_Digest(s.data(), s.size(), out.data(), &len, EVP_sha256(), nullptr);
   return out;
+}
+
+// CORS (--allowed-origins): an allowed Origin gets Access-Control-Allow-Origin
+// on every answer; an OPTIONS preflight is answered here (before auth, as
+// browsers send it without credentials). Returns true when it answered.
+bool cors(const std::vector<std::string>& allowed, const httplib::Request& req, httplib::Response& res) {
+  const std::string origin = req.get_header_value("Origin");
+  const bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+  const bool ok = !origin.empty() && (any || std::find(allowed.begin(), allowed.end(), origin) != allowed.end());
+  if (ok) {
+    res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+    if (!any) res.set_header("Vary", "Origin");
+  }
+  if (req.method != "OPTIONS") return false;
+  if (!ok) {
+    res.status = 403;
+    res.set_content(error_json({403, origin.empty() ? "OPTIONS is only answered as a CORS preflight (send Origin)"
+                                                    : "origin '" + origin + "' is not allowed (see --allowed-origins)",
+                                "permission_error", "", ""}).dump(), "application/json");
+    return true;
+  }
+  res.status = 204;
+  res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+  const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+  res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+  res.set_header("Access-Control-Max-Age", "600");
+  return true;
 }
 
 bool needs_auth(const std::string& path) {
@@ -211,6 +239,7 @@ void HttpServer::install_routes() {
   auto& http = *http_;
 
   http.set_pre_routing_handler([this](const Request& req, Response& res) {
+    if (cors(options_.allowed_origins, req, res)) return httplib::Server::HandlerResponse::Handled;  // an OPTIONS preflight
     if (draining_ && req.path != "/health") {
       reply_error(res, {503, "the server is shutting down", "service_unavailable", "", "shutting_down"});
       return httplib::Server::HandlerResponse::Handled;
@@ -305,7 +334,9 @@ void HttpServer::install_routes() {
     ordered_json body = json_body(req);
     std::vector<int32_t> ids;
     if (body.contains("messages")) {
-      ParsedRequest parsed = parse_request(Endpoint::kChat, req.body, backend_, options_.limits);
+      ApiOptions api = options_.api;
+      api.check_fields = false;  // /tokenize takes add_special_tokens and the like
+      ParsedRequest parsed = parse_request(Endpoint::kChat, req.body, backend_, options_.limits, api);
       ids = parsed.prompts.at(0).prompt_ids;
     } else {
       auto p = body.find("prompt");
@@ -334,7 +365,7 @@ void HttpServer::install_routes() {
   auto generate = [this, json_body](Endpoint endpoint) {
     return [this, json_body, endpoint](const Request& req, Response& res) {
       json_body(req);  // content type and shape first
-      ParsedRequest parsed = parse_request(endpoint, req.body, backend_, options_.limits);
+      ParsedRequest parsed = parse_request(endpoint, req.body, backend_, options_.limits, options_.api);
       const auto& names = options_.served_model_names;
       if (!parsed.model.empty() && std::find(names.begin(), names.end(), parsed.model) == names.end())
         throw ApiException({404, "The model `" + parsed.model + "` does not exist.", "not_found_error", "model", "model_not_found"});
@@ -353,7 +384,7 @@ void HttpServer::install_routes() {
 
       if (!parsed.stream) {
         std::vector<std::vector<ChoiceResult>> results(streams->size(), std::vector<ChoiceResult>(n));
-        int64_t prompt_tokens = 0, completion_tokens = 0;
+        Usage usage;
         std::string error;
         // Nothing is written until the answer is complete, so a client that
         // gives up is noticed on its socket: its requests are cancelled then.
@@ -380,20 +411,23 @@ void HttpServer::install_routes() {
               if (e.finish_reason) c.finish_reason = *e.finish_reason;
             }
           }
-          prompt_tokens += s.prompt_tokens();
-          completion_tokens += s.completion_tokens();
+          usage.prompt_tokens += s.prompt_tokens();
+          usage.completion_tokens += s.completion_tokens();
+          usage.cached_tokens += s.cached_tokens();
         }
         if (!error.empty()) throw ApiException({500, error, "internal_server_error", "", ""});
-        reply_json(res, 200, completion_response(parsed, id, created, model, results, prompt_tokens, completion_tokens));
+        reply_json(res, 200, completion_response(parsed, id, created, model, results, usage));
         return;
       }
 
       auto request = std::make_shared<ParsedRequest>(std::move(parsed));
       auto first_sent = std::make_shared<std::vector<bool>>(streams->size() * n, false);
+      auto parsers = std::make_shared<std::vector<std::unique_ptr<ChatOutputParser>>>();
+      for (size_t c = 0; c < streams->size() * n; ++c) parsers->push_back(make_output_parser(*request));
           res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [tracked, streams, request, first_sent, id, created, model, n](size_t, httplib::DataSink& sink) {
+          [tracked, streams, request, first_sent, parsers, id, created, model, n](size_t, httplib::DataSink& sink) {
             auto cancel_all = [&] {
               for (auto& s : *streams) s->cancel();
             };
@@ -413,10 +447,12 @@ void HttpServer::install_routes() {
                 }
                 bool first = !(*first_sent)[choice];
                 (*first_sent)[choice] = true;
-                if (!sse_write(sink, stream_chunk(*request, id, created, model, choice, e, first)
-                                         .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))) {
-                  cancel_all();  // the client went away: free its sequences now
-                  return false;
+                for (const auto& chunk :
+                     stream_chunks(*request, id, created, model, choice, e, first, (*parsers)[choice].get())) {
+                  if (!sse_write(sink, chunk.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))) {
+                    cancel_all();  // the client went away: free its sequences now
+                    return false;
+                  }
                 }
               }
             }
@@ -428,12 +464,13 @@ void HttpServer::install_routes() {
               return true;
             }
             if (request->include_usage) {
-              int64_t pt = 0, ct = 0;
+              Usage usage;
               for (auto& s : *streams) {
-                pt += s->prompt_tokens();
-                ct += s->completion_tokens();
+                usage.prompt_tokens += s->prompt_tokens();
+                usage.completion_tokens += s->completion_tokens();
+                usage.cached_tokens += s->cached_tokens();
               }
-              sse_write(sink, usage_chunk(*request, id, created, model, pt, ct).dump());
+              sse_write(sink, usage_chunk(*request, id, created, model, usage).dump());
             }
             std::string done = "data: [DONE]\n\n";
             sink.write(done.data(), done.size());

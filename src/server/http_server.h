@@ -28,6 +28,8 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;  // larger bodies get 413
   int n_http_threads = 64;         // connections beyond this wait in the accept queue
   RequestLimits limits;
+  ApiOptions api;                  // tool-call / reasoning parsers, generation defaults
+  std::vector<std::string> allowed_origins;  // CORS: "*" or exact origins; empty: no CORS headers
   std::string version = "0.0.0";
 };
 

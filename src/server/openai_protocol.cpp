@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/request_fields.h"
+#include "server/tool_request.h"
 
 namespace shardlm::server {
 
@@ -89,6 +91,7 @@ ordered_json normalise_messages(const ordered_json& messages) {
     } else if (content == m.end() && r != "assistant") {
       bad_request(where + ".content", where + ".content is required");
     }
+    normalise_tool_fields(&copy, where);
     out.push_back(std::move(copy));
   }
   return out;
@@ -162,10 +165,36 @@ std::vector<std::vector<int32_t>> completion_prompts(const ordered_json& body, c
   return out;
 }
 
+// logit_bias: {"token id": bias}, ids in the vocabulary, biases in [-100, 100].
+std::vector<std::pair<int32_t, float>> logit_bias_param(const ordered_json& body, const ServingBackend& backend,
+                                                        const RequestLimits& limits) {
+  std::vector<std::pair<int32_t, float>> out;
+  const ordered_json* v = find(body, "logit_bias");
+  if (!v) return out;
+  if (!v->is_object()) bad_request("logit_bias", "'logit_bias' must be an object mapping token ids (as strings) to biases");
+  if (static_cast<int>(v->size()) > limits.max_logit_bias)
+    bad_request("logit_bias", str_cat("'logit_bias' may hold at most ", limits.max_logit_bias, " entries, got ", v->size()));
+  const int64_t vocab = backend.vocab_size();
+  for (auto it = v->begin(); it != v->end(); ++it) {
+    const std::string& key = it.key();
+    char* end = nullptr;
+    errno = 0;
+    long long id = std::strtoll(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || errno != 0 || id < 0 || id > INT32_MAX || (vocab > 0 && id >= vocab))
+      bad_request("logit_bias", str_cat("'logit_bias' key '", key, "' must be a token id in [0, ",
+                                        vocab > 0 ? std::to_string(vocab - 1) : std::string("vocab size"), "]"));
+    if (!it.value().is_number() || !(it.value().get<double>() >= -100.0 && it.value().get<double>() <= 100.0))
+      bad_request("logit_bias", str_cat("'logit_bias' value for token ", key, " must be a number in [-100, 100], got ",
+                                        it.value().dump()));
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(it.value().get<double>()));
+  }
+  return out;
+}
+
 }  // namespace
 
 ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const ServingBackend& backend,
-                            const RequestLimits& limits) {
+                            const RequestLimits& limits, const ApiOptions& api) {
   ordered_json body;
   try {
     body = ordered_json::parse(text);
@@ -173,6 +202,8 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
     bad_request("", str_cat("the request body is not valid JSON: ", e.what()));
   }
   if (!body.is_object()) bad_request("", "the request body must be a JSON object");
+  if (api.check_fields) check_request_fields(endpoint, body);
+  const SamplingDefaults defaults = api.generation_config ? backend.sampling_defaults() : SamplingDefaults{};
 
   ParsedRequest req;
   req.endpoint = endpoint;
@@ -193,14 +224,17 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
 
   GenerateParams base;
   base.n = static_cast<int>(int_param(body, "n", 1, 1, limits.max_n));
-  base.temperature = number_param(body, "temperature", 1.0, 0.0, 2.0);
-  base.top_p = number_param(body, "top_p", 1.0, 0.0, 1.0, /*lo_open=*/true);
-  base.top_k = int_param(body, "top_k", -1, -1, INT32_MAX);
+  // Request values win over generation_config.json's, which win over OpenAI's.
+  base.temperature = number_param(body, "temperature", defaults.temperature.value_or(1.0), 0.0, 2.0);
+  base.top_p = number_param(body, "top_p", defaults.top_p.value_or(1.0), 0.0, 1.0, /*lo_open=*/true);
+  base.top_k = int_param(body, "top_k", defaults.top_k.value_or(-1), -1, INT32_MAX);
   if (base.top_k == 0) base.top_k = -1;  // vLLM: 0 also means off
-  base.min_p = number_param(body, "min_p", 0.0, 0.0, 1.0);
+  base.min_p = number_param(body, "min_p", defaults.min_p.value_or(0.0), 0.0, 1.0);
   base.presence_penalty = number_param(body, "presence_penalty", 0.0, -2.0, 2.0);
   base.frequency_penalty = number_param(body, "frequency_penalty", 0.0, -2.0, 2.0);
-  base.repetition_penalty = number_param(body, "repetition_penalty", 1.0, 0.0, 2.0, /*lo_open=*/true);
+  base.repetition_penalty =
+      number_param(body, "repetition_penalty", defaults.repetition_penalty.value_or(1.0), 0.0, 2.0, /*lo_open=*/true);
+  base.logit_bias = logit_bias_param(body, backend, limits);
   if (find(body, "seed")) base.seed = int_param(body, "seed", 0, INT64_MIN, INT64_MAX);
   base.stop = stop_param(body, limits);
   if (const ordered_json* st = find(body, "stop_token_ids")) {
@@ -231,10 +265,22 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
     const ordered_json* messages = find(body, "messages");
     if (!messages) bad_request("messages", "'messages' is required");
     ordered_json normalised = normalise_messages(*messages);
-    ordered_json tools = ordered_json();
-    if (const ordered_json* t = find(body, "tools")) {
-      if (!t->is_array()) bad_request("tools", "'tools' must be a list");
-      tools = *t;
+    ordered_json tools = validate_tools(find(body, "tools"));
+    const ToolChoice choice = parse_tool_choice(find(body, "tool_choice"), tools);
+    req.output.parallel_tool_calls = bool_param(body, "parallel_tool_calls", true);
+    if (choice.mode == ToolChoice::Mode::kRequired || choice.mode == ToolChoice::Mode::kNamed)
+      throw ApiException(ApiError{400,
+                                  str_cat("tool_choice ", choice.mode == ToolChoice::Mode::kRequired ? "\"required\"" : "naming a function",
+                                          " needs constrained decoding, which shardlm does not support yet; use \"auto\" or \"none\""),
+                                  "invalid_request_error", "tool_choice", "unsupported_parameter"});
+    if (choice.mode == ToolChoice::Mode::kNone) {
+      tools = ordered_json();  // not rendered, not parsed
+    } else {
+      req.output.tool_call_parser =
+          api.tool_call_parser.empty() ? detect_tool_call_parser(backend.chat_template_source()) : api.tool_call_parser;
+      if (req.output.tool_call_parser.empty())
+        bad_request("tools", "this model's chat template has no tool-call format shardlm recognises; start the server with "
+                             "--tool-call-parser hermes (Qwen2.5/Qwen3) or llama3_json (Llama 3.1), or send tool_choice \"none\"");
     }
     ordered_json kwargs = ordered_json::object();
     if (const ordered_json* k = find(body, "chat_template_kwargs")) {
@@ -244,6 +290,8 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
     bool add_generation_prompt = bool_param(body, "add_generation_prompt", true);
     std::string rendered = backend.render_chat(normalised, tools, add_generation_prompt, kwargs);
     prompts.push_back(backend.tokenize(rendered, false));
+    req.output.reasoning_parser = api.reasoning_parser;
+    req.output.starts_in_reasoning = !api.reasoning_parser.empty() && prompt_opens_reasoning(rendered);
     req.prompt_texts.push_back(rendered);
   } else {
     prompts = completion_prompts(body, backend, limits, &req.prompt_texts);
@@ -265,6 +313,7 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
       p.max_tokens = requested_max;
     } else {
       p.max_tokens = endpoint == Endpoint::kChat ? max_len - n_prompt : std::min<int64_t>(16, max_len - n_prompt);
+      if (defaults.max_tokens) p.max_tokens = std::min(*defaults.max_tokens, max_len - n_prompt);
     }
     if (n_prompt + p.max_tokens > max_len)
       bad_request(max_key, str_cat("This model's maximum context length is ", max_len, " tokens. However, you requested ",
@@ -298,10 +347,11 @@ std::string new_request_id(Endpoint endpoint) {
   return std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + buf;
 }
 
-ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
-  return ordered_json{{"prompt_tokens", prompt_tokens},
-                      {"total_tokens", prompt_tokens + completion_tokens},
-                      {"completion_tokens", completion_tokens}};
+ordered_json usage_json(const Usage& u) {
+  return ordered_json{{"prompt_tokens", u.prompt_tokens},
+                      {"total_tokens", u.prompt_tokens + u.completion_tokens},
+                      {"completion_tokens", u.completion_tokens},
+                      {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 namespace {
@@ -359,9 +409,34 @@ bool wants_logprobs(const ParsedRequest& r) { return !r.prompts.empty() && r.pro
 
 }  // namespace
 
+namespace {
+
+ordered_json tool_call_json(const ToolCall& c) {
+  return ordered_json{{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+
+ordered_json chat_message_json(const ParsedRequest& request, const std::string& text) {
+  ChatMessage m = parse_chat_output(request.output, text);
+  ordered_json msg = {{"role", "assistant"}};
+  msg["content"] = m.content.empty() && !m.tool_calls.empty() ? ordered_json() : ordered_json(m.content);
+  if (!request.output.reasoning_parser.empty()) {
+    ordered_json r = m.reasoning.empty() ? ordered_json() : ordered_json(m.reasoning);
+    msg["reasoning_content"] = r;  // vLLM's name
+    msg["reasoning"] = r;          // the name newer clients read
+  }
+  if (!m.tool_calls.empty()) {
+    ordered_json calls = ordered_json::array();
+    for (const auto& c : m.tool_calls) calls.push_back(tool_call_json(c));
+    msg["tool_calls"] = calls;
+  }
+  return msg;
+}
+
+}  // namespace
+
 ordered_json completion_response(const ParsedRequest& request, const std::string& id, int64_t created,
                                  const std::string& model, const std::vector<std::vector<ChoiceResult>>& choices,
-                                 int64_t prompt_tokens, int64_t completion_tokens) {
+                                 const Usage& usage) {
   ordered_json out;
   const bool chat = request.endpoint == Endpoint::kChat;
   out["id"] = id;
@@ -374,8 +449,10 @@ ordered_json completion_response(const ParsedRequest& request, const std::string
     for (const ChoiceResult& c : choices[p]) {
       ordered_json choice;
       choice["index"] = index++;
+      std::string finish = c.finish_reason;
       if (chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        choice["message"] = chat_message_json(request, c.text);
+        finish = chat_finish_reason(finish, choice["message"].contains("tool_calls"));
         choice["logprobs"] = wants_logprobs(request) ? chat_logprobs(c.tokens, c.logprobs, c.top_logprobs) : ordered_json();
       } else {
         std::string prefix = request.echo && p < request.prompt_texts.size() ? request.prompt_texts[p] : "";
@@ -383,17 +460,23 @@ ordered_json completion_response(const ParsedRequest& request, const std::string
         choice["logprobs"] = wants_logprobs(request) ? completion_logprobs(c.tokens, c.logprobs, c.top_logprobs, prefix.size())
                                                      : ordered_json();
       }
-      choice["finish_reason"] = c.finish_reason;
+      choice["finish_reason"] = finish;
       list.push_back(choice);
     }
   }
   out["choices"] = list;
-  out["usage"] = usage_json(prompt_tokens, completion_tokens);
+  out["usage"] = usage_json(usage);
   return out;
 }
 
-ordered_json stream_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
-                          const std::string& model, int choice_index, const GenerateEvent& event, bool first) {
+std::unique_ptr<ChatOutputParser> make_output_parser(const ParsedRequest& request) {
+  if (request.endpoint != Endpoint::kChat) return nullptr;
+  return std::make_unique<ChatOutputParser>(request.output);
+}
+
+std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std::string& id, int64_t created,
+                                        const std::string& model, int choice_index, const GenerateEvent& event,
+                                        bool first, ChatOutputParser* parser) {
   ordered_json out;
   const bool chat = request.endpoint == Endpoint::kChat;
   out["id"] = id;
@@ -402,10 +485,44 @@ ordered_json stream_chunk(const ParsedRequest& request, const std::string& id, i
   out["model"] = model;
   ordered_json choice;
   choice["index"] = choice_index;
+  std::optional<std::string> finish = event.finish_reason;
   if (chat) {
+    ChatDelta d;
+    if (parser) {
+      d = parser->feed(event.text);
+      if (event.finish_reason) {
+        ChatDelta last = parser->finish();
+        d.reasoning += last.reasoning;
+        d.content += last.content;
+        d.tool_calls.insert(d.tool_calls.end(), last.tool_calls.begin(), last.tool_calls.end());
+        finish = chat_finish_reason(*event.finish_reason, parser->tool_called());
+      }
+    } else {
+      d.content = event.text;
+    }
     ordered_json delta = ordered_json::object();
     if (first) delta["role"] = "assistant";
-    if (!event.text.empty() || first) delta["content"] = event.text;
+    if (!d.content.empty() || (first && d.reasoning.empty() && d.tool_calls.empty())) delta["content"] = d.content;
+    if (!d.reasoning.empty()) {
+      delta["reasoning_content"] = d.reasoning;
+      delta["reasoning"] = d.reasoning;
+    }
+    if (!d.tool_calls.empty()) {
+      ordered_json calls = ordered_json::array();
+      for (const auto& t : d.tool_calls) {
+        ordered_json c = {{"index", t.index}};
+        if (!t.id.empty()) {
+          c["id"] = t.id;
+          c["type"] = "function";
+          c["function"] = {{"name", t.name}, {"arguments", t.arguments}};
+        } else {
+          c["function"] = {{"arguments", t.arguments}};
+        }
+        calls.push_back(c);
+      }
+      delta["tool_calls"] = calls;
+    }
+    if (delta.empty() && !finish && !wants_logprobs(request)) return {};  // all held back
     choice["delta"] = delta;
     choice["logprobs"] = wants_logprobs(request) ? chat_logprobs(event.tokens, event.logprobs, event.top_logprobs) : ordered_json();
   } else {
@@ -413,21 +530,21 @@ ordered_json stream_chunk(const ParsedRequest& request, const std::string& id, i
     choice["logprobs"] = wants_logprobs(request) ? completion_logprobs(event.tokens, event.logprobs, event.top_logprobs, 0)
                                                  : ordered_json();
   }
-  choice["finish_reason"] = event.finish_reason ? ordered_json(*event.finish_reason) : ordered_json();
+  choice["finish_reason"] = finish ? ordered_json(*finish) : ordered_json();
   out["choices"] = ordered_json::array({choice});
   if (request.include_usage) out["usage"] = nullptr;
-  return out;
+  return {out};
 }
 
 ordered_json usage_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
-                         const std::string& model, int64_t prompt_tokens, int64_t completion_tokens) {
+                         const std::string& model, const Usage& usage) {
   ordered_json out;
   out["id"] = id;
   out["object"] = request.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion";
   out["created"] = created;
   out["model"] = model;
   out["choices"] = ordered_json::array();
-  out["usage"] = usage_json(prompt_tokens, completion_tokens);
+  out["usage"] = usage_json(usage);
   return out;
 }
 

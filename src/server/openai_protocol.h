@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "server/chat_output.h"
 #include "server/serving_backend.h"
 
 namespace shardlm::server {
@@ -18,6 +19,15 @@ struct RequestLimits {
   size_t max_stop_length = 256;    // bytes per stop string
   int max_top_logprobs = 20;
   int max_prompts = 64;            // list prompts in /v1/completions
+  int max_logit_bias = 1024;       // entries in logit_bias
+};
+
+// How chat outputs are parsed and defaults chosen (serve's flags).
+struct ApiOptions {
+  std::string tool_call_parser;     // --tool-call-parser; "": detected from the chat template
+  std::string reasoning_parser;     // --reasoning-parser; "": none
+  bool generation_config = true;    // --generation-config auto: generation_config.json's sampling defaults
+  bool check_fields = true;         // refuse unknown / unimplemented request fields (off for /tokenize)
 };
 
 // A validated request: one GenerateParams per prompt (completions accept a
@@ -31,13 +41,14 @@ struct ParsedRequest {
   bool chat_logprobs = false;           // chat: logprobs=true
   std::vector<GenerateParams> prompts;  // one per prompt
   std::vector<std::string> prompt_texts;  // for echo
+  ChatOutputOptions output;             // chat: reasoning and tool-call parsing of each choice
 };
 
 // Parses and validates a request body. Throws ApiException (400 with the
 // offending `param` named) on any invalid value, using `backend` to render
 // chat templates, tokenize and check the context length.
 ParsedRequest parse_request(Endpoint endpoint, const std::string& body, const ServingBackend& backend,
-                            const RequestLimits& limits = {});
+                            const RequestLimits& limits = {}, const ApiOptions& api = {});
 
 // {"error": {"message", "type", "param", "code"}}
 ordered_json error_json(const ApiError& error);
@@ -55,19 +66,29 @@ struct ChoiceResult {
   std::string finish_reason = "length";
 };
 
-ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // of prompt_tokens, served by the prefix cache
+};
+ordered_json usage_json(const Usage& usage);
 
-// A whole (non-streaming) response.
+// A whole (non-streaming) response. Chat choices go through the request's
+// reasoning and tool-call parsers.
 ordered_json completion_response(const ParsedRequest& request, const std::string& id, int64_t created,
                                  const std::string& model, const std::vector<std::vector<ChoiceResult>>& choices,
-                                 int64_t prompt_tokens, int64_t completion_tokens);
+                                 const Usage& usage);
 
-// One streaming chunk carrying `event` for choice `choice_index`.
-ordered_json stream_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
-                          const std::string& model, int choice_index, const GenerateEvent& event, bool first);
+// The streaming chunks for `event` of choice `choice_index` (none when a
+// parser holds all of its text back). `parser`: that choice's output parser
+// (chat), null for completions; make one per choice with make_output_parser.
+std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std::string& id, int64_t created,
+                                        const std::string& model, int choice_index, const GenerateEvent& event,
+                                        bool first, ChatOutputParser* parser);
+std::unique_ptr<ChatOutputParser> make_output_parser(const ParsedRequest& request);
 
 // The final usage chunk (choices: []) when stream_options.include_usage.
 ordered_json usage_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
-                         const std::string& model, int64_t prompt_tokens, int64_t completion_tokens);
+                         const std::string& model, const Usage& usage);
 
 }  // namespace shardlm::server

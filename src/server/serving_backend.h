@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -56,6 +57,18 @@ struct GenerateParams {
   bool ignore_eos = false;
   bool skip_special_tokens = true;
   int logprobs = -1;               // -1: none; k >= 0: chosen token's logprob + top-k
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]) added to its logit
+};
+
+// generation_config.json's sampling values, which vLLM's
+// `--generation-config auto` makes the defaults of every request.
+struct SamplingDefaults {
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int64_t> top_k;
+  std::optional<double> min_p;
+  std::optional<double> repetition_penalty;
+  std::optional<int64_t> max_tokens;  // max_new_tokens
 };
 
 struct TopLogprob {
@@ -89,6 +102,8 @@ class RequestStream {
   virtual void cancel() = 0;
   virtual int64_t prompt_tokens() const = 0;
   virtual int64_t completion_tokens() const = 0;
+  // Prompt tokens the prefix cache served (usage.prompt_tokens_details).
+  virtual int64_t cached_tokens() const { return 0; }
 };
 
 class ServingBackend {
@@ -108,6 +123,11 @@ class ServingBackend {
   virtual std::unique_ptr<RequestStream> submit(const GenerateParams& params) = 0;
   // Prometheus text for GET /metrics.
   virtual std::string metrics() const = 0;
+  // The chat template's source, from which the tool-call format is detected.
+  virtual std::string chat_template_source() const { return ""; }
+  // Token ids are < vocab_size (0: unknown; logit_bias ids are then unchecked).
+  virtual int64_t vocab_size() const { return 0; }
+  virtual SamplingDefaults sampling_defaults() const { return {}; }
 };
 
 }  // namespace shardlm::server

@@ -178,3 +178,36 @@ TEST(TokenBitmask, MasksDisallowedAndUncoveredTokens) {
     EXPECT_EQ(std::isinf(logits[size_t(t)]), !allowed) << t;
   }
 }
+
+namespace shardlm {
+namespace {
+
+TEST(Sampler, LogitBiasShiftsLogitsBeforeSamplingButNotLogprobs) {
+  SamplingParams p;
+  p.temperature = 0.0;
+  p.logprobs = 1;
+  p.logit_bias = {{3, 100.0f}};
+  std::vector<int32_t> prompt;
+  Sampler s(p, prompt, 5);
+  std::vector<float> logits = {5.0f, 1.0f, 0.0f, -20.0f, 2.0f};
+  SampleResult r = s.sample(logits);
+  EXPECT_EQ(r.token, 3);  // -20 + 100 beats 5
+  EXPECT_LT(r.logprob, -20.0f);  // raw distribution: the bias does not show in logprobs
+  p.logit_bias = {{0, -100.0f}};
+  Sampler ban(p, prompt, 5);
+  EXPECT_EQ(ban.sample(logits).token, 4);
+  // Sampled too: a banned token is never drawn.
+  p.temperature = 1.0;
+  p.seed = 7;
+  std::vector<float> flat = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  p.logit_bias = {{0, -100.0f}, {1, -100.0f}, {2, -100.0f}, {4, -100.0f}};
+  Sampler only3(p, prompt, 5);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(only3.sample(flat).token, 3);
+  p.logit_bias = {{5, 1.0f}};
+  EXPECT_THROW(Sampler(p, prompt, 5), Error);  // outside the vocabulary
+  p.logit_bias = {{1, 100.5f}};
+  EXPECT_THROW(p.validate(), Error);
+}
+
+}  // namespace
+}  // namespace shardlm

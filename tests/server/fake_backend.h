@@ -2,6 +2,7 @@
 // by a thread at a fixed pace. Lets the HTTP layer be tested without a model.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -16,11 +17,16 @@ namespace shardlm::server::testing {
 
 class FakeStream : public RequestStream {
  public:
-  FakeStream(const GenerateParams& p, std::chrono::milliseconds pace, std::atomic<int>* cancelled, std::atomic<int>* live)
-      : params_(p), cancelled_(cancelled), live_(live) {
+  // `script`: the text each choice generates (one byte per token, then
+  // "stop"); empty: "abcd..." until max_tokens.
+  FakeStream(const GenerateParams& p, std::chrono::milliseconds pace, std::atomic<int>* cancelled, std::atomic<int>* live,
+             std::string script = "", int64_t cached = 0)
+      : params_(p), cancelled_(cancelled), live_(live), script_(std::move(script)), cached_(cached) {
     ++*live_;
     worker_ = std::thread([this, pace] {
-      for (int c = 0; c < params_.n; ++c) remaining_.push_back(params_.max_tokens);
+      const int64_t n_tokens = script_.empty() ? params_.max_tokens
+                                               : std::min<int64_t>(params_.max_tokens, static_cast<int64_t>(script_.size()));
+      for (int c = 0; c < params_.n; ++c) remaining_.push_back(n_tokens);
       for (int64_t step = 0;; ++step) {
         std::this_thread::sleep_for(pace);
         std::lock_guard<std::mutex> lock(mutex_);
@@ -31,7 +37,7 @@ class FakeStream : public RequestStream {
           any = true;
           GenerateEvent e;
           e.index = c;
-          char ch = static_cast<char>('a' + (step % 26));
+          char ch = script_.empty() ? static_cast<char>('a' + (step % 26)) : script_[step];
           e.text = std::string(1, ch);
           e.token_ids = {static_cast<int32_t>(ch)};
           if (params_.logprobs >= 0) {
@@ -39,7 +45,8 @@ class FakeStream : public RequestStream {
             e.tokens = {e.text};
             e.top_logprobs = {{TopLogprob{ch, e.text, -0.5f}}};
           }
-          if (--remaining_[c] == 0) e.finish_reason = "length";
+          if (--remaining_[c] == 0)
+            e.finish_reason = !script_.empty() && step + 1 == static_cast<int64_t>(script_.size()) ? "stop" : "length";
           ++completion_;
           events_.push_back(e);
         }
@@ -90,11 +97,14 @@ class FakeStream : public RequestStream {
     std::lock_guard<std::mutex> lock(mutex_);
     return completion_;
   }
+  int64_t cached_tokens() const override { return cached_; }
 
  private:
   GenerateParams params_;
   std::atomic<int>* cancelled_;
   std::atomic<int>* live_;
+  std::string script_;
+  int64_t cached_ = 0;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<GenerateEvent> events_;
@@ -113,6 +123,15 @@ class FakeBackend : public ServingBackend {
   int max_live = 1000;  // more concurrent requests than this: 429
   std::chrono::milliseconds pace{5};
   int64_t max_len = 256;
+  std::string script;                 // what every choice generates (empty: "abcd...")
+  std::string template_source;        // chat_template_source()
+  int64_t vocab = 0;                  // vocab_size()
+  int64_t cached = 0;                 // cached_tokens() of every request
+  SamplingDefaults defaults;          // sampling_defaults()
+  mutable std::mutex seen_mutex;
+  mutable ordered_json last_messages;  // what render_chat last got
+  mutable ordered_json last_tools;
+  GenerateParams last_params;          // what submit last got
 
   bool ready() const override { return is_ready; }
   int64_t max_model_len() const override { return max_len; }
@@ -124,8 +143,13 @@ class FakeBackend : public ServingBackend {
     for (int32_t id : ids) s.push_back(static_cast<char>(id));
     return s;
   }
-  std::string render_chat(const ordered_json& messages, const ordered_json&, bool add_generation_prompt,
+  std::string render_chat(const ordered_json& messages, const ordered_json& tools, bool add_generation_prompt,
                           const ordered_json&) const override {
+    {
+      std::lock_guard<std::mutex> lock(seen_mutex);
+      last_messages = messages;
+      last_tools = tools;
+    }
     std::string out;
     for (const auto& m : messages) out += m["role"].get<std::string>() + ":" + m.value("content", "") + "\n";
     if (add_generation_prompt) out += "assistant:";
@@ -133,8 +157,15 @@ class FakeBackend : public ServingBackend {
   }
   std::unique_ptr<RequestStream> submit(const GenerateParams& params) override {
     if (live >= max_live) throw ApiException({429, "the waiting queue is full", "rate_limit_error", "", "queue_full"});
-    return std::make_unique<FakeStream>(params, pace, &cancelled, &live);
+    {
+      std::lock_guard<std::mutex> lock(seen_mutex);
+      last_params = params;
+    }
+    return std::make_unique<FakeStream>(params, pace, &cancelled, &live, script, cached);
   }
+  std::string chat_template_source() const override { return template_source; }
+  int64_t vocab_size() const override { return vocab; }
+  SamplingDefaults sampling_defaults() const override { return defaults; }
   std::string metrics() const override { return "vllm:num_requests_running " + std::to_string(live.load()) + "\n"; }
 };
 

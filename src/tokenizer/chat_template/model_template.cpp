@@ -52,7 +52,7 @@ std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem:
   } else {
     fail(ErrorCode::kInvalidArgument, path.string(), ": chat_template must be a string or a list of {name, template}");
   }
-  ModelChatTemplate out{ChatTemplate::compile(source), special_token(config, "bos_token"), special_token(config, "eos_token")};
+  ModelChatTemplate out{ChatTemplate::compile(source), special_token(config, "bos_token"), special_token(config, "eos_token"), source};
   return out;
 }
 

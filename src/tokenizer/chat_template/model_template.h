@@ -15,6 +15,7 @@ struct ModelChatTemplate {
   ChatTemplate tmpl;
   std::string bos_token;
   std::string eos_token;
+  std::string source;  // the template text (the server detects its tool-call format from it)
   std::string render(const ChatInputs& inputs) const;  // fills bos/eos unless set
 };
 
