@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh -DSHARDLM_TESTS=OFF
-cli=build/src/cli/shardlm
+cli=${BUILD_DIR:-build}/src/cli/shardlm
 $cli verify models/shardlm-demo
 $cli plan qwen2.5-7b --gpus 6xA100-40GB
 $cli generate --prompt "Once upon a time" --max-tokens 32 --temperature 0
