@@ -145,9 +145,13 @@ void NcclComm::check(ncclResult_t r, const std::string& what) {
 
 void NcclComm::wait(const std::string& what) {
   if (aborted_) fail(ErrorCode::kDistributed, "rank ", rank_, " of ", size_, ": ", what, ": the communicator was aborted");
-  cuda_ok(cudaEventRecord(done_, stream_), "cudaEventRecord");
-  NcclProbe probe(comm_, done_);
   try {
+    // A non-blocking communicator may return before the work is on the
+    // stream (ncclInProgress): wait for that first, then for the stream.
+    NcclProbe enqueued(comm_, nullptr);
+    wait_for_collective(enqueued, {rank_, size_, what}, timeout_);
+    cuda_ok(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    NcclProbe probe(comm_, done_);
     wait_for_collective(probe, {rank_, size_, what}, timeout_);
   } catch (...) {
     aborted_ = true;
@@ -237,6 +241,8 @@ void NcclComm::send_async(const void* data, size_t bytes, int dst) {
   cuda_ok(cudaEventRecord(s.sent, send_stream_), "cudaEventRecord");
   cuda_ok(cudaEventSynchronize(s.sent), "copy for send_async");
   check(ncclSend(s.buffer, bytes, ncclUint8, dst, comm_, send_stream_), what);
+  NcclProbe enqueued(comm_, nullptr);  // the send is on send_stream_ before its event is
+  wait_for_collective(enqueued, {rank_, size_, what}, timeout_);
   cuda_ok(cudaEventRecord(s.sent, send_stream_), "cudaEventRecord");
   staged_.push_back(s);
 }
