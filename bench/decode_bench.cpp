@@ -4,8 +4,10 @@
 //   roofline tok/s = read bandwidth (B/s) / weight bytes streamed per token
 // where the bytes per token are every weight the step reads (all layer
 // matrices and the lm_head; of the embedding only one row, unless tied, when
-// the lm_head is the embedding). Bandwidth: a STREAM-like read kernel (sum of
-// a 1 GiB buffer, all threads), best of 5.
+// the lm_head is the embedding). Bandwidth: bench/bandwidth.h's streaming
+// read (sum) and triad probes (1 GiB in all, best 16 MiB pass after a
+// warm-up). Before the timed run, one short untimed generation warms the
+// weights' pages, the caches and the thread pool.
 #include <omp.h>
 
 #include <chrono>
@@ -14,34 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "bandwidth.h"
 #include "core/error.h"
 #include "model/generate.h"
 #include "plan/sharding.h"
 
 using namespace shardlm;
 
-namespace {
-
-double read_bandwidth(size_t bytes) {
-  const size_t n = bytes / sizeof(float);
-  std::vector<float> buf(n);
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 1023);
-  double best = 0.0;
-  volatile float sink = 0.0f;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    float total = 0.0f;
-#pragma omp parallel for simd schedule(static) reduction(+ : total)
-    for (size_t i = 0; i < n; ++i) total += buf[i];
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    sink = sink + total;
-    best = std::max(best, static_cast<double>(n * sizeof(float)) / s);
-  }
-  return best;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -73,27 +54,37 @@ int main(int argc, char** argv) {
       else
         step_bytes += t.bytes;
     }
-    const double bw = read_bandwidth(size_t{1} << 30);
+    const bench::Bandwidth bw = bench::measure_bandwidth();
     std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
     for (int64_t i = 0; i < n_prompt; ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % spec.vocab_size);
     GenerateOptions opt;
     opt.layout.tp = tp;
     opt.max_tokens = n_decode + 1;
     opt.kv_dtype = DType::kBF16;
+    {  // warm-up, untimed: page in every weight, settle the thread pool
+      GenerateOptions warm = opt;
+      warm.max_tokens = 2;
+      std::vector<int32_t> short_prompt(prompt.begin(), prompt.begin() + std::min<int64_t>(n_prompt, 8));
+      generate_local(spec, weights, short_prompt, warm);
+    }
     GenerateResult r = generate_local(spec, weights, prompt, opt);
     const double prefill_tps = n_prompt / r.prefill_seconds;
     const double decode_tps = (r.tokens.size() - 1) / r.decode_seconds;
-    const double roofline = bw / static_cast<double>(step_bytes);
+    const double roofline = bw.read / static_cast<double>(step_bytes);
+    const double roofline_triad = bw.triad / static_cast<double>(step_bytes);
     std::printf("model: %s %s, %lld layers, hidden %lld, vocab %lld, %s; threads %d, TP=%d\n", dir.c_str(),
                 spec.architecture.c_str(), static_cast<long long>(spec.n_layers),
                 static_cast<long long>(spec.hidden_size), static_cast<long long>(spec.vocab_size),
                 dtype_torch_name(spec.dtype), omp_get_max_threads(), tp);
-    std::printf("read bandwidth: %.2f GB/s (1 GiB sum, best of 5)\n", bw / 1e9);
+    std::printf("bandwidth: read %.2f GB/s, triad %.2f GB/s (best 16 MiB pass over 1 GiB)\n",
+                bw.read / 1e9, bw.triad / 1e9);
     std::printf("weight bytes per decode token: %.1f MB\n", step_bytes / 1e6);
     std::printf("prefill: %lld tokens in %.3f s = %.1f tok/s\n", static_cast<long long>(n_prompt), r.prefill_seconds,
                 prefill_tps);
     std::printf("decode: %zu tokens in %.3f s = %.2f tok/s\n", r.tokens.size() - 1, r.decode_seconds, decode_tps);
-    std::printf("roofline: %.2f tok/s; decode / roofline = %.3f\n", roofline, decode_tps / roofline);
+    std::printf("roofline (read): %.2f tok/s; decode / roofline = %.3f\n", roofline, decode_tps / roofline);
+    std::printf("roofline (triad): %.2f tok/s; decode / roofline = %.3f\n", roofline_triad,
+                decode_tps / roofline_triad);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

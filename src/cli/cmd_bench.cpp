@@ -182,8 +182,17 @@ int run_bench(const BenchOptions& o) {
     return 0;
   }
 
+  // Each point of a synthetic sweep draws its own prompts (seed + point), so
+  // that a later point does not replay an earlier one's prompts and measure
+  // the server's prefix cache; a dataset file is replayed as it is.
+  auto point_requests = [&](size_t point) {
+    if (point == 0 || !synthetic) return requests;
+    BenchOptions p = o;
+    p.seed = o.seed + point;
+    return make_dataset(p, config.endpoint);
+  };
   std::vector<SweepPoint> points = run_sweep(
-      config, requests, sweep, hooks,
+      config, point_requests, sweep, hooks,
       [&](int64_t conc) {
         std::printf("\n### concurrency %lld\n", static_cast<long long>(conc));
         print_header(conc);
@@ -233,7 +242,7 @@ void setup(CLI::App& app) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--num-prefixes", o->n_prefixes, "Distinct prefixes (shared-prefix)")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--seed", o->seed, "Seed for prompts and arrival times")->capture_default_str();
+  sub->add_option("--seed", o->seed, "Seed for prompts and arrival times (a synthetic sweep's point i draws its prompts with seed + i)")->capture_default_str();
   sub->add_option("--percentiles", o->percentiles, "Percentiles to report, e.g. 50,90,99")->capture_default_str();
   sub->add_option("--api-key", o->api_key, "Bearer token (default: $OPENAI_API_KEY)");
   sub->add_option("--tokenizer", o->tokenizer_dir,

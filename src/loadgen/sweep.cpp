@@ -72,6 +72,15 @@ std::vector<SweepPoint> run_sweep(const BenchConfig& config, const std::vector<S
                                   const std::vector<int64_t>& concurrencies, const RunHooks& hooks,
                                   const std::function<void(int64_t)>& before_each,
                                   const std::function<void(const SweepPoint&)>& after_each) {
+  return run_sweep(
+      config, [&requests](size_t) { return requests; }, concurrencies, hooks, before_each, after_each);
+}
+
+std::vector<SweepPoint> run_sweep(const BenchConfig& config,
+                                  const std::function<std::vector<SampleRequest>(size_t)>& make_requests,
+                                  const std::vector<int64_t>& concurrencies, const RunHooks& hooks,
+                                  const std::function<void(int64_t)>& before_each,
+                                  const std::function<void(const SweepPoint&)>& after_each) {
   BenchConfig c = config;
   if (std::find(c.percentiles.begin(), c.percentiles.end(), 99.0) == c.percentiles.end())
     c.percentiles.push_back(99.0);
@@ -83,7 +92,7 @@ std::vector<SweepPoint> run_sweep(const BenchConfig& config, const std::vector<S
     c.max_concurrency = conc;
     SweepPoint p;
     p.concurrency = conc;
-    p.result = run_benchmark(c, requests, hooks);
+    p.result = run_benchmark(c, make_requests(points.size()), hooks);
     points.push_back(std::move(p));
     if (after_each) after_each(points.back());
     if (points.back().result.interrupted) break;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,16 @@ std::vector<double> parse_double_list(const std::string& text, const std::string
 // table). `before_each` lets the caller print a header per run. Stops early
 // when hooks.stop is set, keeping the points measured so far.
 std::vector<SweepPoint> run_sweep(const BenchConfig& config, const std::vector<SampleRequest>& requests,
+                                  const std::vector<int64_t>& concurrencies, const RunHooks& hooks,
+                                  const std::function<void(int64_t concurrency)>& before_each = {},
+                                  const std::function<void(const SweepPoint&)>& after_each = {});
+
+// As above, with the requests of point i (0-based, in sweep order) from
+// make_requests(i). `shardlm bench` draws a synthetic dataset with seed + i
+// there, so that no point replays the prompts of an earlier one and measures
+// the server's prefix cache instead of its prefill.
+std::vector<SweepPoint> run_sweep(const BenchConfig& config,
+                                  const std::function<std::vector<SampleRequest>(size_t point)>& make_requests,
                                   const std::vector<int64_t>& concurrencies, const RunHooks& hooks,
                                   const std::function<void(int64_t concurrency)>& before_each = {},
                                   const std::function<void(const SweepPoint&)>& after_each = {});

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -228,6 +229,38 @@ TEST(BenchCli, SweepPrintsTableAndRendersPng) {
   ASSERT_GT(bytes.size(), 1000u);
   EXPECT_EQ(bytes.substr(1, 3), "PNG");
   EXPECT_EQ(server.n_requests(), 12);
+}
+
+// A sweep's later points draw new prompts: replaying point 0's would measure
+// the server's prefix cache, not its prefill. Point 0 keeps --seed's prompts.
+TEST(BenchCli, SweepPointsDrawTheirOwnPrompts) {
+  FakeServerOptions so;
+  so.n_tokens = 2;
+  FakeOpenAiServer server(so);
+  CliRun r = run_cli({"--base-url", server.base_url(), "--num-prompts", "3", "--input-len", "16",
+                      "--sweep-concurrency", "1,1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<nlohmann::json> bodies = server.bodies();
+  ASSERT_EQ(bodies.size(), 6u);
+  auto prompts_of = [&](size_t begin) {
+    std::vector<std::string> p;
+    for (size_t i = begin; i < begin + 3; ++i) {
+      const nlohmann::json& b = bodies[i];
+      p.push_back(b.contains("messages") ? b["messages"].dump() : b["prompt"].dump());
+    }
+    std::sort(p.begin(), p.end());
+    return p;
+  };
+  const std::vector<std::string> first = prompts_of(0), second = prompts_of(3);
+  for (const std::string& p : second)
+    EXPECT_FALSE(std::binary_search(first.begin(), first.end(), p)) << "point 1 replays point 0's prompt " << p;
+  // The same seed gives point 0 the same prompts as a run without a sweep.
+  FakeOpenAiServer single(so);
+  CliRun r1 = run_cli({"--base-url", single.base_url(), "--num-prompts", "3", "--input-len", "16"});
+  ASSERT_EQ(r1.exit_code, 0) << r1.out << r1.err;
+  bodies = single.bodies();
+  ASSERT_EQ(bodies.size(), 3u);
+  EXPECT_EQ(prompts_of(0), first);
 }
 
 }  // namespace
