@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/local_group_executor.h"
+#include "grammar/grammar_compiler.h"
 #include "loader/model_spec.h"
 #include "plan/memory_budget.h"
 #include "plan/sharding.h"
@@ -77,6 +78,7 @@ class EngineBackend final : public ServingBackend {
                           const ordered_json& template_kwargs) const override;
   std::unique_ptr<RequestStream> submit(const GenerateParams& params) override;
   std::string metrics() const override;
+  std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const grammar::GrammarSpec& spec) const override;
 
  private:
   struct Replica;
@@ -87,6 +89,7 @@ class EngineBackend final : public ServingBackend {
   std::unique_ptr<Detokenizer> detokenizer_;
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::unique_ptr<RoutingPolicy> routing_;
+  std::unique_ptr<grammar::GrammarCompiler> grammar_compiler_;  // built at load, for the model's vocabulary
   std::atomic<bool> ready_{false};
 };
 

@@ -1,4 +1,5 @@
 #include "server/openai_protocol.h"
+#include "server/structured_output.h"
 
 #include <atomic>
 #include <chrono>
@@ -186,12 +187,11 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
     if (!req.stream) bad_request("stream_options", "'stream_options' is only allowed when 'stream' is true");
     req.include_usage = bool_param(*so, "include_usage", false);
   }
-  if (const ordered_json* rf = find(body, "response_format")) {
-    if (!rf->is_object() || rf->value("type", "") != "text")
-      bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
-  }
 
   GenerateParams base;
+  // Structured output (server/structured_output.h): compiled once per request.
+  if (std::optional<grammar::GrammarSpec> spec = parse_structured_output(body))
+    base.grammar = backend.compile_grammar(*spec);
   base.n = static_cast<int>(int_param(body, "n", 1, 1, limits.max_n));
   base.temperature = number_param(body, "temperature", 1.0, 0.0, 2.0);
   base.top_p = number_param(body, "top_p", 1.0, 0.0, 1.0, /*lo_open=*/true);
