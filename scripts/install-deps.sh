@@ -9,7 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev
   python3 python3-numpy python3-jinja2 python3-jsonschema
-  gnuplot-nox
+  gnuplot-nox curl
 )
 missing=()
 for p in "${packages[@]}"; do
