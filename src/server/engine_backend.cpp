@@ -14,6 +14,7 @@
 #include "core/units.h"
 #include "engine/tokenizer_detokenizer.h"
 #include "loader/generation_config.h"
+#include "server/structured_output.h"
 #include "model/weight_source.h"
 
 namespace shardlm::server {
@@ -236,7 +237,23 @@ void EngineBackend::load() {
     replicas_.push_back(std::move(r));
   }
   routing_ = std::make_unique<RoutingPolicy>(replicas_.size());
+  // Structured outputs: the model's ids as bytes (special tokens and ids
+  // the tokenizer lacks are never produced under a grammar; EOS ends one).
+  const int64_t model_vocab = replicas_.at(0)->engine->vocab_size();
+  std::vector<std::string> token_bytes(static_cast<size_t>(model_vocab));
+  for (int32_t id = 0; id < std::min<int64_t>(model_vocab, tokenizer_->vocab_size()); ++id)
+    if (!tokenizer_->is_special(id)) token_bytes[size_t(id)] = std::string(tokenizer_->token_bytes(id));
+  std::vector<int32_t> stops;
+  for (int32_t id : ec.eos_token_ids)
+    if (id >= 0 && id < model_vocab) stops.push_back(id);
+  grammar_compiler_ = std::make_unique<grammar::GrammarCompiler>(
+      std::make_shared<grammar::TokenVocabulary>(std::move(token_bytes), std::move(stops)));
   ready_ = true;
+}
+
+std::shared_ptr<const grammar::CompiledGrammar> EngineBackend::compile_grammar(const grammar::GrammarSpec& spec) const {
+  if (!ready_) throw ApiException({503, "the model is still loading", "service_unavailable", "", "model_loading"});
+  return compile_grammar_or_400(*grammar_compiler_, spec);
 }
 
 std::vector<int32_t> EngineBackend::tokenize(const std::string& text, bool add_special_tokens) const {
@@ -290,6 +307,7 @@ std::unique_ptr<RequestStream> EngineBackend::submit(const GenerateParams& p) {
   req.stop.stop = p.stop;
   req.stop.stop_token_ids = p.stop_token_ids;
   req.skip_special_tokens = p.skip_special_tokens;
+  req.grammar = p.grammar;
 
   // Prefix affinity keys on the prompt's leading token ids (as bytes).
   std::string key(reinterpret_cast<const char*>(p.prompt_ids.data()),

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/local_group_executor.h"
+#include "grammar/grammar_compiler.h"
 #include "loader/model_spec.h"
 #include "plan/memory_budget.h"
 #include "plan/sharding.h"
@@ -80,6 +81,7 @@ class EngineBackend final : public ServingBackend {
   std::string chat_template_source() const override { return chat_template_ ? chat_template_->source : ""; }
   int64_t vocab_size() const override { return report_.spec.vocab_size; }
   SamplingDefaults sampling_defaults() const override { return sampling_defaults_; }
+  std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const grammar::GrammarSpec& spec) const override;
 
  private:
   struct Replica;
@@ -91,6 +93,7 @@ class EngineBackend final : public ServingBackend {
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::unique_ptr<RoutingPolicy> routing_;
   SamplingDefaults sampling_defaults_;
+  std::unique_ptr<grammar::GrammarCompiler> grammar_compiler_;  // built at load, for the model's vocabulary
   std::atomic<bool> ready_{false};
 };
 

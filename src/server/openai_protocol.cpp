@@ -1,4 +1,5 @@
 #include "server/openai_protocol.h"
+#include "server/structured_output.h"
 
 #include <atomic>
 #include <chrono>
@@ -217,12 +218,11 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
     if (!req.stream) bad_request("stream_options", "'stream_options' is only allowed when 'stream' is true");
     req.include_usage = bool_param(*so, "include_usage", false);
   }
-  if (const ordered_json* rf = find(body, "response_format")) {
-    if (!rf->is_object() || rf->value("type", "") != "text")
-      bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
-  }
 
   GenerateParams base;
+  // Structured output (server/structured_output.h): compiled once per request.
+  if (std::optional<grammar::GrammarSpec> spec = parse_structured_output(body))
+    base.grammar = backend.compile_grammar(*spec);
   base.n = static_cast<int>(int_param(body, "n", 1, 1, limits.max_n));
   // Request values win over generation_config.json's, which win over OpenAI's.
   base.temperature = number_param(body, "temperature", defaults.temperature.value_or(1.0), 0.0, 2.0);
@@ -268,11 +268,9 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
     ordered_json tools = validate_tools(find(body, "tools"));
     const ToolChoice choice = parse_tool_choice(find(body, "tool_choice"), tools);
     req.output.parallel_tool_calls = bool_param(body, "parallel_tool_calls", true);
-    if (choice.mode == ToolChoice::Mode::kRequired || choice.mode == ToolChoice::Mode::kNamed)
-      throw ApiException(ApiError{400,
-                                  str_cat("tool_choice ", choice.mode == ToolChoice::Mode::kRequired ? "\"required\"" : "naming a function",
-                                          " needs constrained decoding, which shardlm does not support yet; use \"auto\" or \"none\""),
-                                  "invalid_request_error", "tool_choice", "unsupported_parameter"});
+    // "required" and a named function are enforced by the grammar that
+    // parse_structured_output built (hermes <tool_call> blocks); the output
+    // parser below turns them into message.tool_calls.
     if (choice.mode == ToolChoice::Mode::kNone) {
       tools = ordered_json();  // not rendered, not parsed
     } else {

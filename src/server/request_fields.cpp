@@ -19,6 +19,7 @@ const std::set<std::string>& common_fields() {
       "model", "stream", "stream_options", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
       "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
       "skip_special_tokens", "logprobs", "max_tokens", "min_tokens", "logit_bias", "response_format",
+      "structured_outputs", "guided_json", "guided_regex", "guided_choice",
       // Metadata about the caller, with no effect on generation in OpenAI's API either.
       "user"};
   return f;
@@ -40,11 +41,7 @@ const char* not_implemented(const std::string& field) {
   static const std::pair<const char*, const char*> list[] = {
       {"functions", "the legacy 'functions' parameter is not supported; send 'tools' instead"},
       {"function_call", "the legacy 'function_call' parameter is not supported; send 'tool_choice' instead"},
-      {"guided_json", "'guided_json' (structured outputs) is not supported yet"},
-      {"guided_regex", "'guided_regex' (structured outputs) is not supported yet"},
-      {"guided_choice", "'guided_choice' (structured outputs) is not supported yet"},
       {"guided_grammar", "'guided_grammar' is not supported"},
-      {"structured_outputs", "'structured_outputs' is not supported yet"},
       {"audio", "audio output is not supported"},
       {"modalities", "only text output is supported; remove 'modalities'"},
       {"prediction", "predicted outputs ('prediction') are not supported"},

@@ -14,6 +14,11 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+namespace shardlm::grammar {
+class CompiledGrammar;
+struct GrammarSpec;
+}  // namespace shardlm::grammar
+
 namespace shardlm::server {
 
 using ordered_json = nlohmann::ordered_json;
@@ -58,6 +63,7 @@ struct GenerateParams {
   bool skip_special_tokens = true;
   int logprobs = -1;               // -1: none; k >= 0: chosen token's logprob + top-k
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]) added to its logit
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;  // structured output; null: unconstrained
 };
 
 // generation_config.json's sampling values, which vLLM's
@@ -121,6 +127,10 @@ class ServingBackend {
   // Starts a request. Throws ApiException(429) when the waiting queue is
   // full, ApiException(400) when it cannot ever fit.
   virtual std::unique_ptr<RequestStream> submit(const GenerateParams& params) = 0;
+  // Compiles a structured-output grammar for this model's vocabulary.
+  // Throws ApiException(400) naming what the grammar engine does not
+  // support; the default (a backend without one) refuses every grammar.
+  virtual std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const grammar::GrammarSpec& spec) const;
   // Prometheus text for GET /metrics.
   virtual std::string metrics() const = 0;
   // The chat template's source, from which the tool-call format is detected.

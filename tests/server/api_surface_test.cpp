@@ -158,7 +158,7 @@ TEST_F(ApiSurfaceTest, ToolChoiceNoneAutoRequiredNamedAndParallel) {
   EXPECT_TRUE(backend_.last_tools.is_null());                            // not rendered
   EXPECT_EQ(none["choices"][0]["finish_reason"], "stop");
   body["tool_choice"] = "required";
-  expect_400(body, "tool_choice");  // needs constrained decoding: refused, not ignored
+  expect_400(body, "tool_choice");  // this fake backend has no grammar engine: refused, not ignored
   body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
   expect_400(body, "tool_choice");
   body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "nope"}}}};
