@@ -66,9 +66,7 @@ GenerationDefaults load_generation_defaults(const std::filesystem::path& dir) {
   number("min_p", &d.min_p);
   number("repetition_penalty", &d.repetition_penalty);
   integer("max_new_tokens", &d.max_new_tokens);
-  // transformers: do_sample false means greedy whatever temperature says.
-  auto sample = j.find("do_sample");
-  if (sample != j.end() && sample->is_boolean() && !sample->get<bool>() && d.temperature) d.temperature = 0.0;
+  // do_sample is not read: vLLM does not read it either.
   return d;
 }
 

@@ -339,3 +339,33 @@ TEST(CheckpointSpec, ManyMissingTensorsAreSummarised) {
 
 }  // namespace
 }  // namespace shardlm
+
+#include "loader/generation_config.h"
+
+namespace shardlm {
+namespace {
+
+TEST(GenerationConfig, SamplingDefaultsAsVllmReadsThem) {
+  auto dir = testing::fresh_dir("generation_defaults");
+  EXPECT_FALSE(load_generation_defaults(dir).temperature);  // no file: nothing set
+  testing::write_text(dir / "generation_config.json",
+             R"({"do_sample": true, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "repetition_penalty": 1.05,
+                 "max_new_tokens": 512, "eos_token_id": [1, 2]})");
+  GenerationDefaults d = load_generation_defaults(dir);
+  EXPECT_DOUBLE_EQ(*d.temperature, 0.6);
+  EXPECT_DOUBLE_EQ(*d.top_p, 0.95);
+  EXPECT_EQ(*d.top_k, 20);
+  EXPECT_FALSE(d.min_p);
+  EXPECT_DOUBLE_EQ(*d.repetition_penalty, 1.05);
+  EXPECT_EQ(*d.max_new_tokens, 512);
+  testing::write_text(dir / "generation_config.json", R"({"top_k": "twenty"})");
+  try {
+    load_generation_defaults(dir);
+    FAIL() << "a string top_k was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("top_k must be an integer"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardlm
