@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "server/listener.h"
 #include "server/router.h"
 
 namespace shardlm::cli {
@@ -28,6 +29,7 @@ void setup(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(2, 1 << 16));
   sub->add_option("--max-attempts", opts->max_attempts, "Backends tried per request")->capture_default_str()->check(CLI::Range(1, 100));
   set_command_action(sub, [opts] {
+    server::raise_open_file_limit();  // a client and an upstream socket per request
     server::Router router(*opts);
     router.bind();
     g_router = &router;

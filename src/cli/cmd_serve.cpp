@@ -14,6 +14,7 @@
 #include "core/units.h"
 #include "server/engine_backend.h"
 #include "server/http_server.h"
+#include "server/listener.h"
 
 namespace shardlm::cli {
 namespace {
@@ -128,6 +129,10 @@ int run_serve(const ServeOptions& o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  const long n_files = server::raise_open_file_limit();
+  if (n_files > 0 && n_files < so.n_http_threads + 64)
+    std::cerr << "shardlm serve: warning: the open-file limit is " << n_files << ", below the " << so.n_http_threads
+              << " connections --threads-http allows; raise it (ulimit -n)" << std::endl;
   http.bind();  // fail before loading when the port is taken
   std::thread http_thread([&] { http.run(); });
   std::cerr << "shardlm serve: loading " << o.model << " (" << bo.layout.to_string() << "); answering 503 on http://"
