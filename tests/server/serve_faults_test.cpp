@@ -9,6 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -153,6 +157,72 @@ TEST_F(ServeFaults, WithNoRestartLeftServeExitsNonZeroWithTheReason) {
   const std::string log = s->log();
   EXPECT_NE(log.find("rank 0 (tp 0, pp 0) failed"), std::string::npos) << log;
   EXPECT_NE(log.find("max_executor_restarts"), std::string::npos) << log;
+}
+
+// A gauge's value in Prometheus text ("name{labels} value").
+double gauge(const std::string& text, const std::string& name) {
+  size_t at = text.find("\n" + name + "{");
+  if (at == std::string::npos) return -1;
+  size_t end = text.find('\n', at + 1);
+  std::string line = text.substr(at + 1, end - at - 1);
+  return std::stod(line.substr(line.rfind(' ') + 1));
+}
+
+// A raw client that sends a request and later hangs up without reading.
+int send_and_hold(int port, const json& body) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  const std::string b = body.dump();
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(b.size()) + "\r\n\r\n" + b;
+  if (send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return -1;
+  return fd;
+}
+
+// The per-connection hang-up signal frees KV at once: a non-streaming client
+// that gives up mid-generation and a streaming client still waiting for a
+// slot (it has received nothing yet) both disappear from /metrics, and the
+// KV cache is empty again, within a second.
+TEST_F(ServeFaults, AClientThatHangsUpFreesItsKvAtOnce) {
+  auto s = start({"--max-num-seqs", "1"});
+  ASSERT_GT(s->pid, 0);
+  httplib::Client c("127.0.0.1", s->port);
+  json long_request = {{"model", "m"}, {"prompt", json{5, 17, 230, 41, 9}}, {"max_tokens", 20000}, {"ignore_eos", true}};
+  const int running = send_and_hold(s->port, long_request);
+  ASSERT_GE(running, 0);
+  json streaming = long_request;
+  streaming["stream"] = true;
+  const int waiting = send_and_hold(s->port, streaming);
+  ASSERT_GE(waiting, 0);
+  auto metrics = [&] {
+    auto r = c.Get("/metrics");
+    return r ? r->body : std::string();
+  };
+  auto until = [&](auto pred, std::chrono::milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      if (pred(metrics())) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  ASSERT_TRUE(until([](const std::string& m) {
+    return gauge(m, "vllm:num_requests_running") == 1 && gauge(m, "vllm:num_requests_waiting") == 1 &&
+           gauge(m, "vllm:kv_cache_usage_perc") > 0;
+  }, std::chrono::seconds(10))) << metrics();
+  close(waiting);
+  EXPECT_TRUE(until([](const std::string& m) { return gauge(m, "vllm:num_requests_waiting") == 0; },
+                    std::chrono::seconds(1))) << metrics();
+  EXPECT_EQ(gauge(metrics(), "vllm:num_requests_running"), 1);
+  close(running);
+  EXPECT_TRUE(until([](const std::string& m) {
+    return gauge(m, "vllm:num_requests_running") == 0 && gauge(m, "vllm:kv_cache_usage_perc") == 0;
+  }, std::chrono::seconds(1))) << metrics();
+  EXPECT_EQ(s->stop(), 0) << s->log();
 }
 
 TEST_F(ServeFaults, ABadHookValueIsRefused) {
