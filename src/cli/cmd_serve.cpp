@@ -38,6 +38,7 @@ struct ServeOptions {
   int64_t block_size = 16;
   std::string kv_cache_dtype = "auto";
   int64_t max_pending_requests = 1024;
+  int64_t max_waiting_requests = -1;  // >= 0: live bound = max_num_seqs + this
   int max_executor_restarts = 3;
   std::string debug_fail = "";  // RANK:BATCH (test hook)
   int http_threads = 0;         // 0: sized from max-num-seqs and max-pending-requests
@@ -85,7 +86,7 @@ int run_serve(const ServeOptions& o) {
     fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype '", o.kv_cache_dtype, "': use auto, bf16, f16, f32 or fp8");
   if (!o.kv_cache_memory.empty()) bo.kv_cache_memory_bytes = parse_bytes(o.kv_cache_memory, "--kv-cache-memory");
   bo.memory_utilization = o.gpu_memory_utilization;
-  bo.max_waiting_requests = o.max_pending_requests;
+  bo.max_waiting_requests = o.max_waiting_requests >= 0 ? o.max_num_seqs + o.max_waiting_requests : o.max_pending_requests;
   bo.max_executor_restarts = o.max_executor_restarts;
   if (!o.debug_fail.empty()) {
     const size_t colon = o.debug_fail.find(':');
@@ -117,7 +118,7 @@ int run_serve(const ServeOptions& o) {
   // request the engine may hold (running + waiting) needs one, plus a few
   // for /health, /metrics and the 429s beyond the bound.
   so.n_http_threads = o.http_threads > 0 ? o.http_threads
-                                         : static_cast<int>(std::min<int64_t>(o.max_pending_requests, 1 << 16) + 16);
+                                         : static_cast<int>(std::min<int64_t>(bo.max_waiting_requests, 1 << 16) + 16);
   so.version = SHARDLM_VERSION;
   server::HttpServer http(backend, so);
 
@@ -203,8 +204,12 @@ void setup(CLI::App& app) {
       ->delimiter(',');
   sub->add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str()->check(CLI::IsMember({8, 16, 32, 64, 128}));
   sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (the weights' dtype), bf16, f16, f32")->capture_default_str();
-  sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  auto* pending = sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
+                      ->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  sub->add_option("--max-waiting-requests", o->max_waiting_requests,
+                  "Requests queued beyond the --max-num-seqs running ones; more get 429 (instead of --max-pending-requests)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->excludes(pending);
   sub->add_option("--max-executor-restarts", o->max_executor_restarts,
                   "Times a failed rank group is restarted in process; then serve exits non-zero")
       ->capture_default_str()->check(CLI::Range(0, 1 << 20));

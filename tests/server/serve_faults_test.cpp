@@ -225,6 +225,34 @@ TEST_F(ServeFaults, AClientThatHangsUpFreesItsKvAtOnce) {
   EXPECT_EQ(s->stop(), 0) << s->log();
 }
 
+// Past --max-num-seqs running and --max-waiting-requests queued, a request
+// gets an OpenAI-shaped 429 at once instead of an unbounded wait.
+TEST_F(ServeFaults, BeyondTheWaitingBoundIs429) {
+  auto s = start({"--max-num-seqs", "1", "--max-waiting-requests", "1"});
+  ASSERT_GT(s->pid, 0);
+  json long_request = {{"model", "m"}, {"prompt", json{5, 17, 230, 41, 9}}, {"max_tokens", 20000}, {"ignore_eos", true}};
+  const int a = send_and_hold(s->port, long_request);
+  const int b = send_and_hold(s->port, long_request);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  httplib::Client c("127.0.0.1", s->port);
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline) {
+    auto m = c.Get("/metrics");
+    if (m && gauge(m->body, "vllm:num_requests_running") + gauge(m->body, "vllm:num_requests_waiting") == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto r = complete(s->port, 4);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429) << r->body;
+  json e = json::parse(r->body)["error"];
+  EXPECT_EQ(e["type"], "rate_limit_error") << r->body;
+  EXPECT_EQ(e["code"], "queue_full") << r->body;
+  close(a);
+  close(b);
+  EXPECT_EQ(s->stop(), 0) << s->log();
+}
+
 TEST_F(ServeFaults, ABadHookValueIsRefused) {
   auto r = shardlm::testing::run_command(cli_ + " serve " + dir_ + " --debug-fail-rank-at-batch x1", true);
   EXPECT_EQ(r.rc, 1);
