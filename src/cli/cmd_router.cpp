@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "server/listener.h"
 #include "server/router.h"
 
 namespace shardlm::cli {
@@ -24,8 +25,11 @@ void setup(CLI::App& app) {
   sub->add_option("--port", opts->port, "Port to listen on")->capture_default_str();
   sub->add_option("--api-key", opts->api_key, "Require this key from clients (and pass it on)");
   sub->add_option("--health-interval-ms", opts->health_interval_ms, "Backend health check period")->capture_default_str();
+  sub->add_option("--threads-http", opts->n_http_threads, "Client connections served at once (threads start on demand)")
+      ->capture_default_str()->check(CLI::Range(2, 1 << 16));
   sub->add_option("--max-attempts", opts->max_attempts, "Backends tried per request")->capture_default_str()->check(CLI::Range(1, 100));
   set_command_action(sub, [opts] {
+    server::raise_open_file_limit();  // a client and an upstream socket per request
     server::Router router(*opts);
     router.bind();
     g_router = &router;

@@ -15,6 +15,7 @@
 #include "core/units.h"
 #include "server/engine_backend.h"
 #include "server/http_server.h"
+#include "server/listener.h"
 
 namespace shardlm::cli {
 namespace {
@@ -38,6 +39,10 @@ struct ServeOptions {
   int64_t block_size = 16;
   std::string kv_cache_dtype = "auto";
   int64_t max_pending_requests = 1024;
+  int64_t max_waiting_requests = -1;  // >= 0: live bound = max_num_seqs + this
+  int max_executor_restarts = 3;
+  std::string debug_fail = "";  // RANK:BATCH (test hook)
+  int http_threads = 0;         // 0: sized from max-num-seqs and max-pending-requests
   size_t max_body_bytes = 8u << 20;
   std::string tool_call_parser;   // "": from the chat template
   std::string reasoning_parser;
@@ -90,7 +95,21 @@ int run_serve(const ServeOptions& given) {
     fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype '", o.kv_cache_dtype, "': use auto, bf16, f16, f32 or fp8");
   if (!o.kv_cache_memory.empty()) bo.kv_cache_memory_bytes = parse_bytes(o.kv_cache_memory, "--kv-cache-memory");
   bo.memory_utilization = o.gpu_memory_utilization;
-  bo.max_waiting_requests = o.max_pending_requests;
+  bo.max_waiting_requests = o.max_waiting_requests >= 0 ? o.max_num_seqs + o.max_waiting_requests : o.max_pending_requests;
+  bo.max_executor_restarts = o.max_executor_restarts;
+  if (!o.debug_fail.empty()) {
+    const size_t colon = o.debug_fail.find(':');
+    char* end = nullptr;
+    if (colon != std::string::npos) {
+      bo.fail_rank = static_cast<int>(std::strtol(o.debug_fail.c_str(), &end, 10));
+      if (end != o.debug_fail.c_str() + colon) bo.fail_rank = -1;
+      bo.fail_at_batch = std::strtoll(o.debug_fail.c_str() + colon + 1, &end, 10);
+      if (*end != '\0') bo.fail_rank = -1;
+    }
+    if (colon == std::string::npos || bo.fail_rank < 0 || bo.fail_at_batch < 0)
+      fail(ErrorCode::kInvalidArgument, "--debug-fail-rank-at-batch '", o.debug_fail,
+           "': expected RANK:BATCH with non-negative integers, e.g. 1:5");
+  }
   mpi.attach(&bo);
 
   std::string api_key = o.api_key;
@@ -104,6 +123,11 @@ int run_serve(const ServeOptions& given) {
   so.served_model_names = names;
   so.api_key = api_key;
   so.max_body_bytes = o.max_body_bytes;
+  // One HTTP thread holds one connection for its whole request, so every
+  // request the engine may hold (running + waiting) needs one, plus a few
+  // for /health, /metrics and the 429s beyond the bound.
+  so.n_http_threads = o.http_threads > 0 ? o.http_threads
+                                         : static_cast<int>(std::min<int64_t>(bo.max_waiting_requests, 1 << 16) + 16);
   so.version = SHARDLM_VERSION;
   so.api.tool_call_parser = o.tool_call_parser;
   so.api.reasoning_parser = o.reasoning_parser;
@@ -119,6 +143,10 @@ int run_serve(const ServeOptions& given) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  const long n_files = server::raise_open_file_limit();
+  if (n_files > 0 && n_files < so.n_http_threads + 64)
+    std::cerr << "shardlm serve: warning: the open-file limit is " << n_files << ", below the " << so.n_http_threads
+              << " connections --threads-http allows; raise it (ulimit -n)" << std::endl;
   http.bind();  // fail before loading when the port is taken
   std::thread http_thread([&] { http.run(); });
   std::cerr << "shardlm serve: loading " << o.model << " (" << bo.layout.to_string() << "); answering 503 on http://"
@@ -134,8 +162,22 @@ int run_serve(const ServeOptions& given) {
             << "shardlm serve: listening on http://" << o.host << ":" << http.port() << " as model '" << names[0]
             << "'" << (api_key.empty() ? "" : " (API key required)") << std::endl;
 
+  // Wait for a signal; meanwhile, a backend that is down for good (a rank
+  // failed and the executor cannot restart) ends the process non-zero.
   int sig = 0;
-  sigwait(&signals, &sig);
+  for (;;) {
+    timespec tick{0, 100 * 1000 * 1000};
+    sig = sigtimedwait(&signals, nullptr, &tick);
+    if (sig > 0) break;
+    if (backend.fatal()) {
+      const std::string why = backend.health_error();
+      std::cerr << "shardlm serve: exiting: " << why << std::endl;
+      http.stop(std::chrono::milliseconds(0));
+      http_thread.join();
+      backend.shutdown(/*drain=*/false);
+      fail(ErrorCode::kDistributed, "the model executor failed and cannot recover: ", why);
+    }
+  }
   std::cerr << "shardlm serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ": finishing in-flight requests for up to "
             << o.shutdown_grace_s << " s, then stopping" << std::endl;
   http.stop(std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_grace_s * 1000)));
@@ -175,8 +217,20 @@ void setup(CLI::App& app) {
       ->delimiter(',');
   sub->add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str()->check(CLI::IsMember({8, 16, 32, 64, 128}));
   sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (the weights' dtype), bf16, f16, f32")->capture_default_str();
-  sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  auto* pending = sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
+                      ->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  sub->add_option("--max-waiting-requests", o->max_waiting_requests,
+                  "Requests queued beyond the --max-num-seqs running ones; more get 429 (instead of --max-pending-requests)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->excludes(pending);
+  sub->add_option("--max-executor-restarts", o->max_executor_restarts,
+                  "Times a failed rank group is restarted in process; then serve exits non-zero")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--threads-http", o->http_threads,
+                  "HTTP worker threads, one per open request (default: --max-pending-requests + 16)")
+      ->check(CLI::Range(2, 1 << 16));
+  sub->add_option("--debug-fail-rank-at-batch", o->debug_fail, "Test hook: RANK:BATCH makes that rank fail once")
+      ->group("");
   sub->add_option("--max-request-body-bytes", o->max_body_bytes, "Larger bodies get 413")->capture_default_str();
   sub->add_option("--shutdown-grace-seconds", o->shutdown_grace_s, "On SIGINT/SIGTERM, time in-flight requests get to finish")
       ->capture_default_str()->check(CLI::Range(0.0, 3600.0));

@@ -79,6 +79,9 @@ void Engine::submit(EngineRequest request, RequestCallbacks callbacks) {
   validate(request);
   std::lock_guard<std::mutex> lock(mutex_);
   if (stop_requested_) fail(ErrorCode::kUnsupported, "the engine is shutting down and takes no new requests");
+  if (!health_.ok)
+    fail(ErrorCode::kDistributed, "the model executor is down", health_.fatal ? "" : " (restarting)", ": ",
+         health_.error);
   if (config_.max_live_requests > 0 && static_cast<int32_t>(live_ids_.size()) >= config_.max_live_requests)
     fail(ErrorCode::kOutOfMemory, "the engine already holds ", live_ids_.size(),
          " requests (max_live_requests); retry later");
@@ -101,6 +104,11 @@ void Engine::abort(const std::string& request_id) {
   cmd.time = Clock::now();
   queue_.push_back(std::move(cmd));
   cv_.notify_one();
+}
+
+EngineHealth Engine::health() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return health_;
 }
 
 void Engine::start() {
@@ -202,7 +210,8 @@ void Engine::add_request(Command&& cmd) {
     s->id = next_seq_id_++;
     SamplingParams params = r.sampling;
     if (params.seed) params.seed = *params.seed + uint64_t(i);  // siblings draw differently, reproducibly
-    s->sampler = std::make_unique<Sampler>(params, r.prompt_token_ids, vocab_size_);
+    s->sampler = config_.make_sampler ? config_.make_sampler(params, r.prompt_token_ids, vocab_size_)
+                                      : std::make_unique<Sampler>(params, r.prompt_token_ids, vocab_size_);
     if (detokenizer_) s->detok = detokenizer_->stream(r.prompt_token_ids, r.skip_special_tokens);
     s->stops = std::make_unique<StopStringMatcher>(r.stop.stop, r.stop.include_stop_str_in_output);
     if (r.grammar) s->matcher = std::make_unique<grammar::GrammarMatcher>(r.grammar);
@@ -291,6 +300,58 @@ void Engine::fail_plan(const StepPlan& plan, const std::exception& e) {
   for (const auto& id : ids) abort_request(id, std::string("model execution failed: ") + e.what());
 }
 
+void Engine::executor_failed(const StepPlan& plan, const std::exception& e) {
+  if (executor_.healthy()) {  // one batch failed; the executor runs on
+    fail_plan(plan, e);
+    return;
+  }
+  const auto t0 = Clock::now();
+  const std::string what = e.what();
+  bool fatal = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fatal = health_.fatal;
+    if (!fatal) {
+      health_.ok = false;
+      health_.error = what;
+      ++health_.n_failures;
+      fatal = health_.n_restarts >= config_.max_executor_restarts;
+    }
+  }
+  std::fprintf(stderr, "shardlm engine: the model executor failed: %s\n", what.c_str());
+  // Nothing in flight will land: release every plan so that ending the
+  // requests frees their blocks now, then fail all of them with the error.
+  sched_.release(plan);
+  for (const StepPlan& p : in_flight_) sched_.release(p);
+  in_flight_.clear();
+  abort_all(std::string("model execution failed: ") + what);
+  std::string reason;
+  if (!fatal) {
+    try {
+      if (executor_.restart()) {
+        const double recovery = std::chrono::duration<double>(Clock::now() - t0).count();
+        std::fprintf(stderr, "shardlm engine: the model executor restarted in %.3f s\n", recovery);
+        std::lock_guard<std::mutex> lock(mutex_);
+        health_.ok = true;
+        health_.error.clear();
+        ++health_.n_restarts;
+        health_.last_recovery_s = recovery;
+        return;
+      }
+      reason = "its ranks are other processes and cannot be restarted in place";
+    } catch (const std::exception& again) {
+      reason = std::string("restarting it failed: ") + again.what();
+    }
+  } else {
+    reason = str_cat("it failed after ", config_.max_executor_restarts, " restarts (max_executor_restarts)");
+  }
+  std::fprintf(stderr, "shardlm engine: the model executor is down for good: %s\n", reason.c_str());
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!health_.fatal) health_.error = what + "; " + reason;
+  health_.ok = false;
+  health_.fatal = true;
+}
+
 bool Engine::step_inner() {
   // Fill the pipeline: each plan leaves out the sequences already in flight,
   // and takes about its share of the live ones, so that a burst of requests
@@ -307,7 +368,7 @@ bool Engine::step_inner() {
     try {
       executor_.submit(make_forward_batch(plan));
     } catch (const std::exception& e) {
-      fail_plan(plan, e);
+      executor_failed(plan, e);
       return true;
     }
     const bool overlapped = !in_flight_.empty();
@@ -325,97 +386,104 @@ bool Engine::step_inner() {
     executor_.collect(logits_.data());
   } catch (const std::exception& e) {
     // The KV of the scheduled sequences is in doubt: end them with the error.
-    fail_plan(plan, e);
+    executor_failed(plan, e);
     return true;
   }
 
   std::vector<int32_t> sampled(plan.seqs.size(), -1);
   std::vector<std::optional<TokenLogprobs>> logprobs(plan.seqs.size());
-  std::vector<int32_t> banned;
+  std::vector<std::string> failed_requests;  // "request_id\nerror" of constrained sequences whose mask failed
+  // The plan is off in_flight_ and not committed: whatever throws before
+  // commit must release it, or its sequences' blocks would never return.
+  try {
+    std::vector<int32_t> banned;
 
-  // Structured output: the grammar bitmask of every constrained sequence
-  // of this step, filled in parallel (masks of states seen before are
-  // cached copies; new states walk the vocabulary).
-  struct MaskJob {
-    size_t k;
-    int64_t row;
-    SeqState* seq;
-  };
-  std::vector<MaskJob> jobs;
-  {
-    int64_t r = 0;
+    // Structured output: the grammar bitmask of every constrained sequence
+    // of this step, filled in parallel (masks of states seen before are
+    // cached copies; new states walk the vocabulary).
+    struct MaskJob {
+      size_t k;
+      int64_t row;
+      SeqState* seq;
+    };
+    std::vector<MaskJob> jobs;
+    {
+      int64_t r = 0;
+      for (size_t k = 0; k < plan.seqs.size(); ++k) {
+        if (!plan.seqs[k].need_logits) continue;
+        auto live = seqs_.find(plan.seqs[k].seq_id);
+        if (live != seqs_.end() && live->second->matcher) jobs.push_back({k, r, live->second.get()});
+        ++r;
+      }
+    }
+    size_t n_words = 0;
+    std::vector<std::string> mask_errors(jobs.size());
+    if (!jobs.empty()) {
+      n_words = size_t(jobs[0].seq->matcher->grammar().vocabulary().n_mask_words());
+      for (const auto& j : jobs)
+        n_words = std::max(n_words, size_t(j.seq->matcher->grammar().vocabulary().n_mask_words()));
+      masks_.assign(jobs.size() * n_words, 0u);
+      const int64_t n_jobs = static_cast<int64_t>(jobs.size());
+#pragma omp parallel for schedule(dynamic) if (n_jobs > 1)
+      for (int64_t i = 0; i < n_jobs; ++i) {
+        auto& m = *jobs[size_t(i)].seq->matcher;
+        const size_t words = size_t(m.grammar().vocabulary().n_mask_words());
+        try {
+          if (!m.fill_next_token_bitmask(std::span<uint32_t>(masks_.data() + size_t(i) * n_words, words)))
+            mask_errors[size_t(i)] = "structured output: the grammar allows no token of this vocabulary here";
+        } catch (const std::exception& e) {
+          mask_errors[size_t(i)] = std::string("structured output: ") + e.what();
+        }
+      }
+    }
+    size_t next_job = 0;
+
+    int64_t row = 0;
     for (size_t k = 0; k < plan.seqs.size(); ++k) {
       if (!plan.seqs[k].need_logits) continue;
       auto live = seqs_.find(plan.seqs[k].seq_id);
-      if (live != seqs_.end() && live->second->matcher) jobs.push_back({k, r, live->second.get()});
-      ++r;
-    }
-  }
-  size_t n_words = 0;
-  std::vector<std::string> mask_errors(jobs.size());
-  if (!jobs.empty()) {
-    n_words = size_t(jobs[0].seq->matcher->grammar().vocabulary().n_mask_words());
-    for (const auto& j : jobs)
-      n_words = std::max(n_words, size_t(j.seq->matcher->grammar().vocabulary().n_mask_words()));
-    masks_.assign(jobs.size() * n_words, 0u);
-    const int64_t n_jobs = static_cast<int64_t>(jobs.size());
-#pragma omp parallel for schedule(dynamic) if (n_jobs > 1)
-    for (int64_t i = 0; i < n_jobs; ++i) {
-      auto& m = *jobs[size_t(i)].seq->matcher;
-      const size_t words = size_t(m.grammar().vocabulary().n_mask_words());
-      try {
-        if (!m.fill_next_token_bitmask(std::span<uint32_t>(masks_.data() + size_t(i) * n_words, words)))
-          mask_errors[size_t(i)] = "structured output: the grammar allows no token of this vocabulary here";
-      } catch (const std::exception& e) {
-        mask_errors[size_t(i)] = std::string("structured output: ") + e.what();
-      }
-    }
-  }
-  std::vector<std::string> failed_requests;
-  size_t next_job = 0;
-
-  int64_t row = 0;
-  for (size_t k = 0; k < plan.seqs.size(); ++k) {
-    if (!plan.seqs[k].need_logits) continue;
-    auto live = seqs_.find(plan.seqs[k].seq_id);
-    if (live == seqs_.end()) {  // aborted while its batch was in flight
-      ++row;
-      continue;
-    }
-    SeqState& seq = *live->second;
-    const EngineRequest& r = seq.request->request;
-    float* row_logits = logits_.data() + row * vocab_size_;
-    if (seq.matcher) {
-      const size_t j = next_job++;
-      SHARDLM_CHECK(j < jobs.size() && jobs[j].k == k);
-      if (!mask_errors[j].empty()) {
-        failed_requests.push_back(r.request_id + "\n" + mask_errors[j]);
+      if (live == seqs_.end()) {  // aborted while its batch was in flight
         ++row;
         continue;
       }
-      apply_token_bitmask(std::span<float>(row_logits, size_t(vocab_size_)),
-                          std::span<const uint32_t>(masks_.data() + j * n_words, n_words));
+      SeqState& seq = *live->second;
+      const EngineRequest& r = seq.request->request;
+      float* row_logits = logits_.data() + row * vocab_size_;
+      if (seq.matcher) {
+        const size_t j = next_job++;
+        SHARDLM_CHECK(j < jobs.size() && jobs[j].k == k);
+        if (!mask_errors[j].empty()) {
+          failed_requests.push_back(r.request_id + "\n" + mask_errors[j]);
+          ++row;
+          continue;
+        }
+        apply_token_bitmask(std::span<float>(row_logits, size_t(vocab_size_)),
+                            std::span<const uint32_t>(masks_.data() + j * n_words, n_words));
+      }
+      banned.clear();
+      if (static_cast<int32_t>(seq.output_ids.size()) < r.stop.min_tokens && !seq.matcher) {
+        banned = r.stop.stop_token_ids;
+        if (!r.stop.ignore_eos) banned.insert(banned.end(), config_.eos_token_ids.begin(), config_.eos_token_ids.end());
+      }
+      for (int32_t t : banned) row_logits[t] = -std::numeric_limits<float>::infinity();
+      SampleResult res = seq.sampler->sample(std::span<const float>(row_logits, size_t(vocab_size_)));
+      sampled[k] = res.token;
+      if (r.logprobs) {
+        TokenLogprobs lp;
+        lp.token_id = res.token;
+        lp.logprob = res.logprob;
+        lp.rank = 1;
+        for (int64_t v = 0; v < vocab_size_; ++v) lp.rank += row_logits[v] > row_logits[res.token] ? 1 : 0;
+        lp.top = std::move(res.top_logprobs);
+        logprobs[k] = std::move(lp);
+      }
+      ++row;
     }
-    banned.clear();
-    if (static_cast<int32_t>(seq.output_ids.size()) < r.stop.min_tokens && !seq.matcher) {
-      banned = r.stop.stop_token_ids;
-      if (!r.stop.ignore_eos) banned.insert(banned.end(), config_.eos_token_ids.begin(), config_.eos_token_ids.end());
-    }
-    for (int32_t t : banned) row_logits[t] = -std::numeric_limits<float>::infinity();
-    SampleResult res = seq.sampler->sample(std::span<const float>(row_logits, size_t(vocab_size_)));
-    sampled[k] = res.token;
-    if (r.logprobs) {
-      TokenLogprobs lp;
-      lp.token_id = res.token;
-      lp.logprob = res.logprob;
-      lp.rank = 1;
-      for (int64_t v = 0; v < vocab_size_; ++v) lp.rank += row_logits[v] > row_logits[res.token] ? 1 : 0;
-      lp.top = std::move(res.top_logprobs);
-      logprobs[k] = std::move(lp);
-    }
-    ++row;
+    SHARDLM_CHECK(row == n_logits);
+  } catch (const std::exception& e) {
+    fail_plan(plan, e);
+    return true;
   }
-  SHARDLM_CHECK(row == n_logits);
 
   // A constrained sequence whose mask failed still needs a token for the
   // commit; its request is aborted right after.
@@ -429,8 +497,15 @@ bool Engine::step_inner() {
     if (sampled[k] < 0) continue;
     auto it = seqs_.find(plan.seqs[k].seq_id);
     if (it == seqs_.end()) continue;  // its request finished earlier in this loop
-    if (failing.count(it->second->request->request.request_id)) continue;
-    process_token(*it->second, sampled[k], std::move(logprobs[k]), now);
+    const std::string request_id = it->second->request->request.request_id;
+    if (failing.count(request_id)) continue;
+    try {
+      process_token(*it->second, sampled[k], std::move(logprobs[k]), now);
+    } catch (const std::exception& e) {
+      // Detokenizer or stop matching failed: end that request only.
+      std::fprintf(stderr, "shardlm engine: request %s failed: %s\n", request_id.c_str(), e.what());
+      abort_request(request_id, std::string("internal error while emitting a token: ") + e.what());
+    }
   }
   for (const auto& f : failed_requests) {
     const size_t cut = f.find('\n');

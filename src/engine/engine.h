@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,6 +41,24 @@ struct EngineConfig {
   // Micro-batches in flight at once: 0 = as many as the executor takes (its
   // pipeline depth, PP); 1 = one batch per step (no pipeline overlap).
   int32_t max_batches_in_flight = 0;
+  // A broken executor (a rank died) is restarted in place at most this many
+  // times over the engine's life; past that, or when it cannot restart, the
+  // engine is down for good (health().fatal) and refuses every request.
+  int32_t max_executor_restarts = 3;
+  // Unset: the standard Sampler. Tests substitute one that throws.
+  std::function<std::unique_ptr<Sampler>(const SamplingParams& params, std::span<const int32_t> prompt_ids,
+                                         int64_t vocab_size)>
+      make_sampler;
+};
+
+// Whether the engine can serve. Thread-safe snapshot (Engine::health).
+struct EngineHealth {
+  bool ok = true;              // false while the executor is down or restarting
+  bool fatal = false;          // down for good: the process should exit and be restarted
+  std::string error;           // why it is down, naming the rank: empty when ok
+  int32_t n_failures = 0;      // executor failures that broke it
+  int32_t n_restarts = 0;      // successful in-place restarts
+  double last_recovery_s = 0;  // failure seen -> executor serving again, of the last restart
 };
 
 class Engine {
@@ -72,6 +91,8 @@ class Engine {
   // to do.
   bool run_step();
   void run_until_idle();
+
+  EngineHealth health() const;
 
   const Metrics& metrics() const { return metrics_; }
   std::string render_metrics(const std::string& model_name = "") const {
@@ -124,6 +145,9 @@ class Engine {
   bool idle() const { return sched_.idle() && in_flight_.empty(); }
   // Ends the requests of a plan that failed to run (their KV is in doubt).
   void fail_plan(const StepPlan& plan, const std::exception& e);
+  // After submit/collect threw on `plan` (already off in_flight_): a broken
+  // executor fails every request and is restarted; else only plan's requests.
+  void executor_failed(const StepPlan& plan, const std::exception& e);
   void process_token(SeqState& seq, int32_t token, std::optional<TokenLogprobs> logprobs, Clock::time_point now);
   void finish_seq(SeqState& seq, SequenceOutput& out);
   void emit(RequestState& request, const SequenceOutput& out);
@@ -152,6 +176,7 @@ class Engine {
   std::unordered_set<std::string> live_ids_;
   bool stop_requested_ = false;
   bool drain_ = true;
+  EngineHealth health_;
 
   std::thread thread_;
   Metrics metrics_;

@@ -24,6 +24,10 @@ LocalGroupExecutor::LocalGroupExecutor(const ModelSpec& spec, std::shared_ptr<co
   if (options.n_blocks < 1) fail(ErrorCode::kInvalidArgument, "executor: n_blocks must be >= 1, got ", options.n_blocks);
   validate_layout(spec_, options.layout);
   rank_memory_.resize(n_ranks_);
+  start_ranks();
+}
+
+void LocalGroupExecutor::start_ranks() {
   auto world = std::make_shared<World>();
   world->comms = LocalComm::create_world(n_ranks_);
   world_ = world;
@@ -31,13 +35,40 @@ LocalGroupExecutor::LocalGroupExecutor(const ModelSpec& spec, std::shared_ptr<co
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [&] { return n_loaded_ == n_ranks_ || broken_; });
   if (broken_) {
-    shutdown_ = true;
-    cv_.notify_all();
     lock.unlock();
-    for (auto& t : threads_) t.join();
-    threads_.clear();
+    stop_ranks();
     std::rethrow_exception(error_);
   }
+}
+
+void LocalGroupExecutor::stop_ranks() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    shutdown_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+bool LocalGroupExecutor::healthy() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !broken_;
+}
+
+bool LocalGroupExecutor::restart() {
+  stop_ranks();  // the failed rank has exited; its peers leave their wait or aborted collective
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    jobs_.clear();
+    n_submitted_ = 0;
+    n_loaded_ = 0;
+    shutdown_ = false;
+    broken_ = false;
+    error_ = nullptr;
+  }
+  start_ranks();
+  return true;
 }
 
 LocalGroupExecutor::~LocalGroupExecutor() {
@@ -48,22 +79,26 @@ LocalGroupExecutor::~LocalGroupExecutor() {
     cv_.wait(lock, [&] {
       return broken_ || std::all_of(jobs_.begin(), jobs_.end(), [&](const auto& j) { return j->n_done == n_ranks_; });
     });
-    shutdown_ = true;
   }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  stop_ranks();
 }
 
 void LocalGroupExecutor::run_rank(int rank) {
-  auto& world = *static_cast<World*>(world_.get());
+  std::shared_ptr<void> world_holder;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    world_holder = world_;
+  }
+  auto& world = *static_cast<World*>(world_holder.get());
   Communicator& comm = *world.comms[rank];
   const Layout& layout = options_.layout;
+  const int tp_rank = rank % layout.tp, pp_rank = rank / layout.tp;
+  RankComms comms;
   try {
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     auto rank_backend = backend::make_backend(
         {Device{}, options_.n_threads_per_rank > 0 ? options_.n_threads_per_rank : std::max(1, int(hw) / n_ranks_)});
-    RankComms comms = split_rank_comms(comm, layout);
-    const int tp_rank = rank % layout.tp, pp_rank = rank / layout.tp;
+    comms = split_rank_comms(comm, layout);
     auto model = CausalLM::load(spec_, weights_, layout, tp_rank, pp_rank, *comms.tp, *comms.pp, rank_backend);
     KvCache cache = model->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype);
     {
@@ -91,6 +126,10 @@ void LocalGroupExecutor::run_rank(int rank) {
           }
         }
         ++job->n_started;
+        if (rank == options_.fail_rank && static_cast<int64_t>(next) == options_.fail_at_batch && fault_armed_) {
+          fault_armed_ = false;
+          fail(ErrorCode::kInternal, "injected failure at batch ", next, " (test hook)");
+        }
       }
       model->run_stage(job->batch, cache, writes_logits ? job->logits.data() : nullptr);
       {
@@ -100,10 +139,28 @@ void LocalGroupExecutor::run_rank(int rank) {
       cv_.notify_all();
     }
   } catch (...) {
-    comm.abort("a rank of the local group failed");  // peers blocked in a collective stop too
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!error_) error_ = std::current_exception();
-    broken_ = true;
+    // The first failure names its rank; its peers' errors (the abort below
+    // wakes them from their collectives) are consequences.
+    std::string what = "unknown exception";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_)
+        error_ = std::make_exception_ptr(Error(ErrorCode::kDistributed, str_cat("rank ", rank, " (tp ", tp_rank, ", pp ",
+                                                                                pp_rank, ") failed: ", what)));
+      broken_ = true;
+    }
+    // Peers blocked in a collective stop too: the TP and PP groups are
+    // worlds of their own, so each is aborted (a peer that fails in turn
+    // aborts its groups, and so on).
+    if (comms.tp) comms.tp->abort("a rank of the local group failed");
+    if (comms.pp) comms.pp->abort("a rank of the local group failed");
+    comm.abort("a rank of the local group failed");
     cv_.notify_all();
   }
 }

@@ -31,6 +31,10 @@ struct LocalGroupOptions {
   int64_t block_size = 16;         // must equal SchedulerConfig::block_size
   DType kv_dtype = DType::kBF16;
   int n_threads_per_rank = 0;      // backend threads; 0: hardware threads / ranks
+  // Test hook: rank `fail_rank` throws when it reaches batch `fail_at_batch`
+  // (0-based, counted from load), once: a restarted group runs clean.
+  int fail_rank = -1;
+  int64_t fail_at_batch = -1;
 };
 
 class LocalGroupExecutor final : public ModelExecutor {
@@ -48,6 +52,11 @@ class LocalGroupExecutor final : public ModelExecutor {
   void collect(float* logits) override;
   int64_t n_kv_blocks() const override { return options_.n_blocks; }
   int64_t kv_block_size() const override { return options_.block_size; }
+  // A rank failed (its error names it): nothing runs until restart().
+  bool healthy() const override;
+  // Stops every rank thread, drops the batches in flight, and loads the
+  // ranks again (fresh KV cache). Throws what a rank's load threw.
+  bool restart() override;
 
   // Bytes one KV block takes on rank 0 (what the block pool divides by).
   int64_t kv_block_bytes_rank0() const { return kv_block_bytes_rank0_; }
@@ -68,6 +77,8 @@ class LocalGroupExecutor final : public ModelExecutor {
 
  private:
   void run_rank(int rank);
+  void start_ranks();  // spawns the rank threads; blocks until loaded (throws a load error)
+  void stop_ranks();   // shutdown_ + join
 
   ModelSpec spec_;
   std::shared_ptr<const WeightSource> weights_;
@@ -95,7 +106,8 @@ class LocalGroupExecutor final : public ModelExecutor {
   uint64_t n_submitted_ = 0;
   int64_t n_overlapped_starts_ = 0;
   bool shutdown_ = false;
-  bool broken_ = false;              // a rank failed: the group cannot run again
+  bool broken_ = false;              // a rank failed: nothing runs until restart()
+  bool fault_armed_ = true;          // the test hook fires once
   std::exception_ptr error_;
 };
 

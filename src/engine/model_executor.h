@@ -51,6 +51,20 @@ class ModelExecutor {
   virtual int64_t n_kv_blocks() const { return 0; }
   virtual int64_t kv_block_size() const { return 0; }
 
+  // False once a failure broke the executor for good (a rank died): every
+  // later submit would fail. A transient failure (one batch threw) keeps it
+  // healthy. The engine thread asks after a submit or collect threw.
+  virtual bool healthy() const { return true; }
+  // Rebuilds a broken executor in place (ranks reloaded, KV cache empty,
+  // nothing in flight). Returns false when this executor cannot restart
+  // (its ranks are other processes); throws shardlm::Error when it tried and
+  // failed. Engine thread only, with nothing the engine still waits for.
+  virtual bool restart() { return false; }
+
+ protected:
+  // For restart() of an executor using the default submit/collect.
+  void drop_pending() { pending_.clear(); }
+
  private:
   std::deque<ForwardBatch> pending_;  // the default submit/collect
 };

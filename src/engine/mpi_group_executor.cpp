@@ -149,6 +149,7 @@ MpiGroupExecutor::~MpiGroupExecutor() {
 }
 
 void MpiGroupExecutor::abort_world(const char* where, const std::exception& e) {
+  aborted_ = true;
   std::string what = std::string("rank ") + std::to_string(world_.rank()) + " (tp " +
                      std::to_string(world_config_.tp_rank()) + ", pp " + std::to_string(world_config_.pp_rank()) +
                      ", replica " + std::to_string(dp_rank_) + ") failed " + where + ": " + e.what();

@@ -76,6 +76,7 @@ class MpiGroupExecutor final : public ModelExecutor {
   void collect(float* logits) override;      // driver only
   int64_t n_kv_blocks() const override { return options_.n_blocks; }
   int64_t kv_block_size() const override { return options_.block_size; }
+  bool healthy() const override { return !aborted_; }
   // Non-driver ranks: run every batch the driver broadcasts; returns after
   // its shutdown.
   void run_worker();
@@ -116,6 +117,7 @@ class MpiGroupExecutor final : public ModelExecutor {
   ForwardBatch batch_;  // the decoded batch (workers)
   std::deque<InFlight> in_flight_;  // driver
   bool shut_down_ = false;
+  bool aborted_ = false;  // abort_world ran: the replica cannot run again (no restart across processes)
 };
 
 // The wire format of one message from the driver, all int32 little-endian:

@@ -44,11 +44,12 @@ class Sampler {
   // Validates params (throws Error(kInvalidArgument)); vocab_size > 0.
   // Prompt ids outside [0, vocab_size) are ignored by the penalties.
   Sampler(const SamplingParams& params, std::span<const int32_t> prompt_ids, int64_t vocab_size);
+  virtual ~Sampler() = default;  // tests substitute a sampler that fails on cue
 
   // logits: [vocab_size] f32 of the sequence's last position. Returns the
   // chosen token and records it as an output token. Throws
   // Error(kInvalidArgument) if logits.size() != vocab_size.
-  SampleResult sample(std::span<const float> logits);
+  virtual SampleResult sample(std::span<const float> logits);
 
   // Records an output token chosen elsewhere (resuming after preemption,
   // forced tokens): it counts for penalties but consumes no randomness.

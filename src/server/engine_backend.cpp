@@ -97,6 +97,10 @@ class EngineStream final : public RequestStream {
   std::string request_id_;
 };
 
+std::string replica_error(size_t d, const EngineHealth& h) {
+  return str_cat("replica ", d, ": ", h.fatal ? "down: " : "restarting its executor after: ", h.error);
+}
+
 }  // namespace
 
 struct EngineBackend::Replica {
@@ -213,6 +217,7 @@ void EngineBackend::load() {
   ec.scheduler.enable_prefix_caching = options_.enable_prefix_caching;
   for (int64_t id : load_eos_token_ids(dir, spec)) ec.eos_token_ids.push_back(static_cast<int32_t>(id));
   ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);
+  ec.max_executor_restarts = options_.max_executor_restarts;
 
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   for (int d = 0; d < std::max(1, options_.layout.dp); ++d) {
@@ -223,6 +228,10 @@ void EngineBackend::load() {
     lo.block_size = options_.block_size;
     lo.kv_dtype = kv_dtype;
     lo.n_threads_per_rank = std::max(1, static_cast<int>(hw) / n_ranks_total);
+    if (d == 0) {
+      lo.fail_rank = options_.fail_rank;
+      lo.fail_at_batch = options_.fail_at_batch;
+    }
     std::vector<LocalGroupExecutor::RankMemory> allocated;
     if (options_.make_executor) {
       r->executor = options_.make_executor(spec, lo, &allocated);
@@ -313,8 +322,20 @@ std::unique_ptr<RequestStream> EngineBackend::submit(const GenerateParams& p) {
   std::string key(reinterpret_cast<const char*>(p.prompt_ids.data()),
                   std::min<size_t>(p.prompt_ids.size(), 256) * sizeof(int32_t));
   const int64_t cost = static_cast<int64_t>(p.prompt_ids.size()) + p.max_tokens * p.n;
-  const int replica = routing_->acquire(key, cost);
-  Engine& engine = *replicas_.at(std::max(replica, 0))->engine;
+  // A replica whose executor is down (or restarting) gets nothing new.
+  std::vector<int> down;
+  std::string why_down;
+  for (size_t d = 0; d < replicas_.size(); ++d) {
+    EngineHealth h = replicas_[d]->engine->health();
+    if (!h.ok) {
+      down.push_back(static_cast<int>(d));
+      if (why_down.empty()) why_down = replica_error(d, h);
+    }
+  }
+  const int replica = routing_->acquire(key, cost, down);
+  if (replica < 0)
+    throw ApiException({503, "no replica can serve: " + why_down, "service_unavailable", "", "executor_down"});
+  Engine& engine = *replicas_.at(replica)->engine;
 
   auto state = std::make_shared<StreamState>();
   state->prompt_tokens = static_cast<int64_t>(p.prompt_ids.size());
@@ -361,9 +382,31 @@ std::unique_ptr<RequestStream> EngineBackend::submit(const GenerateParams& p) {
       throw ApiException({429, std::string("the server is at capacity: ") + e.what(), "rate_limit_error", "", "queue_full"});
     if (e.code() == ErrorCode::kUnsupported)
       throw ApiException({503, e.what(), "service_unavailable", "", ""});
+    if (e.code() == ErrorCode::kDistributed)
+      throw ApiException({503, e.what(), "service_unavailable", "", "executor_down"});
     throw ApiException({400, e.what(), "invalid_request_error", "", ""});
   }
   return std::make_unique<EngineStream>(state, engine, p.request_id);
+}
+
+std::string EngineBackend::health_error() const {
+  // Unhealthy when no replica can take a request (with DP, the others carry
+  // on while one restarts: requests are routed around it).
+  std::string first;
+  for (size_t d = 0; d < replicas_.size(); ++d) {
+    EngineHealth h = replicas_[d]->engine->health();
+    if (h.ok) return {};
+    if (first.empty()) first = replica_error(d, h);
+  }
+  return first;
+}
+
+bool EngineBackend::fatal() const {
+  // Down for good only when no replica can ever serve again.
+  if (replicas_.empty()) return false;
+  for (const auto& r : replicas_)
+    if (!r->engine->health().fatal) return false;
+  return true;
 }
 
 std::string EngineBackend::metrics() const {

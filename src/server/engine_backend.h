@@ -39,6 +39,11 @@ struct EngineBackendOptions {
   int64_t kv_cache_memory_bytes = 0;     // > 0: exactly this much KV cache per rank
   double memory_utilization = 0.0;       // > 0: fraction of system RAM (like --gpu-memory-utilization)
   int64_t max_waiting_requests = 1024;   // more live requests than this: 429
+  int32_t max_executor_restarts = 3;     // per replica; then fatal() (serve exits non-zero)
+  // Test hook (--debug-fail-rank-at-batch): rank fail_rank of replica 0
+  // throws at its batch fail_at_batch, once.
+  int fail_rank = -1;
+  int64_t fail_at_batch = -1;
   // Builds a replica's executor; unset: a LocalGroupExecutor (ranks as
   // threads). serve under mpirun sets an MpiGroupExecutor (ranks as
   // processes). Fills *allocated with what each rank of the replica holds.
@@ -71,6 +76,8 @@ class EngineBackend final : public ServingBackend {
   void shutdown(bool drain);
 
   bool ready() const override { return ready_; }
+  std::string health_error() const override;
+  bool fatal() const override;
   int64_t max_model_len() const override { return report_.max_model_len; }
   std::vector<int32_t> tokenize(const std::string& text, bool add_special_tokens) const override;
   std::string detokenize(const std::vector<int32_t>& ids) const override;

@@ -4,10 +4,6 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <poll.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <ctime>
@@ -15,7 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/connection_server.h"
 #include "server/listener.h"
+#include "server/worker_pool.h"
 
 namespace shardlm::server {
 
@@ -100,52 +98,6 @@ struct HttpServer::Streams {
 
 namespace {
 
-// The socket of the connection a request arrived on, found by its peer
-// address (httplib does not hand handlers their socket). -1 if not found.
-int connection_fd(const httplib::Request& req) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0') continue;
-    sockaddr_storage peer{};
-    socklen_t len = sizeof peer;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
-    char host[INET6_ADDRSTRLEN] = {0};
-    int port = -1;
-    if (peer.ss_family == AF_INET) {
-      auto* a = reinterpret_cast<sockaddr_in*>(&peer);
-      inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-      port = ntohs(a->sin_port);
-    } else if (peer.ss_family == AF_INET6) {
-      auto* a = reinterpret_cast<sockaddr_in6*>(&peer);
-      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-      port = ntohs(a->sin6_port);
-    }
-    sockaddr_storage local{};
-    socklen_t local_len = sizeof local;
-    int local_port = -1;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) == 0)
-      local_port = local.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port)
-                                              : ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
-    if (port == req.remote_port && req.remote_addr == host && local_port == req.local_port) {
-      found = static_cast<int>(fd);
-      break;
-    }
-  }
-  closedir(dir);
-  return found;
-}
-
-// True once the client has closed or reset its side of the connection.
-bool client_gone(int fd) {
-  if (fd < 0) return false;
-  pollfd p{fd, static_cast<short>(POLLRDHUP), 0};
-  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
 bool sse_write(httplib::DataSink& sink, const std::string& payload) {
   std::string frame = "data: " + payload + "\n\n";
   return sink.write(frame.data(), frame.size());
@@ -154,10 +106,10 @@ bool sse_write(httplib::DataSink& sink, const std::string& payload) {
 }  // namespace
 
 HttpServer::HttpServer(ServingBackend& backend, ServerOptions options)
-    : backend_(backend), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+    : backend_(backend), options_(std::move(options)), http_(std::make_unique<ConnectionServer>()) {
   if (options_.served_model_names.empty()) options_.served_model_names.push_back("model");
   const int n_threads = std::max(2, options_.n_http_threads);
-  http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+  http_->new_task_queue = [n_threads] { return new WorkerPool(static_cast<size_t>(n_threads)); };
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
@@ -279,6 +231,10 @@ void HttpServer::install_routes() {
       reply_error(res, {503, draining_ ? "shutting down" : "the model is still loading", "service_unavailable", "", ""});
       return;
     }
+    if (std::string down = backend_.health_error(); !down.empty()) {
+      reply_error(res, {503, "the model executor is down: " + down, "service_unavailable", "", "executor_down"});
+      return;
+    }
     res.status = 200;
   });
 
@@ -318,6 +274,8 @@ void HttpServer::install_routes() {
       try {
         if (!backend_.ready())
           throw ApiException({503, "the model is still loading; retry shortly", "service_unavailable", "", "model_loading"});
+        if (std::string down = backend_.health_error(); !down.empty())
+          throw ApiException({503, "the model executor is down: " + down, "service_unavailable", "", "executor_down"});
         fn(req, res);
       } catch (const ApiException& e) {
         reply_error(res, e.error());
@@ -387,13 +345,13 @@ void HttpServer::install_routes() {
         Usage usage;
         std::string error;
         // Nothing is written until the answer is complete, so a client that
-        // gives up is noticed on its socket: its requests are cancelled then.
-        const int fd = connection_fd(req);
+        // gives up is noticed on its connection's socket (POLLRDHUP): its
+        // requests are cancelled then, freeing their KV blocks.
         for (size_t p = 0; p < streams->size(); ++p) {
           RequestStream& s = *(*streams)[p];
           std::vector<GenerateEvent> events;
           while (!s.done()) {
-            if (client_gone(fd)) {
+            if (ConnectionServer::current_client_gone()) {
               for (auto& other : *streams) other->cancel();
               res.status = 499;  // nobody reads it; the client closed the request
               return;
@@ -457,7 +415,9 @@ void HttpServer::install_routes() {
               }
             }
             if (!all_done) {
-              if (!sink.is_writable()) {
+              // A client that hangs up while its request waits (no token to
+              // write yet) is noticed on its socket, not at the next write.
+              if (!sink.is_writable() || ConnectionServer::current_client_gone()) {
                 cancel_all();
                 return false;
               }

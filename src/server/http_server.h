@@ -26,7 +26,7 @@ struct ServerOptions {
   std::vector<std::string> served_model_names;  // first is reported by /v1/models
   std::string api_key;             // empty: no authentication
   size_t max_body_bytes = 8u << 20;  // larger bodies get 413
-  int n_http_threads = 64;         // connections beyond this wait in the accept queue
+  int n_http_threads = 1040;       // open connections served at once (threads start on demand); more wait in the accept queue
   RequestLimits limits;
   ApiOptions api;                  // tool-call / reasoning parsers, generation defaults
   std::vector<std::string> allowed_origins;  // CORS: "*" or exact origins; empty: no CORS headers

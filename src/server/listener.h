@@ -16,5 +16,9 @@ namespace shardlm::server {
 std::shared_ptr<int> configure_listener(httplib::Server& server);
 // Call after binding: raises the accept backlog of the listening socket.
 void widen_backlog(const std::shared_ptr<int>& fd);
+// Raises this process's open-file soft limit to its hard limit (a server
+// holding 1,000 streams needs more than the common default of 1,024 fds).
+// Returns the soft limit now in force.
+long raise_open_file_limit();
 
 }  // namespace shardlm::server

@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/connection_server.h"
 #include "server/listener.h"
+#include "server/worker_pool.h"
 #include "server/openai_protocol.h"
 
 namespace shardlm::server {
@@ -65,9 +67,11 @@ httplib::Headers forward_headers(const httplib::Request& req) {
   return h;
 }
 
+}  // namespace
+
 // Shared between the HTTP thread relaying a stream and the thread reading it
 // from the backend.
-struct Relay {
+struct Router::Relay {
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<std::string> chunks;
@@ -77,19 +81,25 @@ struct Relay {
   bool failed = false;     // no backend could be reached
   std::string failure;
   std::atomic<bool> client_gone{false};
+  httplib::Client* upstream = nullptr;  // the backend connection in use (under mutex)
+  // The client left, or the router stops: close the backend connection, so
+  // the backend notices at once and frees the request's KV.
+  void cut() {
+    std::lock_guard<std::mutex> lock(mutex);
+    client_gone = true;
+    if (upstream) upstream->stop();
+  }
 };
-
-}  // namespace
 
 Router::Router(RouterOptions options)
     : options_(std::move(options)), policy_(options_.backends.size(), options_.routing),
-      http_(std::make_unique<httplib::Server>()) {
+      http_(std::make_unique<ConnectionServer>()) {
   if (options_.backends.empty()) fail(ErrorCode::kInvalidArgument, "router: give at least one --backend URL");
   for (const auto& url : options_.backends) backends_.push_back(parse_backend_url(url));
   requests_ = std::make_unique<std::atomic<int64_t>[]>(backends_.size());
   for (size_t i = 0; i < backends_.size(); ++i) requests_[i] = 0;
   const int n_threads = std::max(2, options_.n_http_threads);
-  http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+  http_->new_task_queue = [n_threads] { return new WorkerPool(static_cast<size_t>(n_threads)); };
   http_->set_payload_max_length(options_.max_body_bytes);
   listen_fd_ = configure_listener(*http_);
   install_routes();
@@ -113,11 +123,21 @@ void Router::stop() {
   health_cv_.notify_all();
   if (health_thread_.joinable()) health_thread_.join();
   if (http_->is_running()) http_->stop();
-  // Upstream readers hold `this`; their clients are gone, so they end at the
-  // next byte from the backend or its timeout.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (upstream_threads_ > 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Upstream readers hold `this`: close their backend connections so each
+  // returns now, and wait for the last one before the router goes away.
+  const auto t0 = std::chrono::steady_clock::now();
+  bool warned = false;
+  while (upstream_threads_ > 0) {
+    {
+      std::lock_guard<std::mutex> lock(relays_mutex_);
+      for (Relay* r : relays_) r->cut();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!warned && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(10)) {
+      std::fprintf(stderr, "shardlm router: still waiting for %d upstream connections to close\n", upstream_threads_.load());
+      warned = true;
+    }
+  }
 }
 
 void Router::check_health_now() {
@@ -201,18 +221,32 @@ void Router::install_routes() {
     auto relay = std::make_shared<Relay>();
     const std::string path = req.path;
     const std::string body = req.body;
+    {
+      // Registered before stopping_ is checked again, so stop() cuts it.
+      std::lock_guard<std::mutex> lock(relays_mutex_);
+      if (stopping_) return reply_error(res, 503, "the router is shutting down", "service_unavailable");
+      relays_.insert(relay.get());
+      ++upstream_threads_;
+    }
 
     // The upstream reader: tries backends until one answers, then pumps its
     // bytes into the relay. A backend that fails before answering is marked
     // unhealthy and the request moves on; nothing was sent to the client yet.
-    ++upstream_threads_;
     std::thread([this, relay, prompt, cost, content_type, headers, path, body] {
       struct Done {
-        std::atomic<int>& n;
-        ~Done() { --n; }
-      } done{upstream_threads_};
+        Router* router;
+        Relay* relay;
+        ~Done() {
+          {
+            std::lock_guard<std::mutex> lock(router->relays_mutex_);
+            router->relays_.erase(relay);
+          }
+          --router->upstream_threads_;
+        }
+      } done{this, relay.get()};
       std::vector<int> tried;
       for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+        if (relay->client_gone) break;
         int b = policy_.acquire(prompt, cost, tried);
         if (b < 0) break;
         tried.push_back(b);
@@ -228,7 +262,13 @@ void Router::install_routes() {
         up.body = body;
         up.set_header("Content-Type", content_type);
         bool answered = false;
+        int refused = 0;  // a 5xx before any byte reached the client: try another backend
+        const bool last_attempt = attempt + 1 >= options_.max_attempts;
         up.response_handler = [&](const httplib::Response& r) {
+          if (r.status >= 500 && r.status != 501 && !last_attempt) {
+            refused = r.status;
+            return false;
+          }
           std::lock_guard<std::mutex> lock(relay->mutex);
           relay->status = r.status;
           relay->content_type = r.get_header_value("Content-Type");
@@ -242,8 +282,25 @@ void Router::install_routes() {
           relay->cv.notify_all();
           return !relay->client_gone.load();
         };
+        {
+          std::lock_guard<std::mutex> lock(relay->mutex);
+          if (relay->client_gone) {
+            policy_.release(b, cost);
+            break;
+          }
+          relay->upstream = &c;
+        }
         auto result = c.send(up);
+        {
+          std::lock_guard<std::mutex> lock(relay->mutex);
+          relay->upstream = nullptr;
+        }
         policy_.release(b, cost);
+        if (refused) {
+          // 503: its executor is down or restarting; the health loop brings it back.
+          if (refused == 503) policy_.set_healthy(b, false);
+          continue;
+        }
         if (!result && !answered) {
           policy_.set_healthy(b, false);  // the health loop brings it back
           continue;
@@ -265,12 +322,31 @@ void Router::install_routes() {
       relay->cv.notify_all();
     }).detach();
 
+    // Until the answer is complete nothing is written to the client, so its
+    // hang-up is seen on its socket: the backend connection is cut then.
+    auto wait_watching_client = [&](std::unique_lock<std::mutex>& lock, auto ready) {
+      while (!relay->cv.wait_for(lock, std::chrono::milliseconds(50), ready)) {
+        if (ConnectionServer::current_client_gone()) {
+          lock.unlock();
+          relay->cut();
+          lock.lock();
+          return false;
+        }
+      }
+      return true;
+    };
     std::unique_lock<std::mutex> lock(relay->mutex);
-    relay->cv.wait(lock, [&] { return relay->status != 0 || relay->upstream_done; });
+    if (!wait_watching_client(lock, [&] { return relay->status != 0 || relay->upstream_done; })) {
+      res.status = 499;  // nobody reads it
+      return;
+    }
     if (relay->failed) return reply_error(res, 503, relay->failure, "service_unavailable");
     const bool streaming = relay->content_type.rfind("text/event-stream", 0) == 0;
     if (!streaming || relay->status != 200) {
-      relay->cv.wait(lock, [&] { return relay->upstream_done; });
+      if (!wait_watching_client(lock, [&] { return relay->upstream_done; })) {
+        res.status = 499;
+        return;
+      }
       std::string all;
       for (auto& c : relay->chunks) all += c;
       res.status = relay->status;
@@ -288,7 +364,8 @@ void Router::install_routes() {
             std::string chunk = std::move(relay->chunks.front());
             relay->chunks.pop_front();
             if (!sink.write(chunk.data(), chunk.size())) {
-              relay->client_gone = true;
+              lock.unlock();
+              relay->cut();
               return false;
             }
           }
@@ -296,13 +373,14 @@ void Router::install_routes() {
             sink.done();
             return true;
           }
-          if (!sink.is_writable()) {
-            relay->client_gone = true;
+          if (!sink.is_writable() || ConnectionServer::current_client_gone()) {
+            lock.unlock();
+            relay->cut();
             return false;
           }
           return true;
         },
-        [relay](bool) { relay->client_gone = true; });
+        [relay](bool) { relay->cut(); });
   };
   http_->Post("/v1/chat/completions", forward_post);
   http_->Post("/v1/completions", forward_post);

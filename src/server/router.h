@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,7 +40,7 @@ struct RouterOptions {
   std::string api_key;                // checked here, and passed on to the backends
   int health_interval_ms = 2000;
   int max_attempts = 3;               // per request, over different backends
-  int n_http_threads = 64;
+  int n_http_threads = 2048;          // open client connections served at once (threads start on demand)
   size_t max_body_bytes = 8u << 20;
   RoutingOptions routing;
 };
@@ -59,6 +60,7 @@ class Router {
   void check_health_now();
 
  private:
+  struct Relay;  // one forwarded request: the client side and its upstream reader
   void install_routes();
   void health_loop();
 
@@ -72,6 +74,8 @@ class Router {
   std::atomic<int64_t> retries_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<int> upstream_threads_{0};
+  std::mutex relays_mutex_;
+  std::set<Relay*> relays_;  // with a running upstream reader
   std::mutex health_mutex_;
   std::condition_variable health_cv_;
   std::thread health_thread_;

@@ -117,6 +117,12 @@ class ServingBackend {
   virtual ~ServingBackend() = default;
   // False while the model is loading: requests get 503.
   virtual bool ready() const = 0;
+  // Empty while the backend can serve; else why not, naming the failed rank
+  // and its error: /health answers 503 with it, new requests get 503.
+  virtual std::string health_error() const { return {}; }
+  // Down for good (a failure it cannot recover from): the process should
+  // exit non-zero with health_error() so that a supervisor restarts it.
+  virtual bool fatal() const { return false; }
   virtual int64_t max_model_len() const = 0;
   virtual std::vector<int32_t> tokenize(const std::string& text, bool add_special_tokens) const = 0;
   virtual std::string detokenize(const std::vector<int32_t>& ids) const = 0;

@@ -134,6 +134,16 @@ class FakeBackend : public ServingBackend {
   GenerateParams last_params;          // what submit last got
 
   bool ready() const override { return is_ready; }
+  std::string health_error() const override {
+    std::lock_guard<std::mutex> lock(health_mutex);
+    return down;
+  }
+  void set_down(std::string why) {
+    std::lock_guard<std::mutex> lock(health_mutex);
+    down = std::move(why);
+  }
+  mutable std::mutex health_mutex;
+  std::string down;  // non-empty: the executor is down for this reason
   int64_t max_model_len() const override { return max_len; }
   std::vector<int32_t> tokenize(const std::string& text, bool) const override {
     return std::vector<int32_t>(text.begin(), text.end());

@@ -212,6 +212,21 @@ TEST_F(HttpServerTest, LoadingIs503AndQueueFullIs429) {
   expect_error(post("/v1/chat/completions", chat(2)), 429, "", "queue is full");
 }
 
+// A failed rank turns /health 503 at once, naming the rank and its error,
+// and new generation requests get a 503 saying the same; recovery turns
+// both back.
+TEST_F(HttpServerTest, ExecutorDownIs503OnHealthAndRequestsNamingTheRank) {
+  start();
+  ASSERT_EQ(client_->Get("/health")->status, 200);
+  backend_.set_down("replica 0: restarting its executor after: rank 1 (tp 1, pp 0) failed: boom");
+  json h = expect_error(client_->Get("/health"), 503, "", "rank 1 (tp 1, pp 0) failed: boom");
+  EXPECT_EQ(h["error"]["code"], "executor_down");
+  expect_error(post("/v1/chat/completions", chat(2)), 503, "", "rank 1 (tp 1, pp 0) failed: boom");
+  backend_.set_down("");
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+  EXPECT_EQ(post("/v1/chat/completions", chat(2))->status, 200);
+}
+
 TEST_F(HttpServerTest, ClientDisconnectMidStreamCancelsTheRequest) {
   backend_.pace = std::chrono::milliseconds(20);
   start();

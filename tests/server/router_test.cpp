@@ -1,6 +1,10 @@
 #include "server/router.h"
 
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <httplib.h>
 
 #include <thread>
@@ -138,6 +142,81 @@ TEST_F(RouterTest, ADeadBackendLosesNoRequest) {
   EXPECT_FALSE(router_->backend_healthy(0));
   EXPECT_TRUE(router_->backend_healthy(1));
   EXPECT_EQ(client_->Get("/health")->status, 200);
+}
+
+// A backend whose executor is down answers 503 before any byte reached the
+// client: the router retries the request elsewhere and stops routing there.
+TEST_F(RouterTest, ABackendWhoseExecutorIsDownIsRoutedAroundAndItsRequestsRetried) {
+  backends_[0].set_down("replica 0: restarting its executor after: rank 1 (tp 1, pp 0) failed: boom");
+  int ok = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto r = chat(std::string(100, 'q') + std::to_string(i));
+    if (r && r->status == 200) ++ok;
+    else ADD_FAILURE() << (r ? r->body : "no response");
+  }
+  EXPECT_EQ(ok, 10);
+  EXPECT_FALSE(router_->backend_healthy(0));
+  EXPECT_EQ(backends_[0].live, 0);
+  backends_[0].set_down("");  // recovered: the health loop brings it back
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (!router_->backend_healthy(0) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(router_->backend_healthy(0));
+}
+
+int send_and_hold(int port, const std::string& body) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  if (send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return -1;
+  return fd;
+}
+
+// A non-streaming client that hangs up: the router closes the upstream
+// connection, so the backend cancels the request (frees its KV) at once.
+TEST_F(RouterTest, ANonStreamingClientsHangUpReachesTheBackend) {
+  for (auto& b : backends_) b.pace = std::chrono::milliseconds(20);  // 200 tokens: 4 s
+  json req = {{"messages", {{{"role", "user"}, {"content", "long"}}}}, {"max_tokens", 200}};
+  const int fd = send_and_hold(router_->port(), req.dump());
+  ASSERT_GE(fd, 0);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (backends_[0].live + backends_[1].live == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(backends_[0].live + backends_[1].live, 1);
+  close(fd);
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (backends_[0].cancelled + backends_[1].cancelled == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(backends_[0].cancelled + backends_[1].cancelled, 1);
+}
+
+// stop() cuts the upstream readers instead of leaving them running: it
+// returns promptly with a long request in flight, and the backend cancels it.
+TEST_F(RouterTest, StopLeavesNoUpstreamReaderBehind) {
+  for (auto& b : backends_) b.pace = std::chrono::milliseconds(20);
+  std::thread client([this] {
+    httplib::Client c("127.0.0.1", router_->port());
+    c.set_read_timeout(30, 0);
+    json req = {{"messages", {{{"role", "user"}, {"content", "long"}}}}, {"max_tokens", 200}};
+    c.Post("/v1/chat/completions", req.dump(), "application/json");
+  });
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (backends_[0].live + backends_[1].live == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(backends_[0].live + backends_[1].live, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  router_->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  client.join();
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (backends_[0].cancelled + backends_[1].cancelled == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(backends_[0].cancelled + backends_[1].cancelled, 1);
 }
 
 }  // namespace
