@@ -26,6 +26,8 @@ struct PlanCliOptions {
   int64_t max_num_batched_tokens = 8192;
   std::string dtype;
   std::string kv_cache_dtype = "auto";
+  std::string quantization;  // catalog models: awq, gptq, gptq-int8, fp8
+  int64_t group_size = 128;
   std::string objective = "latency";
   int nodes = 1;
   double inter_node_gbit = 100.0;  // Gb/s
@@ -111,6 +113,21 @@ int run_plan(const PlanCliOptions& o) {
     if (!model.headers.dtype.empty() && parse_dtype(model.headers.dtype, &d)) model.spec.dtype = d;
   }
 
+  if (!o.quantization.empty()) {
+    if (model.spec.quant.enabled() || model.headers.n_files > 0)
+      return usage_error("--quantization sizes a catalog model as its published quantized checkpoint; " + o.model +
+                         " is a checkpoint, whose own quantization_config plan reads");
+    try {
+      model.spec.quant = published_quant_config(o.quantization, o.group_size, false, true, "--quantization");
+      check_quantized_shapes(model.spec, "--quantization " + o.quantization);
+    } catch (const Error& e) {
+      return usage_error(e.what());
+    }
+    // As the published repositories: AWQ and GPTQ keep the rest in float16, FP8 in bfloat16.
+    if (o.dtype.empty()) model.spec.dtype = o.quantization == "fp8" ? DType::kBF16 : DType::kF16;
+    model.official_total = -1;  // the index total is the unquantized checkpoint's
+  }
+
   Plan plan;
   try {
     DeviceInventory devices = parse_device_inventory(o.gpus, o.nodes, o.inter_node_gbit * 1e9 / 8.0);
@@ -159,6 +176,9 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--dtype", o->dtype, "Weight dtype: bf16, f16, f32 (default: the checkpoint's)");
   sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV cache dtype: auto, bf16, f16, f32, fp8")->capture_default_str();
+  sub->add_option("--quantization", o->quantization,
+                  "Size a catalog model as its published quantized checkpoint: awq, gptq, gptq-int8, fp8");
+  sub->add_option("--group-size", o->group_size, "Group size for --quantization awq/gptq")->capture_default_str();
   sub->add_option("--objective", o->objective, "latency (one stream) or throughput (all streams)")
       ->check(CLI::IsMember({"latency", "throughput"}))
       ->capture_default_str();

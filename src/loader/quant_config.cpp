@@ -249,6 +249,30 @@ QuantConfig parse_quantization_config(const json& config, const std::string& sou
   return q;
 }
 
+QuantConfig published_quant_config(const std::string& format, int64_t group_size, bool desc_act, bool sym,
+                                   const std::string& option) {
+  json c;
+  const bool gptq = format == "gptq" || format == "gptq-int8";
+  if (!gptq && (desc_act || !sym))
+    fail(ErrorCode::kInvalidArgument, "--desc-act and --asym apply to GPTQ, not to ", option, " ", format);
+  if (format == "awq") {
+    c = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", group_size}, {"zero_point", true}, {"version", "gemm"}};
+  } else if (gptq) {
+    c = {{"quant_method", "gptq"}, {"bits", format == "gptq" ? 4 : 8}, {"group_size", group_size},
+         {"desc_act", desc_act}, {"sym", sym}};
+  } else if (format == "fp8") {
+    c = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+         {"weight_block_size", {128, 128}}, {"modules_to_not_convert", json::array({"lm_head"})}};
+  } else {
+    fail(ErrorCode::kInvalidArgument, option, " \"", format, "\" is not a quantization shardlm knows; use awq, gptq, gptq-int8 or fp8");
+  }
+  try {
+    return parse_quantization_config(c, option + " " + format, false);
+  } catch (const Error& e) {
+    fail(ErrorCode::kInvalidArgument, option, " ", format, " with group size ", group_size, ": ", e.what());
+  }
+}
+
 json quantization_config_json(const QuantConfig& q) {
   json c;
   switch (q.method) {

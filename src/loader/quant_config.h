@@ -90,6 +90,14 @@ struct QuantConfig {
 // field of the wrong type.
 QuantConfig parse_quantization_config(const nlohmann::json& config, const std::string& source, bool separate_file);
 
+// The quantization_config of a named format as the published checkpoints
+// use it: "awq" (4-bit, zero points, GEMM), "gptq" (4-bit), "gptq-int8",
+// "fp8" (E4M3, blocks [128, 128], lm_head unconverted). `option` names the
+// flag in messages ("--quantize"). Throws Error(kInvalidArgument) for another
+// name or a group size the format does not take.
+QuantConfig published_quant_config(const std::string& format, int64_t group_size, bool desc_act, bool sym,
+                                   const std::string& option);
+
 // The quantization_config object as the published checkpoints carry it
 // (what make-model writes into config.json).
 nlohmann::json quantization_config_json(const QuantConfig& quant);

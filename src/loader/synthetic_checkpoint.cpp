@@ -122,31 +122,11 @@ ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
 }
 
 QuantConfig synthetic_quant_config(const SyntheticModelOptions& o) {
-  QuantConfig q;
   if (o.quantize.empty()) {
     if (o.desc_act || !o.sym) fail(ErrorCode::kInvalidArgument, "--desc-act and --asym need --quantize gptq or gptq-int8");
-    return q;
+    return QuantConfig{};
   }
-  json c;
-  if (o.quantize == "awq") {
-    if (o.desc_act || !o.sym) fail(ErrorCode::kInvalidArgument, "--desc-act and --asym apply to GPTQ; AWQ has zero points and no act-order");
-    c = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", o.group_size}, {"zero_point", true}, {"version", "gemm"}};
-  } else if (o.quantize == "gptq" || o.quantize == "gptq-int8") {
-    c = {{"quant_method", "gptq"}, {"bits", o.quantize == "gptq" ? 4 : 8}, {"group_size", o.group_size},
-         {"desc_act", o.desc_act}, {"sym", o.sym}};
-  } else if (o.quantize == "fp8") {
-    if (o.desc_act || !o.sym) fail(ErrorCode::kInvalidArgument, "--desc-act and --asym apply to GPTQ, not FP8");
-    c = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
-         {"weight_block_size", {128, 128}}, {"modules_to_not_convert", json::array({"lm_head"})}};
-  } else {
-    fail(ErrorCode::kInvalidArgument, "--quantize \"", o.quantize, "\" is not a format make-model writes; use awq, gptq, gptq-int8 or fp8");
-  }
-  try {
-    q = parse_quantization_config(c, "make-model quantization_config", false);
-  } catch (const Error& e) {
-    fail(ErrorCode::kInvalidArgument, "--quantize ", o.quantize, " --group-size ", o.group_size, ": ", e.what());
-  }
-  return q;
+  return published_quant_config(o.quantize, o.group_size, o.desc_act, o.sym, "--quantize");
 }
 
 std::vector<TensorSpec> synthetic_tensor_list(const ModelSpec& spec) {

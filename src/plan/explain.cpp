@@ -31,6 +31,10 @@ std::string dtype_short(DType d) {
     case DType::kBF16: return "bf16";
     case DType::kF16: return "f16";
     case DType::kF32: return "f32";
+    case DType::kF8E4M3: return "fp8";
+    case DType::kI32: return "i32";
+    case DType::kI8: return "i8";
+    case DType::kU8: return "u8";
   }
   return "?";
 }
@@ -313,7 +317,8 @@ std::string render_plan_text(const Plan& plan) {
       << ", vocab " << s.vocab_size << ", max_position_embeddings " << with_commas(s.max_position_embeddings) << "\n";
   out << "Weights: " << with_commas(plan.checkpoint_bytes) << " bytes = "
       << format_gb(static_cast<double>(plan.checkpoint_bytes)) << " = " << gib(static_cast<double>(plan.checkpoint_bytes))
-      << " (" << dtype_short(s.dtype) << ", exact tensor shapes)\n";
+      << " (" << (s.quant.enabled() ? s.quant.describe() + ", the rest " + dtype_short(s.dtype) : dtype_short(s.dtype))
+      << ", exact tensor shapes)\n";
   out << "KV cache: " << with_commas(kvpt) << " bytes per token = 2 × " << s.n_kv_heads << " KV heads × " << s.head_dim
       << " × " << kv_dtype_size(o.kv_cache_dtype, s.dtype) << " bytes × " << s.n_layers << " layers (kv-cache-dtype "
       << kv_dtype_name(o.kv_cache_dtype) << ")\n";

@@ -197,16 +197,20 @@ TEST(Safetensors, UnsupportedDtypesAreNamed) {
 
 TEST(Safetensors, QuantizedStorageDtypesAreRead) {
   // F8_E4M3 [4, 6] = 24 bytes, I32 [6] = 24 bytes, I8 / U8 [24] = 24 bytes.
-  for (const auto& [name, shape, dtype] :
-       {std::tuple{"F8_E4M3", "[4,6]", DType::kF8E4M3}, std::tuple{"I32", "[6]", DType::kI32},
-        std::tuple{"I8", "[24]", DType::kI8}, std::tuple{"U8", "[24]", DType::kU8}}) {
-    SafetensorsHeader h = parse(make_raw(
-        header_with(std::string(R"({"dtype":")") + name + R"(","shape":)" + shape + R"(,"data_offsets":[0,24]})"),
-        base_data(), 256));
-    EXPECT_TRUE(h.ok()) << name;
-    ASSERT_EQ(h.tensors.size(), 1u) << name;
-    EXPECT_TRUE(h.tensors[0].usable) << name;
-    EXPECT_EQ(h.tensors[0].dtype, dtype) << name;
+  struct Case {
+    std::string name, shape;
+    DType dtype;
+  };
+  const std::vector<Case> cases = {{"F8_E4M3", "[4,6]", DType::kF8E4M3}, {"I32", "[6]", DType::kI32},
+                                   {"I8", "[24]", DType::kI8}, {"U8", "[24]", DType::kU8}};
+  for (const Case& c : cases) {
+    const std::string entry = R"({"dtype":")" + c.name + R"(","shape":)" + c.shape + R"(,"data_offsets":[0,24]})";
+    const std::string header = header_with(entry);
+    SafetensorsHeader h = parse(make_raw(header, base_data(), 256));
+    EXPECT_TRUE(h.ok()) << c.name;
+    ASSERT_EQ(h.tensors.size(), 3u) << c.name;
+    EXPECT_TRUE(h.tensors[0].usable) << c.name;
+    EXPECT_EQ(h.tensors[0].dtype, c.dtype) << c.name;
   }
 }
 

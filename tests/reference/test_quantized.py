@@ -174,7 +174,7 @@ def main():
         v = run([a.cli, "verify", d], expect_rc=None)
         check(v.returncode == 0, f"{name}: shardlm verify exit {v.returncode}: {v.stdout}{v.stderr}")
         check("quantized" in v.stdout, f"{name}: verify does not say the checkpoint is quantized: {v.stdout}")
-        pj = json.loads(run([a.cli, "plan", d, "--gpus", "1xA100-80GB", "--json"]).stdout)
+        pj = json.loads(run([a.cli, "plan", d, "--gpus", "1xH100-80GB", "--json"]).stdout)
         check(pj["checkpoint"]["total_bytes"] == pj["model"]["weight_bytes"],
               f"{name}: plan counts {pj['model']['weight_bytes']} bytes, headers hold {pj['checkpoint']['total_bytes']}")
         g = run([a.cli, "generate", d, "--prompt-ids", "1,2,3", "--max-tokens", "2"], expect_rc=None)
