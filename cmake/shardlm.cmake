@@ -1,7 +1,10 @@
 # shardlm_layer(NAME DEPS...): a static library from src/NAME/*.cpp (and
 # subfolders), usable as shardlm::NAME. Headers are included as "NAME/file.h".
+# The subfolders cuda/ and nccl/ are left out: they are their own libraries,
+# built only with -DSHARDLM_CUDA=ON.
 function(shardlm_layer name)
   file(GLOB_RECURSE srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  list(FILTER srcs EXCLUDE REGEX "/src/[a-z_]+/(cuda|nccl)/")
   add_library(shardlm_${name} STATIC ${srcs})
   add_library(shardlm::${name} ALIAS shardlm_${name})
   target_include_directories(shardlm_${name} PUBLIC ${CMAKE_SOURCE_DIR}/src)

@@ -8,8 +8,8 @@ packages=(
   libpcre2-dev libutf8proc-dev libxxhash-dev
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev
-  python3 python3-numpy python3-jinja2
-  gnuplot-nox
+  python3 python3-numpy python3-jinja2 python3-jsonschema
+  gnuplot-nox curl
 )
 missing=()
 for p in "${packages[@]}"; do

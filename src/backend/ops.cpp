@@ -253,6 +253,9 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
     case DType::kF32: matmul_typed<DType::kF32>(x, n, w.data, m, k, y); break;
     case DType::kBF16: matmul_typed<DType::kBF16>(x, n, w.data, m, k, y); break;
     case DType::kF16: matmul_typed<DType::kF16>(x, n, w.data, m, k, y); break;
+    default:
+      fail(ErrorCode::kUnsupported, "matmul: no kernel for ", dtype_safetensors_name(w.dtype),
+           " weights without a quantization scheme");
   }
   if (bias) {
     SHARDLM_CHECK(bias->n == m, "bias has ", bias->n, " elements, matrix ", m, " rows");
@@ -381,6 +384,9 @@ void paged_attention(const float* q, const KvLayerView& cache, const AttentionSe
     case DType::kF32: attention_typed<DType::kF32>(q, cache, seqs, n_seqs, heads, out); break;
     case DType::kBF16: attention_typed<DType::kBF16>(q, cache, seqs, n_seqs, heads, out); break;
     case DType::kF16: attention_typed<DType::kF16>(q, cache, seqs, n_seqs, heads, out); break;
+    default:
+      fail(ErrorCode::kUnsupported, "paged_attention: no kernel for a ", dtype_safetensors_name(cache.dtype),
+           " KV cache");
   }
 }
 

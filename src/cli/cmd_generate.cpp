@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/default_model.h"
 #include "loader/generation_config.h"
 #include "cli/auto_layout_flag.h"
 #include "comm/mpi_comm.h"
@@ -106,7 +107,7 @@ int run_generate(const GenerateCliOptions& o) {
     fail(ErrorCode::kUnsupported, "--chat needs the chat template renderer, which this build does not have; ",
          "use --prompt with the rendered text or --prompt-ids");
 #endif
-  const std::filesystem::path dir(o.model);
+  const std::filesystem::path dir(resolve_model_dir(o.model, "generate"));
   const ModelSpec spec = load_model_config(dir / "config.json");
   // The tokenizer is needed for --prompt; with --prompt-ids it only turns the
   // output into text, when the directory has one.
@@ -213,7 +214,7 @@ int run_generate(const GenerateCliOptions& o) {
 void setup(CLI::App& app) {
   auto* sub = app.add_subcommand("generate", "Generate tokens for one prompt (ranks as threads; as processes under mpirun)");
   auto o = std::make_shared<GenerateCliOptions>();
-  sub->add_option("model", o->model, "Model directory (config.json + *.safetensors)")->required();
+  sub->add_option("model", o->model, "Model directory (config.json + *.safetensors); default: the demo model");
   sub->add_option("--prompt", o->prompt, "Prompt text (needs the tokenizer)");
   sub->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids: 1,2,3");
   sub->add_option("--chat", o->chat, "A user message, rendered with the chat template (needs the tokenizer)");

@@ -17,12 +17,15 @@ namespace {
 struct MakeModelOptions {
   SyntheticModelOptions synth;
   std::string out;
-  std::string dtype = "bf16";
+  std::string dtype;  // "": bf16, or f16 for awq/gptq (as AutoAWQ/AutoGPTQ checkpoints)
+  bool asym = false;
   bool tie = false;
   bool no_tie = false;
 };
 
 int run_make_model(MakeModelOptions& o) {
+  if (o.dtype.empty()) o.dtype = o.synth.quantize == "awq" || o.synth.quantize.rfind("gptq", 0) == 0 ? "f16" : "bf16";
+  o.synth.sym = !o.asym;
   if (!parse_dtype(o.dtype, &o.synth.dtype))
     fail(ErrorCode::kInvalidArgument, "--dtype \"", o.dtype, "\" is not supported; use bf16, f16 or f32");
   if (o.tie && o.no_tie) fail(ErrorCode::kInvalidArgument, "--tie and --no-tie contradict each other; give one");
@@ -37,6 +40,7 @@ int run_make_model(MakeModelOptions& o) {
               static_cast<long long>(s.hidden_size), static_cast<long long>(s.intermediate_size),
               static_cast<long long>(s.n_heads), static_cast<long long>(s.n_kv_heads), static_cast<long long>(s.head_dim),
               static_cast<long long>(s.vocab_size), s.tie_word_embeddings ? ", tied embeddings" : "");
+  if (s.quant.enabled()) std::printf("  quantized: %s (round to nearest of the seeded weights)\n", s.quant.describe().c_str());
   std::printf("  weights: %s, %llu bytes in %zu file(s), seed %llu\n", dtype_torch_name(s.dtype),
               static_cast<unsigned long long>(r.total_size), r.weight_files.size(),
               static_cast<unsigned long long>(o.synth.seed));
@@ -52,7 +56,13 @@ void setup(CLI::App& app) {
   sub->add_option("--like", o->synth.like, "Catalog model whose shapes to use (" + catalog_names() + ")")->required();
   sub->add_option("--out", o->out, "Output directory (created if missing)")->required();
   sub->add_option("--layers", o->synth.n_layers, "Decoder layers (0: the model's)")->capture_default_str();
-  sub->add_option("--dtype", o->dtype, "Weight dtype: bf16, f16 or f32")->capture_default_str();
+  sub->add_option("--dtype", o->dtype, "Weight dtype: bf16, f16 or f32 (default bf16; f16 with --quantize awq/gptq)");
+  sub->add_option("--quantize", o->synth.quantize,
+                  "Write a quantized checkpoint in the published layout: awq, gptq (4-bit), gptq-int8, fp8 (E4M3, blocks 128x128)");
+  sub->add_option("--group-size", o->synth.group_size, "AWQ/GPTQ group size (AWQ: 64 or 128; GPTQ: -1, 32, 64, 128)")
+      ->capture_default_str();
+  sub->add_flag("--desc-act", o->synth.desc_act, "GPTQ act-order: rows grouped by decreasing importance, g_idx records it");
+  sub->add_flag("--asym", o->asym, "GPTQ asymmetric (per-group zero points; default symmetric)");
   sub->add_option("--seed", o->synth.seed, "Seed of the weight generator")->capture_default_str();
   sub->add_option("--vocab", o->synth.vocab_size, "Vocabulary size (0: the model's; at least 259)");
   sub->add_option("--shards", o->synth.n_shards, "Number of safetensors files (>1 writes an index)")->capture_default_str();

@@ -72,6 +72,14 @@ ResolvedModel resolve_model(const std::string& model) {
   out.name = model;
   out.hf_repo = model;
   out.headers = read_checkpoint_headers(dir);
+  // Quantized checkpoints store their scales in F16, BF16 or F32: count what this one holds.
+  for (const TensorSpec& t : expected_tensors(out.spec)) {
+    if (t.part != QuantPart::kScales && t.part != QuantPart::kScaleInv) continue;
+    auto it = out.headers.tensors.find(t.name);
+    DType d;
+    if (it != out.headers.tensors.end() && parse_safetensors_dtype(it->second.dtype, &d)) out.spec.quant.scales_dtype = d;
+    break;
+  }
   if (out.headers.n_files > 0) check_headers_match_spec(out.headers, out.spec);
   return out;
 }

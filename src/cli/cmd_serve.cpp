@@ -9,6 +9,7 @@
 
 #include "cli/auto_layout_flag.h"
 #include "cli/command.h"
+#include "cli/default_model.h"
 #include "cli/serve_mpi.h"
 #include "core/error.h"
 #include "core/units.h"
@@ -41,7 +42,11 @@ struct ServeOptions {
   double shutdown_grace_s = 5.0;
 };
 
-int run_serve(const ServeOptions& o) {
+int run_serve(const ServeOptions& given) {
+  ServeOptions o = given;
+  const bool default_model = o.model.empty();
+  o.model = resolve_model_dir(o.model, "serve");
+  if (default_model && o.served_model_names.empty()) o.served_model_names.push_back(kDefaultModelName);
   const int tp = parse_tp_flag(o.tp);
   check_auto_alone(tp == kAutoDegree, o.pp, o.dp, !o.pp_layer_partition.empty());
   if (!std::filesystem::is_directory(o.model))
@@ -135,10 +140,10 @@ int run_serve(const ServeOptions& o) {
 void setup(CLI::App& app) {
   auto* sub = app.add_subcommand("serve", "Serve a model with an OpenAI-compatible HTTP API");
   auto o = std::make_shared<ServeOptions>();
-  sub->add_option("model", o->model, "Model directory (Hugging Face layout)")->required();
+  sub->add_option("model", o->model, "Model directory (Hugging Face layout); default: the demo model, served as 'shardlm-demo'");
   sub->add_option("--host", o->host, "Address to bind (loopback unless you say otherwise)")->capture_default_str();
   sub->add_option("--port", o->port, "Port")->capture_default_str()->check(CLI::Range(0, 65535));
-  sub->add_option("--served-model-name", o->served_model_names, "Name(s) clients use for the model (default: the path)");
+  sub->add_option("--served-model-name", o->served_model_names, "Name(s) clients use for the model (default: the path, or shardlm-demo for the demo model)");
   sub->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (also $SHARDLM_API_KEY)");
   sub->add_option("--max-model-len", o->max_model_len, "Context length (default: what the KV cache holds, capped by the model)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));

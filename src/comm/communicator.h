@@ -12,6 +12,9 @@
 #include <memory>
 #include <vector>
 
+#include "core/dtype.h"
+#include "core/tensor.h"
+
 namespace shardlm {
 
 class Communicator {
@@ -20,11 +23,22 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // data[i] = sum over ranks of data[i]; in place. [count] floats.
-  virtual void all_reduce_sum(float* data, size_t count) = 0;
+  // Buffers are the rank's device buffers (host memory for CPU ranks; device
+  // memory for a GPU communicator) of `dtype` elements: f32, bf16 or f16.
+  // data[i] = sum over ranks of data[i]; in place, [count] elements. Half
+  // types are summed in f32 and rounded once, in rank order, so every rank
+  // gets the same bits.
+  virtual void all_reduce_sum(void* data, size_t count, DType dtype) = 0;
   // out = concatenation over ranks r of in_r, where rank r contributes
-  // counts[r] floats (counts is the same on every rank). out: [sum(counts)].
-  virtual void all_gather(const float* in, float* out, const std::vector<size_t>& counts) = 0;
+  // counts[r] elements (counts is the same on every rank). out: [sum(counts)].
+  virtual void all_gather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) = 0;
+
+  void all_reduce_sum(float* data, size_t count) { all_reduce_sum(data, count, DType::kF32); }
+  void all_gather(const float* in, float* out, const std::vector<size_t>& counts) {
+    all_gather(in, out, counts, DType::kF32);
+  }
+  // A whole tensor, in place.
+  void all_reduce_sum(Tensor& t) { all_reduce_sum(t.data(), static_cast<size_t>(t.numel()), t.dtype()); }
   // Copies root's bytes to every rank.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void send(const void* data, size_t bytes, int dst) = 0;
@@ -50,8 +64,10 @@ class SoloComm final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  void all_reduce_sum(float*, size_t) override {}
-  void all_gather(const float* in, float* out, const std::vector<size_t>& counts) override;
+  using Communicator::all_gather;
+  using Communicator::all_reduce_sum;
+  void all_reduce_sum(void*, size_t, DType) override {}
+  void all_gather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) override;
   void broadcast(void*, size_t, int) override {}
   void send(const void*, size_t, int dst) override;
   void recv(void*, size_t, int src) override;

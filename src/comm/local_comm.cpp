@@ -106,37 +106,51 @@ std::vector<std::unique_ptr<LocalComm>> LocalComm::create_world(int n_ranks) {
 
 void LocalComm::barrier() { world_->barrier(); }
 
-void LocalComm::all_reduce_sum(float* data, size_t count) {
+void LocalComm::all_reduce_sum(void* data, size_t count, DType dtype) {
   const int n = world_->size();
   if (n == 1) return;
   world_->post(rank_, data);
   if (rank_ == 0) world_->scratch().assign(count, 0.0f);
   world_->barrier();
-  // Each rank reduces its slice of the array over all ranks, in rank order,
-  // so the result is identical on every rank and from run to run.
+  // Each rank reduces its slice of the array over all ranks, in rank order
+  // and in f32, so the result is identical on every rank and from run to run.
   const size_t chunk = (count + n - 1) / n;
   const size_t begin = std::min(count, chunk * rank_);
   const size_t end = std::min(count, begin + chunk);
   float* out = world_->scratch().data();
-  for (size_t i = begin; i < end; ++i) {
-    float sum = 0.0f;
-    for (int r = 0; r < n; ++r) sum += static_cast<const float*>(world_->posted(r))[i];
-    out[i] = sum;
+  if (dtype == DType::kF32) {
+    for (size_t i = begin; i < end; ++i) {
+      float sum = 0.0f;
+      for (int r = 0; r < n; ++r) sum += static_cast<const float*>(world_->posted(r))[i];
+      out[i] = sum;
+    }
+  } else {
+    for (size_t i = begin; i < end; ++i) {
+      float sum = 0.0f;
+      for (int r = 0; r < n; ++r) sum += load_as_f32(world_->posted(r), dtype, i);
+      out[i] = sum;
+    }
   }
   world_->barrier();
-  std::memcpy(data, out, count * sizeof(float));
+  if (dtype == DType::kF32) {
+    std::memcpy(data, out, count * sizeof(float));
+  } else {
+    for (size_t i = 0; i < count; ++i) store_from_f32(data, dtype, i, out[i]);
+  }
   world_->barrier();
 }
 
-void LocalComm::all_gather(const float* in, float* out, const std::vector<size_t>& counts) {
+void LocalComm::all_gather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) {
   const int n = world_->size();
   SHARDLM_CHECK(static_cast<int>(counts.size()) == n);
+  const size_t esize = dtype_size(dtype);
   world_->post(rank_, in);
   world_->barrier();
   size_t offset = 0;
   for (int r = 0; r < n; ++r) {
-    const float* src = static_cast<const float*>(world_->posted(r));
-    if (out + offset != src) std::memmove(out + offset, src, counts[r] * sizeof(float));
+    const void* src = world_->posted(r);
+    char* dst = static_cast<char*>(out) + offset * esize;
+    if (dst != src) std::memmove(dst, src, counts[r] * esize);
     offset += counts[r];
   }
   world_->barrier();

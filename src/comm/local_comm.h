@@ -18,8 +18,10 @@ class LocalComm final : public Communicator {
   ~LocalComm() override;
   int rank() const override { return rank_; }
   int size() const override;
-  void all_reduce_sum(float* data, size_t count) override;
-  void all_gather(const float* in, float* out, const std::vector<size_t>& counts) override;
+  using Communicator::all_gather;
+  using Communicator::all_reduce_sum;
+  void all_reduce_sum(void* data, size_t count, DType dtype) override;
+  void all_gather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) override;
   void broadcast(void* data, size_t bytes, int root) override;
   void send(const void* data, size_t bytes, int dst) override;
   void recv(void* data, size_t bytes, int src) override;

@@ -53,25 +53,40 @@ class MpiComm final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void all_reduce_sum(float* data, size_t count) override {
+  using Communicator::all_gather;
+  using Communicator::all_reduce_sum;
+
+  void all_reduce_sum(void* data, size_t count, DType dtype) override {
+    if (dtype != DType::kF32) {
+      // MPI has no half types: sum in f32 and round once (as LocalComm does).
+      std::vector<float> wide(count);
+      for (size_t i = 0; i < count; ++i) wide[i] = load_as_f32(data, dtype, i);
+      all_reduce_sum(wide.data(), count, DType::kF32);
+      for (size_t i = 0; i < count; ++i) store_from_f32(data, dtype, i, wide[i]);
+      return;
+    }
+    float* f = static_cast<float*>(data);
     for (size_t off = 0; off < count; off += kMaxPiece / sizeof(float)) {
       int n = static_cast<int>(std::min(count - off, kMaxPiece / sizeof(float)));
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce", rank_);
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, f + off, n, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce", rank_);
     }
   }
 
-  void all_gather(const float* in, float* out, const std::vector<size_t>& counts) override {
+  void all_gather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) override {
     SHARDLM_CHECK(static_cast<int>(counts.size()) == size_);
+    const size_t esize = dtype_size(dtype);
     std::vector<int> recv_counts(size_), displs(size_);
     size_t offset = 0;
     for (int r = 0; r < size_; ++r) {
-      SHARDLM_CHECK(counts[r] <= static_cast<size_t>(INT_MAX) && offset <= static_cast<size_t>(INT_MAX));
-      recv_counts[r] = static_cast<int>(counts[r]);
+      SHARDLM_CHECK(counts[r] * esize <= static_cast<size_t>(INT_MAX) && offset <= static_cast<size_t>(INT_MAX),
+                    "all_gather of more than 2 GiB");
+      recv_counts[r] = static_cast<int>(counts[r] * esize);
       displs[r] = static_cast<int>(offset);
-      offset += counts[r];
+      offset += counts[r] * esize;
     }
-    const void* send = in == out + displs[rank_] ? MPI_IN_PLACE : in;
-    check_mpi(MPI_Allgatherv(send, recv_counts[rank_], MPI_FLOAT, out, recv_counts.data(), displs.data(), MPI_FLOAT, comm_),
+    const void* send = in == static_cast<char*>(out) + displs[rank_] ? MPI_IN_PLACE : in;
+    check_mpi(MPI_Allgatherv(send, recv_counts[rank_], MPI_BYTE, out, recv_counts.data(), displs.data(), MPI_BYTE,
+                             comm_),
               "MPI_Allgatherv", rank_);
   }
 

@@ -5,9 +5,9 @@
 
 namespace shardlm {
 
-void SoloComm::all_gather(const float* in, float* out, const std::vector<size_t>& counts) {
+void SoloComm::all_gather(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) {
   SHARDLM_CHECK(counts.size() == 1);
-  if (in != out) std::memcpy(out, in, counts[0] * sizeof(float));
+  if (in != out) std::memcpy(out, in, counts[0] * dtype_size(dtype));
 }
 
 void SoloComm::send(const void*, size_t, int dst) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 
 namespace shardlm {
 
@@ -11,6 +12,10 @@ size_t dtype_size(DType dtype) {
     case DType::kF32: return 4;
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
+    case DType::kF8E4M3: return 1;
+    case DType::kI32: return 4;
+    case DType::kI8: return 1;
+    case DType::kU8: return 1;
   }
   return 0;
 }
@@ -20,6 +25,10 @@ const char* dtype_safetensors_name(DType dtype) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
+    case DType::kF8E4M3: return "F8_E4M3";
+    case DType::kI32: return "I32";
+    case DType::kI8: return "I8";
+    case DType::kU8: return "U8";
   }
   return "?";
 }
@@ -29,6 +38,10 @@ const char* dtype_torch_name(DType dtype) {
     case DType::kF32: return "float32";
     case DType::kF16: return "float16";
     case DType::kBF16: return "bfloat16";
+    case DType::kF8E4M3: return "float8_e4m3fn";
+    case DType::kI32: return "int32";
+    case DType::kI8: return "int8";
+    case DType::kU8: return "uint8";
   }
   return "?";
 }
@@ -46,6 +59,54 @@ bool parse_dtype(std::string_view text, DType* out) {
     return false;
   }
   return true;
+}
+
+bool parse_safetensors_dtype(std::string_view name, DType* out) {
+  constexpr DType kAll[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kI32, DType::kI8, DType::kU8};
+  for (DType d : kAll) {
+    if (name == dtype_safetensors_name(d)) {
+      *out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* supported_safetensors_dtypes() { return "F32, F16, BF16, F8_E4M3, I32, I8, U8"; }
+
+bool is_compute_dtype(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+}
+
+float f8e4m3_to_f32(uint8_t bits) {
+  const float sign = (bits & 0x80u) ? -1.0f : 1.0f;
+  const int exp = (bits >> 3) & 0xf;
+  const int mant = bits & 0x7;
+  if (exp == 0xf && mant == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(mant), -9);  // subnormal: mant/8 * 2^-6
+  return sign * std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
+}
+
+uint8_t f32_to_f8e4m3(float value) {
+  if (std::isnan(value)) return 0x7f;
+  const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
+  float a = std::fabs(value);
+  if (a >= 448.0f) return sign | 0x7e;  // saturate to the largest finite
+  // Values step by 2^(e-3) within binade e (e >= -6); below 2^-6 the step is 2^-9.
+  int e;
+  std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1): binade exponent e - 1
+  int binade = std::max(e - 1, -6);
+  const float step = std::ldexp(1.0f, binade - 3);
+  const float q = std::nearbyint(a / step);  // round half to even (default rounding mode)
+  float r = q * step;
+  if (r >= 448.0f) return sign | 0x7e;
+  if (r == 0.0f) return sign;
+  int re;
+  std::frexp(r, &re);
+  const int eb = re - 1;  // exponent of the rounded value (may have carried)
+  if (eb < -6) return sign | static_cast<uint8_t>(std::lround(r / std::ldexp(1.0f, -9)));  // subnormal
+  const int mant = static_cast<int>(std::lround((r / std::ldexp(1.0f, eb) - 1.0f) * 8.0f));
+  return sign | static_cast<uint8_t>(((eb + 7) << 3) | mant);
 }
 
 float f16_to_f32(uint16_t h) {

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "engine/batch_builder.h"
+#include "sampling/token_mask.h"
 
 namespace shardlm {
 
@@ -64,6 +65,9 @@ void Engine::validate(const EngineRequest& r) const {
     if (t < 0 || t >= vocab_size_)
       fail(ErrorCode::kInvalidArgument, "stop_token_ids contains ", t, ", outside the vocabulary [0, ",
            vocab_size_, ")");
+  if (r.grammar && r.grammar->vocabulary().size() > vocab_size_)
+    fail(ErrorCode::kInvalidArgument, "the grammar was compiled for ", r.grammar->vocabulary().size(),
+         " tokens but the model has ", vocab_size_);
   for (const auto& s : r.stop.stop) {
     if (s.empty()) fail(ErrorCode::kInvalidArgument, "stop strings must not be empty");
     if (!detokenizer_)
@@ -201,6 +205,7 @@ void Engine::add_request(Command&& cmd) {
     s->sampler = std::make_unique<Sampler>(params, r.prompt_token_ids, vocab_size_);
     if (detokenizer_) s->detok = detokenizer_->stream(r.prompt_token_ids, r.skip_special_tokens);
     s->stops = std::make_unique<StopStringMatcher>(r.stop.stop, r.stop.include_stop_str_in_output);
+    if (r.grammar) s->matcher = std::make_unique<grammar::GrammarMatcher>(r.grammar);
     sched_.add(s->id, r.prompt_token_ids, r.stop.max_tokens, lead);
     if (i == 0) lead = s->id;
     rs->seq_ids.push_back(s->id);
@@ -327,6 +332,48 @@ bool Engine::step_inner() {
   std::vector<int32_t> sampled(plan.seqs.size(), -1);
   std::vector<std::optional<TokenLogprobs>> logprobs(plan.seqs.size());
   std::vector<int32_t> banned;
+
+  // Structured output: the grammar bitmask of every constrained sequence
+  // of this step, filled in parallel (masks of states seen before are
+  // cached copies; new states walk the vocabulary).
+  struct MaskJob {
+    size_t k;
+    int64_t row;
+    SeqState* seq;
+  };
+  std::vector<MaskJob> jobs;
+  {
+    int64_t r = 0;
+    for (size_t k = 0; k < plan.seqs.size(); ++k) {
+      if (!plan.seqs[k].need_logits) continue;
+      auto live = seqs_.find(plan.seqs[k].seq_id);
+      if (live != seqs_.end() && live->second->matcher) jobs.push_back({k, r, live->second.get()});
+      ++r;
+    }
+  }
+  size_t n_words = 0;
+  std::vector<std::string> mask_errors(jobs.size());
+  if (!jobs.empty()) {
+    n_words = size_t(jobs[0].seq->matcher->grammar().vocabulary().n_mask_words());
+    for (const auto& j : jobs)
+      n_words = std::max(n_words, size_t(j.seq->matcher->grammar().vocabulary().n_mask_words()));
+    masks_.assign(jobs.size() * n_words, 0u);
+    const int64_t n_jobs = static_cast<int64_t>(jobs.size());
+#pragma omp parallel for schedule(dynamic) if (n_jobs > 1)
+    for (int64_t i = 0; i < n_jobs; ++i) {
+      auto& m = *jobs[size_t(i)].seq->matcher;
+      const size_t words = size_t(m.grammar().vocabulary().n_mask_words());
+      try {
+        if (!m.fill_next_token_bitmask(std::span<uint32_t>(masks_.data() + size_t(i) * n_words, words)))
+          mask_errors[size_t(i)] = "structured output: the grammar allows no token of this vocabulary here";
+      } catch (const std::exception& e) {
+        mask_errors[size_t(i)] = std::string("structured output: ") + e.what();
+      }
+    }
+  }
+  std::vector<std::string> failed_requests;
+  size_t next_job = 0;
+
   int64_t row = 0;
   for (size_t k = 0; k < plan.seqs.size(); ++k) {
     if (!plan.seqs[k].need_logits) continue;
@@ -337,12 +384,23 @@ bool Engine::step_inner() {
     }
     SeqState& seq = *live->second;
     const EngineRequest& r = seq.request->request;
+    float* row_logits = logits_.data() + row * vocab_size_;
+    if (seq.matcher) {
+      const size_t j = next_job++;
+      SHARDLM_CHECK(j < jobs.size() && jobs[j].k == k);
+      if (!mask_errors[j].empty()) {
+        failed_requests.push_back(r.request_id + "\n" + mask_errors[j]);
+        ++row;
+        continue;
+      }
+      apply_token_bitmask(std::span<float>(row_logits, size_t(vocab_size_)),
+                          std::span<const uint32_t>(masks_.data() + j * n_words, n_words));
+    }
     banned.clear();
-    if (static_cast<int32_t>(seq.output_ids.size()) < r.stop.min_tokens) {
+    if (static_cast<int32_t>(seq.output_ids.size()) < r.stop.min_tokens && !seq.matcher) {
       banned = r.stop.stop_token_ids;
       if (!r.stop.ignore_eos) banned.insert(banned.end(), config_.eos_token_ids.begin(), config_.eos_token_ids.end());
     }
-    float* row_logits = logits_.data() + row * vocab_size_;
     for (int32_t t : banned) row_logits[t] = -std::numeric_limits<float>::infinity();
     SampleResult res = seq.sampler->sample(std::span<const float>(row_logits, size_t(vocab_size_)));
     sampled[k] = res.token;
@@ -359,13 +417,24 @@ bool Engine::step_inner() {
   }
   SHARDLM_CHECK(row == n_logits);
 
+  // A constrained sequence whose mask failed still needs a token for the
+  // commit; its request is aborted right after.
+  for (size_t k = 0; k < plan.seqs.size(); ++k)
+    if (plan.seqs[k].need_logits && sampled[k] < 0 && seqs_.count(plan.seqs[k].seq_id)) sampled[k] = 0;
   sched_.commit(plan, sampled);
   const auto now = Clock::now();
+  std::unordered_set<std::string> failing;
+  for (const auto& f : failed_requests) failing.insert(f.substr(0, f.find('\n')));
   for (size_t k = 0; k < plan.seqs.size(); ++k) {
     if (sampled[k] < 0) continue;
     auto it = seqs_.find(plan.seqs[k].seq_id);
     if (it == seqs_.end()) continue;  // its request finished earlier in this loop
+    if (failing.count(it->second->request->request.request_id)) continue;
     process_token(*it->second, sampled[k], std::move(logprobs[k]), now);
+  }
+  for (const auto& f : failed_requests) {
+    const size_t cut = f.find('\n');
+    abort_request(f.substr(0, cut), f.substr(cut + 1));
   }
   metrics_.update([&](MetricsSnapshot& m) { m.num_preemptions_total = sched_.stats().n_preemptions; });
   update_gauges();
@@ -398,9 +467,20 @@ void Engine::process_token(SeqState& seq, int32_t token, std::optional<TokenLogp
     if (has_prev) m.inter_token_latency_seconds.observe(itl);
   });
 
-  const bool past_min = n_out >= r.stop.min_tokens;
-  const bool is_eos = !r.stop.ignore_eos && std::count(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), token);
+  bool past_min = n_out >= r.stop.min_tokens;
+  bool is_eos = !r.stop.ignore_eos && std::count(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), token);
   const bool is_stop_token = std::count(r.stop.stop_token_ids.begin(), r.stop.stop_token_ids.end(), token) > 0;
+  bool grammar_done = false;
+  if (seq.matcher) {
+    // The mask allowed only what the grammar accepts, so this cannot fail
+    // unless a bug let another token through.
+    SHARDLM_CHECK(seq.matcher->accept_token(token), "sampled token ", token, " is not allowed by the grammar");
+    past_min = true;  // the grammar decides where the output ends
+    if (seq.matcher->is_terminated()) {
+      grammar_done = true;
+      is_eos = is_eos || seq.matcher->grammar().vocabulary().is_stop(token);
+    }
+  }
   if (past_min && (is_eos || is_stop_token)) {
     // The stop token ends the text without adding to it (vLLM).
     out.finish_reason = FinishReason::kStop;
@@ -412,6 +492,7 @@ void Engine::process_token(SeqState& seq, int32_t token, std::optional<TokenLogp
       out.stop_string = seq.stops->matched();
     }
   }
+  if (!out.finished() && grammar_done) out.finish_reason = FinishReason::kStop;  // the grammar is complete
   if (!out.finished() && n_out >= r.stop.max_tokens) out.finish_reason = FinishReason::kLength;
   if (out.finished() && !seq.stops->stopped() && seq.detok) {
     out.text_delta += seq.stops->push(seq.detok->flush(), false);

@@ -93,6 +93,7 @@ class Engine {
     std::vector<int32_t> output_ids;
     std::unique_ptr<DetokenizerStream> detok;
     std::unique_ptr<StopStringMatcher> stops;
+    std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, else null
     Clock::time_point last_token_time;
     bool finished = false;
   };
@@ -140,6 +141,7 @@ class Engine {
   std::unordered_map<SeqId, std::unique_ptr<SeqState>> seqs_;
   SeqId next_seq_id_ = 1;
   std::vector<float> logits_;  // [n_logits, vocab]
+  std::vector<uint32_t> masks_;  // [n_logits, n_mask_words]: grammar bitmasks of this step
   std::deque<StepPlan> in_flight_;  // submitted to the executor, oldest first
   int max_in_flight_ = 1;
 

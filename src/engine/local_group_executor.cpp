@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "backend/ops.h"
+#include "backend/backend.h"
 #include "comm/local_comm.h"
 #include "core/error.h"
 #include "model/causal_lm.h"
@@ -60,11 +60,11 @@ void LocalGroupExecutor::run_rank(int rank) {
   const Layout& layout = options_.layout;
   try {
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    backend::set_num_threads(options_.n_threads_per_rank > 0 ? options_.n_threads_per_rank
-                                                            : std::max(1, int(hw) / n_ranks_));
+    auto rank_backend = backend::make_backend(
+        {Device{}, options_.n_threads_per_rank > 0 ? options_.n_threads_per_rank : std::max(1, int(hw) / n_ranks_)});
     RankComms comms = split_rank_comms(comm, layout);
     const int tp_rank = rank % layout.tp, pp_rank = rank / layout.tp;
-    auto model = CausalLM::load(spec_, weights_, layout, tp_rank, pp_rank, *comms.tp, *comms.pp);
+    auto model = CausalLM::load(spec_, weights_, layout, tp_rank, pp_rank, *comms.tp, *comms.pp, rank_backend);
     KvCache cache = model->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype);
     {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -5,7 +5,7 @@
 #include <string>
 #include <thread>
 
-#include "backend/ops.h"
+#include "backend/backend.h"
 #include "core/error.h"
 #include "loader/model_spec.h"
 #include "model/generate.h"
@@ -111,13 +111,13 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
     comms_ = split_rank_comms(*replica_, replica_layout);
     const int tp_rank = replica_->rank() % layout.tp, pp_rank = replica_->rank() / layout.tp;
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    backend::set_num_threads(options.n_threads_per_rank > 0
-                                 ? options.n_threads_per_rank
-                                 : std::max(1, static_cast<int>(hw) / local_ranks(replica_->size())));
+    auto rank_backend = backend::make_backend(
+        {Device{}, options.n_threads_per_rank > 0 ? options.n_threads_per_rank
+                                                  : std::max(1, static_cast<int>(hw) / local_ranks(replica_->size()))});
     if (const char* s = std::getenv("SHARDLM_TEST_FAIL_RANK"); s && std::atoi(s) == world.rank())
       fail(ErrorCode::kInternal, "SHARDLM_TEST_FAIL_RANK=", s, ": this rank fails its load on purpose");
     model_ = CausalLM::load(spec, open_checkpoint(options.model_dir), replica_layout, tp_rank, pp_rank, *comms_.tp,
-                            *comms_.pp);
+                            *comms_.pp, std::move(rank_backend));
     cache_ = model_->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype);
     RankBytes mine;
     mine.world_rank = world.rank();

@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "grammar/compiled_grammar.h"
 #include "sampling/sampler.h"
 #include "sampling/sampling_params.h"
 
@@ -30,6 +32,12 @@ struct EngineRequest {
   StopOptions stop;
   int32_t n = 1;                             // sequences sharing this prompt (its cached KV blocks)
   bool skip_special_tokens = true;           // passed to the detokenizer
+  // Structured output: each sequence's tokens are constrained to this
+  // grammar (compiled for this model's vocabulary; its stop ids are the EOS
+  // tokens). The sequence finishes "stop" as soon as the grammar is complete
+  // and nothing may follow, or with EOS where it is complete; min_tokens
+  // does not delay that end.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // Log-probabilities of one generated token under the raw model distribution

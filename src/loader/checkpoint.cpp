@@ -310,14 +310,67 @@ std::vector<Problem> validate_against_spec(const Checkpoint& checkpoint, const M
                              "that came with these weights (or download the model again)";
 
   const std::vector<TensorSpec> expected = expected_tensors(spec);
+  const std::vector<std::string> names = checkpoint.tensor_names();
+  // Quantized storage under a config.json that does not say how to read it:
+  // say so first, rather than only that the plain weights are missing.
+  if (!spec.quant.enabled()) {
+    for (const std::string& name : names) {
+      const TensorView* view = checkpoint.find(name);
+      const bool quant_name = ends_with(name, ".qweight") || ends_with(name, ".qzeros") || ends_with(name, ".g_idx") ||
+                              ends_with(name, ".weight_scale_inv") || ends_with(name, ".weight_scale");
+      if (!quant_name && is_compute_dtype(view->dtype)) continue;
+      out.push_back(make_problem(
+          Severity::kError, ErrorCode::kUnsupported, checkpoint.file_of(name)->name(), name,
+          str_cat("tensor ", name, " (", dtype_safetensors_name(view->dtype), " ", shape_string(view->shape),
+                  ") is quantized storage, but config.json has no quantization_config saying how to read it"),
+          "use the config.json that came with these weights (AWQ, GPTQ and FP8 checkpoints carry a "
+          "quantization_config; older GPTQ ones a quantize_config.json)"));
+      break;
+    }
+  }
   std::unordered_set<std::string> expected_names;
+  std::unordered_set<std::string> own_dtype;  // tensors whose dtype the quantization fixes
   std::vector<const TensorSpec*> missing;
   for (const TensorSpec& t : expected) {
     expected_names.insert(t.name);
+    if (!t.dtypes.empty()) own_dtype.insert(t.name);
     const TensorView* view = checkpoint.find(t.name);
     if (view == nullptr) {
       // Named but unusable (truncated, bad dtype): its file's problem already says so.
       if (!t.optional && !checkpoint.names(t.name)) missing.push_back(&t);
+      continue;
+    }
+    if (t.part != QuantPart::kNone) {
+      const bool shape_ok = view->shape == t.shape ||
+                            std::find(t.other_shapes.begin(), t.other_shapes.end(), view->shape) != t.other_shapes.end();
+      if (!shape_ok) {
+        std::string accepted = shape_string(t.shape);
+        for (const auto& o : t.other_shapes) accepted += " or " + shape_string(o);
+        out.push_back(make_problem(
+            Severity::kError, ErrorCode::kInvalidArgument, checkpoint.file_of(t.name)->name(), t.name,
+            str_cat("tensor ", t.name, " has shape ", shape_string(view->shape), ", but ", spec.quant.source, " (",
+                    spec.quant.describe(), ") stores the [", t.out_features, ", ", t.in_features, "] Linear ",
+                    t.module, " with ", quant_part_name(t.part), " ", accepted),
+            fix_mismatch));
+      }
+      if (std::find(t.dtypes.begin(), t.dtypes.end(), view->dtype) == t.dtypes.end()) {
+        std::string accepted;
+        for (DType d : t.dtypes) accepted += (accepted.empty() ? "" : " or ") + std::string(dtype_safetensors_name(d));
+        out.push_back(make_problem(
+            Severity::kError, ErrorCode::kUnsupported, checkpoint.file_of(t.name)->name(), t.name,
+            str_cat("tensor ", t.name, " is ", dtype_safetensors_name(view->dtype), ", but ",
+                    quant_method_name(spec.quant.method), " stores ", quant_part_name(t.part), " as ", accepted),
+            fix_mismatch));
+      }
+      continue;
+    }
+    if (spec.quant.enabled() && !is_compute_dtype(view->dtype)) {
+      out.push_back(make_problem(
+          Severity::kError, ErrorCode::kUnsupported, checkpoint.file_of(t.name)->name(), t.name,
+          str_cat("tensor ", t.name, " is ", dtype_safetensors_name(view->dtype), ", but ", spec.quant.source, " (",
+                  spec.quant.describe(), ") leaves it unquantized: expected ", dtype_safetensors_name(spec.dtype),
+                  " (torch_dtype)"),
+          fix_mismatch));
       continue;
     }
     if (view->shape != t.shape) {
@@ -346,9 +399,8 @@ std::vector<Problem> validate_against_spec(const Checkpoint& checkpoint, const M
 
   std::vector<std::string> extra;
   std::map<DType, size_t> n_by_dtype;
-  const std::vector<std::string> names = checkpoint.tensor_names();
   for (const std::string& name : names) {
-    if (ignorable_extra(name)) continue;
+    if (ignorable_extra(name) || own_dtype.count(name)) continue;
     n_by_dtype[checkpoint.find(name)->dtype]++;
     if (!expected_names.count(name)) extra.push_back(name);
   }
@@ -379,7 +431,7 @@ std::vector<Problem> validate_against_spec(const Checkpoint& checkpoint, const M
     size_t n_listed = 0, n_odd = 0;
     for (const std::string& name : names) {
       const TensorView* view = checkpoint.find(name);
-      if (view->dtype == main_dtype || ignorable_extra(name)) continue;
+      if (view->dtype == main_dtype || ignorable_extra(name) || own_dtype.count(name)) continue;
       ++n_odd;
       if (n_listed++ >= kListedPerKind) continue;
       out.push_back(make_problem(

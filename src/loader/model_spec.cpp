@@ -210,6 +210,11 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
   if (!parse_dtype(dtype_text, &spec.dtype))
     fail(ErrorCode::kUnsupported, source, ": torch_dtype \"", dtype_text, "\" is not supported (bfloat16, float16, float32)");
 
+  if (auto q = config.find("quantization_config"); q != config.end() && !q->is_null()) {
+    spec.quant = parse_quantization_config(*q, source + " quantization_config", false);
+    check_quantized_shapes(spec, source);
+  }
+
   spec.bos_token_id = optional_int(config, "bos_token_id", -1, source);
   if (auto eos = config.find("eos_token_id"); eos != config.end() && !eos->is_null()) {
     if (eos->is_number_integer()) {
@@ -234,6 +239,22 @@ ModelSpec load_model_config(const std::filesystem::path& config_json) {
     config = json::parse(in);
   } catch (const json::parse_error& e) {
     fail(ErrorCode::kCorruptFile, config_json.string(), ": not valid JSON: ", e.what());
+  }
+  // Older GPTQ checkpoints keep their settings beside config.json.
+  const std::filesystem::path separate = config_json.parent_path() / "quantize_config.json";
+  std::error_code ec;
+  if (!config.contains("quantization_config") && std::filesystem::is_regular_file(separate, ec)) {
+    std::ifstream qin(separate);
+    json q;
+    try {
+      q = json::parse(qin);
+    } catch (const json::parse_error& e) {
+      fail(ErrorCode::kCorruptFile, separate.string(), ": not valid JSON: ", e.what());
+    }
+    ModelSpec spec = parse_model_config(config, config_json.string());
+    spec.quant = parse_quantization_config(q, separate.string(), true);
+    check_quantized_shapes(spec, separate.string());
+    return spec;
   }
   return parse_model_config(config, config_json.string());
 }
@@ -277,6 +298,7 @@ json model_config_json(const ModelSpec& spec) {
     c["mlp_only_layers"] = spec.mlp_only_layers;
   }
   c["torch_dtype"] = dtype_torch_name(spec.dtype);
+  if (spec.quant.enabled()) c["quantization_config"] = quantization_config_json(spec.quant);
   if (spec.bos_token_id >= 0) c["bos_token_id"] = spec.bos_token_id;
   if (spec.eos_token_ids.size() == 1) c["eos_token_id"] = spec.eos_token_ids[0];
   else if (!spec.eos_token_ids.empty()) c["eos_token_id"] = spec.eos_token_ids;
@@ -310,6 +332,101 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return out.str();
 }
 
+const char* quant_part_name(QuantPart part) {
+  switch (part) {
+    case QuantPart::kNone: return "weight";
+    case QuantPart::kQWeight: return "qweight";
+    case QuantPart::kQZeros: return "qzeros";
+    case QuantPart::kScales: return "scales";
+    case QuantPart::kGIdx: return "g_idx";
+    case QuantPart::kFp8Weight: return "weight";
+    case QuantPart::kScaleInv: return "weight_scale_inv";
+  }
+  return "?";
+}
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The tensors of one Linear [n_out, n_in] named `module`, as the spec's
+// quantization stores it (loader/quant_config.h).
+void add_linear(const ModelSpec& s, const std::string& module, int64_t n_out, int64_t n_in, int64_t layer,
+                std::vector<TensorSpec>* out) {
+  const QuantConfig& q = s.quant;
+  if (!q.quantizes(module)) {
+    out->push_back({module + ".weight", {n_out, n_in}, false, layer});
+    return;
+  }
+  auto part = [&](QuantPart p, std::vector<int64_t> shape, std::vector<DType> dtypes) {
+    TensorSpec t{module + "." + quant_part_name(p), std::move(shape), false, layer};
+    t.dtypes = std::move(dtypes);
+    t.part = p;
+    t.module = module;
+    t.out_features = n_out;
+    t.in_features = n_in;
+    out->push_back(std::move(t));
+    return &out->back();
+  };
+  const int64_t pf = q.pack_factor();
+  // Accepted scale dtypes, the one this checkpoint uses first (plan counts it).
+  const DType other = q.scales_dtype == DType::kF16 || q.scales_dtype == DType::kBF16
+                          ? (q.scales_dtype == DType::kF16 ? DType::kBF16 : DType::kF16)
+                          : DType::kBF16;
+  std::vector<DType> scale_dtypes = {q.scales_dtype, other};
+  if (q.method == QuantMethod::kFp8) {
+    scale_dtypes = {q.scales_dtype, q.scales_dtype == DType::kF32 ? DType::kBF16 : DType::kF32};
+  }
+  switch (q.method) {
+    case QuantMethod::kAwq:
+      part(QuantPart::kQWeight, {n_in, n_out / pf}, {DType::kI32});
+      part(QuantPart::kQZeros, {q.n_groups(n_in), n_out / pf}, {DType::kI32});
+      part(QuantPart::kScales, {q.n_groups(n_in), n_out}, scale_dtypes);
+      break;
+    case QuantMethod::kGptq:
+      part(QuantPart::kQWeight, {n_in / pf, n_out}, {DType::kI32});
+      part(QuantPart::kQZeros, {q.n_groups(n_in), n_out / pf}, {DType::kI32});
+      part(QuantPart::kScales, {q.n_groups(n_in), n_out}, scale_dtypes);
+      part(QuantPart::kGIdx, {n_in}, {DType::kI32});
+      break;
+    case QuantMethod::kFp8: {
+      part(QuantPart::kFp8Weight, {n_out, n_in}, {DType::kF8E4M3});
+      if (q.weight_block_size.empty()) {
+        TensorSpec* t = part(QuantPart::kScaleInv, {}, scale_dtypes);
+        t->other_shapes = {{1}, {n_out}, {n_out, 1}};
+      } else {
+        part(QuantPart::kScaleInv, {ceil_div(n_out, q.weight_block_size[0]), ceil_div(n_in, q.weight_block_size[1])},
+             scale_dtypes);
+      }
+      break;
+    }
+    case QuantMethod::kNone: break;
+  }
+}
+
+}  // namespace
+
+void check_quantized_shapes(const ModelSpec& spec, const std::string& source) {
+  const QuantConfig& q = spec.quant;
+  if (q.method != QuantMethod::kAwq && q.method != QuantMethod::kGptq) return;
+  for (const TensorSpec& t : expected_tensors(spec)) {
+    if (t.part != QuantPart::kQWeight) continue;
+    const int64_t pf = q.pack_factor();
+    const bool awq = q.method == QuantMethod::kAwq;
+    // AWQ packs output channels; GPTQ packs input rows (qweight) and output channels (qzeros).
+    if (t.out_features % pf != 0)
+      fail(ErrorCode::kUnsupported, source, ": ", t.module, " has ", t.out_features, " output features, not a multiple of ",
+           pf, " (the ", q.bits, "-bit values per int32 word of quantization_config bits=", q.bits, ")");
+    if (!awq && t.in_features % pf != 0)
+      fail(ErrorCode::kUnsupported, source, ": ", t.module, " has ", t.in_features, " input features, not a multiple of ",
+           pf, " (the ", q.bits, "-bit values per int32 word of quantization_config bits=", q.bits, ")");
+    if (q.group_size > 0 && t.in_features % q.group_size != 0)
+      fail(ErrorCode::kUnsupported, source, ": ", t.module, " has ", t.in_features,
+           " input features, not a multiple of quantization_config group_size=", q.group_size,
+           " (shardlm needs whole groups)");
+  }
+}
+
 std::vector<TensorSpec> expected_tensors(const ModelSpec& s) {
   std::vector<TensorSpec> out;
   const int64_t h = s.hidden_size;
@@ -317,10 +434,11 @@ std::vector<TensorSpec> expected_tensors(const ModelSpec& s) {
   for (int64_t l = 0; l < s.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto add = [&](const std::string& name, std::vector<int64_t> shape) { out.push_back({p + name, std::move(shape), false, l}); };
+    auto linear = [&](const std::string& module, int64_t n_out, int64_t n_in) { add_linear(s, p + module, n_out, n_in, l, &out); };
     add("input_layernorm.weight", {h});
-    add("self_attn.q_proj.weight", {s.q_dim(), h});
-    add("self_attn.k_proj.weight", {s.kv_dim(), h});
-    add("self_attn.v_proj.weight", {s.kv_dim(), h});
+    linear("self_attn.q_proj", s.q_dim(), h);
+    linear("self_attn.k_proj", s.kv_dim(), h);
+    linear("self_attn.v_proj", s.kv_dim(), h);
     if (s.qkv_bias) {
       add("self_attn.q_proj.bias", {s.q_dim()});
       add("self_attn.k_proj.bias", {s.kv_dim()});
@@ -330,28 +448,28 @@ std::vector<TensorSpec> expected_tensors(const ModelSpec& s) {
       add("self_attn.q_norm.weight", {s.head_dim});
       add("self_attn.k_norm.weight", {s.head_dim});
     }
-    add("self_attn.o_proj.weight", {h, s.q_dim()});
+    linear("self_attn.o_proj", h, s.q_dim());
     add("post_attention_layernorm.weight", {h});
     if (s.family == Family::kMixtral && s.is_moe_layer(l)) {
       add("block_sparse_moe.gate.weight", {s.n_experts, h});
       for (int64_t e = 0; e < s.n_experts; ++e) {
         const std::string ep = "block_sparse_moe.experts." + std::to_string(e) + ".";
-        add(ep + "w1.weight", {s.moe_intermediate_size, h});
-        add(ep + "w2.weight", {h, s.moe_intermediate_size});
-        add(ep + "w3.weight", {s.moe_intermediate_size, h});
+        linear(ep + "w1", s.moe_intermediate_size, h);
+        linear(ep + "w2", h, s.moe_intermediate_size);
+        linear(ep + "w3", s.moe_intermediate_size, h);
       }
     } else if (s.family == Family::kQwen3Moe && s.is_moe_layer(l)) {
       add("mlp.gate.weight", {s.n_experts, h});
       for (int64_t e = 0; e < s.n_experts; ++e) {
         const std::string ep = "mlp.experts." + std::to_string(e) + ".";
-        add(ep + "gate_proj.weight", {s.moe_intermediate_size, h});
-        add(ep + "up_proj.weight", {s.moe_intermediate_size, h});
-        add(ep + "down_proj.weight", {h, s.moe_intermediate_size});
+        linear(ep + "gate_proj", s.moe_intermediate_size, h);
+        linear(ep + "up_proj", s.moe_intermediate_size, h);
+        linear(ep + "down_proj", h, s.moe_intermediate_size);
       }
     } else {
-      add("mlp.gate_proj.weight", {s.intermediate_size, h});
-      add("mlp.up_proj.weight", {s.intermediate_size, h});
-      add("mlp.down_proj.weight", {h, s.intermediate_size});
+      linear("mlp.gate_proj", s.intermediate_size, h);
+      linear("mlp.up_proj", s.intermediate_size, h);
+      linear("mlp.down_proj", h, s.intermediate_size);
     }
   }
   out.push_back({"model.norm.weight", {h}, false, -1});

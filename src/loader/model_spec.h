@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/dtype.h"
+#include "loader/quant_config.h"
 
 namespace shardlm {
 
@@ -61,7 +62,8 @@ struct ModelSpec {
   // not in mlp_only_layers; other layers carry a dense MLP of intermediate_size.
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
-  DType dtype = DType::kBF16;  // torch_dtype
+  DType dtype = DType::kBF16;  // torch_dtype: unquantized tensors (and activations)
+  QuantConfig quant;           // quantization_config (method kNone when absent)
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
 
@@ -86,18 +88,48 @@ ModelSpec load_model_config(const std::filesystem::path& config_json);
 // The config.json object for a spec (what make-model writes).
 nlohmann::json model_config_json(const ModelSpec& spec);
 
+// The role of a tensor that stores part of a quantized Linear.
+enum class QuantPart {
+  kNone,      // an ordinary tensor in the checkpoint dtype
+  kQWeight,   // awq/gptq packed int32 weights
+  kQZeros,    // awq/gptq packed int32 zero points
+  kScales,    // awq/gptq scales per (group, output channel)
+  kGIdx,      // gptq group of each input row
+  kFp8Weight, // fp8 E4M3 weights [out, in]
+  kScaleInv,  // fp8 dequantization multipliers
+};
+const char* quant_part_name(QuantPart part);  // "qweight", "qzeros", "scales", "g_idx", "weight", "weight_scale_inv"
+
 // One tensor of a Hugging Face checkpoint, by its HF name.
 struct TensorSpec {
+  TensorSpec() = default;
+  TensorSpec(std::string name_, std::vector<int64_t> shape_, bool optional_ = false, int64_t layer_ = -1)
+      : name(std::move(name_)), shape(std::move(shape_)), optional(optional_), layer(layer_) {}
+
   std::string name;            // "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;  // row-major, PyTorch's [out_features, in_features] for Linear
   bool optional = false;       // may be absent (lm_head.weight of a tied model)
   int64_t layer = -1;          // decoder layer index, -1 for embed/norm/lm_head
+  // Quantized storage (see loader/quant_config.h for the layouts). Empty
+  // dtypes: the checkpoint's own dtype, shared by all such tensors.
+  std::vector<DType> dtypes;                       // accepted storage dtypes, first = what make-model writes
+  std::vector<std::vector<int64_t>> other_shapes;  // also accepted (fp8 per-tensor / per-channel scales)
+  QuantPart part = QuantPart::kNone;
+  std::string module;        // quantized parts: "model.layers.0.self_attn.q_proj"
+  int64_t out_features = 0;  // quantized parts: the logical Linear is [out_features, in_features]
+  int64_t in_features = 0;
 };
 
 // Every tensor a checkpoint of this spec holds, in a stable order. For a tied
 // model lm_head.weight is listed as optional (Qwen3-0.6B ships one anyway).
 // MoE families list their expert tensors so plan can count them exactly.
 std::vector<TensorSpec> expected_tensors(const ModelSpec& spec);
+
+// Refuses a quantized spec whose Linear dimensions the layout cannot hold
+// (in_features not a multiple of group_size or of the pack factor, ...),
+// naming the tensor, the dimension and the quantization_config field.
+// parse_model_config calls it.
+void check_quantized_shapes(const ModelSpec& spec, const std::string& source);
 
 // Elements of a shape (product of dims; 1 for a scalar).
 int64_t shape_numel(const std::vector<int64_t>& shape);

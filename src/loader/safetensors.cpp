@@ -36,9 +36,8 @@ const FormatDType* find_format_dtype(std::string_view name) {
 }
 
 std::optional<DType> supported_dtype(std::string_view name) {
-  if (name == "F32") return DType::kF32;
-  if (name == "F16") return DType::kF16;
-  if (name == "BF16") return DType::kBF16;
+  DType d;
+  if (parse_safetensors_dtype(name, &d)) return d;
   return std::nullopt;
 }
 
@@ -136,8 +135,8 @@ bool parse_entry(const std::string& name, const json& value, Collector& problems
       if (find_format_dtype(entry->dtype_name) != nullptr) {
         problems.error(ErrorCode::kUnsupported, name,
                        str_cat("tensor ", name, " has dtype ", entry->dtype_name,
-                               ", which shardlm does not support (supported: F32, F16, BF16)"),
-                       "use a bf16, f16 or f32 checkpoint of this model (quantized checkpoints are not supported)");
+                               ", which shardlm does not support (supported: ", supported_safetensors_dtypes(), ")"),
+                       "use a bf16, f16 or f32 checkpoint of this model, or one quantized with AWQ, GPTQ or FP8");
       } else {
         problems.error(ErrorCode::kCorruptFile, name,
                        str_cat("tensor ", name, " has dtype ", json_excerpt(*dtype_it),

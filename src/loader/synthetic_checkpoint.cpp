@@ -3,6 +3,8 @@
 #include <cmath>
 #include <algorithm>
 #include <climits>
+#include <cstring>
+#include <map>
 #include <fstream>
 #include <thread>
 
@@ -10,6 +12,7 @@
 
 #include "core/error.h"
 #include "loader/model_catalog.h"
+#include "loader/quant_pack.h"
 #include "loader/safetensors_writer.h"
 #include "loader/synthetic_tokenizer.h"
 
@@ -106,13 +109,44 @@ ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
     fail(ErrorCode::kInvalidArgument, "--head-dim must be even (rotary embeddings rotate pairs), found ", spec.head_dim);
   if (o.tie_word_embeddings) spec.tie_word_embeddings = *o.tie_word_embeddings;
   spec.dtype = o.dtype;
+  spec.quant = synthetic_quant_config(o);
   if (o.n_shards < 1) fail(ErrorCode::kInvalidArgument, "--shards must be at least 1, found ", o.n_shards);
 
   const SyntheticTokenizer tok = build_synthetic_tokenizer(spec.vocab_size);  // throws if --vocab < 259
   spec.bos_token_id = tok.endoftext_id;
   spec.eos_token_ids = {tok.im_end_id};
   // Round trip through the strict parser: whatever we write must load.
-  return parse_model_config(model_config_json(spec), "make-model config.json");
+  ModelSpec parsed = parse_model_config(model_config_json(spec), "make-model config.json");
+  parsed.quant.scales_dtype = spec.quant.scales_dtype;
+  return parsed;
+}
+
+QuantConfig synthetic_quant_config(const SyntheticModelOptions& o) {
+  QuantConfig q;
+  if (o.quantize.empty()) {
+    if (o.desc_act || !o.sym) fail(ErrorCode::kInvalidArgument, "--desc-act and --asym need --quantize gptq or gptq-int8");
+    return q;
+  }
+  json c;
+  if (o.quantize == "awq") {
+    if (o.desc_act || !o.sym) fail(ErrorCode::kInvalidArgument, "--desc-act and --asym apply to GPTQ; AWQ has zero points and no act-order");
+    c = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", o.group_size}, {"zero_point", true}, {"version", "gemm"}};
+  } else if (o.quantize == "gptq" || o.quantize == "gptq-int8") {
+    c = {{"quant_method", "gptq"}, {"bits", o.quantize == "gptq" ? 4 : 8}, {"group_size", o.group_size},
+         {"desc_act", o.desc_act}, {"sym", o.sym}};
+  } else if (o.quantize == "fp8") {
+    if (o.desc_act || !o.sym) fail(ErrorCode::kInvalidArgument, "--desc-act and --asym apply to GPTQ, not FP8");
+    c = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+         {"weight_block_size", {128, 128}}, {"modules_to_not_convert", json::array({"lm_head"})}};
+  } else {
+    fail(ErrorCode::kInvalidArgument, "--quantize \"", o.quantize, "\" is not a format make-model writes; use awq, gptq, gptq-int8 or fp8");
+  }
+  try {
+    q = parse_quantization_config(c, "make-model quantization_config", false);
+  } catch (const Error& e) {
+    fail(ErrorCode::kInvalidArgument, "--quantize ", o.quantize, " --group-size ", o.group_size, ": ", e.what());
+  }
+  return q;
 }
 
 std::vector<TensorSpec> synthetic_tensor_list(const ModelSpec& spec) {
@@ -152,13 +186,43 @@ SyntheticModelResult write_synthetic_model(const std::filesystem::path& dir, con
   write_json(dir / "tokenizer_config.json", synthetic_tokenizer_config_json(tok, spec.max_position_embeddings));
 
   std::vector<TensorToWrite> tensors;
-  for (const auto& t : synthetic_tensor_list(spec)) tensors.push_back({t.name, spec.dtype, t.shape});
+  std::map<std::string, std::vector<TensorSpec>> modules;  // quantized Linear -> its parts
+  std::map<std::string, const TensorSpec*> part_of;         // part name -> its spec in `modules`
+  for (const auto& t : synthetic_tensor_list(spec)) {
+    tensors.push_back({t.name, t.dtypes.empty() ? spec.dtype : t.dtypes.front(), t.shape});
+    if (t.part != QuantPart::kNone) modules[t.module].push_back(t);
+  }
+  for (const auto& [module, parts] : modules)
+    for (const TensorSpec& t : parts) part_of[t.name] = &t;
   const uint64_t seed = options.seed;
   const bool tied = spec.tie_word_embeddings;
   const int64_t hidden = spec.hidden_size;
   // First element of the output-projection rows of ids the tokenizer lacks.
   const int64_t unused_from = result.tokenizer_vocab * hidden;
-  auto fill = [seed, tied, hidden, unused_from](const TensorToWrite& t, int64_t begin, int64_t count, void* out) {
+  // Quantized parts: the whole module is quantized when its first part is
+  // written; each part's bytes are kept until that part is done (parts of a
+  // module are not adjacent: the writer orders tensors by dtype size).
+  std::map<std::string, std::vector<uint8_t>> pending;
+  auto fill_quantized = [&](const TensorToWrite& t, int64_t begin, int64_t count, void* out) {
+    const TensorSpec& ts = *part_of.at(t.name);
+    auto it = pending.find(t.name);
+    if (it == pending.end()) {
+      const std::string weight_name = ts.module + ".weight";
+      const std::vector<int64_t> shape = {ts.out_features, ts.in_features};
+      std::vector<float> w(static_cast<size_t>(ts.out_features * ts.in_features));
+      for (size_t i = 0; i < w.size(); ++i)
+        w[i] = synthetic_weight_value(seed, weight_name, hidden, shape, tied, static_cast<int64_t>(i));
+      auto bytes = quantize_linear(spec.quant, w.data(), ts.out_features, ts.in_features, modules.at(ts.module));
+      for (const TensorSpec& p : modules.at(ts.module)) pending[p.name] = std::move(bytes.at(p.part));
+      it = pending.find(t.name);
+    }
+    const size_t esize = dtype_size(t.dtype);
+    std::memcpy(out, it->second.data() + begin * esize, static_cast<size_t>(count) * esize);
+    if (begin + count == t.n_elements()) pending.erase(it);
+  };
+  auto fill = [seed, tied, hidden, unused_from, &part_of, &fill_quantized](const TensorToWrite& t, int64_t begin,
+                                                                           int64_t count, void* out) {
+    if (part_of.count(t.name)) return fill_quantized(t, begin, count, out);
     auto [center, std] = weight_distribution(t.name, hidden, t.shape, tied);
     const bool output_rows = t.name == "lm_head.weight" || (tied && t.name == "model.embed_tokens.weight");
     const int64_t zero_from = output_rows ? unused_from : INT64_MAX;

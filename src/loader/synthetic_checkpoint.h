@@ -6,6 +6,11 @@
 // model.safetensors (or K shards + model.safetensors.index.json),
 // tokenizer.json and tokenizer_config.json.
 //
+// Quantized checkpoints (--quantize): every decoder Linear is stored as its
+// quantization of the weight the unquantized checkpoint of the same seed
+// holds under "<module>.weight" (before rounding to the dtype), so the two
+// checkpoints stand for the same model up to the quantization error.
+//
 // Weights. Element i of tensor T is center + std * sqrt(3) * u, with u
 // uniform in [-1, 1) taken from splitmix64(key(seed, T) + i), key =
 // splitmix64(seed ^ fnv1a64(T's name)). A counter-based generator: the value
@@ -52,7 +57,20 @@ struct SyntheticModelOptions {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   std::optional<bool> tie_word_embeddings;  // unset: the catalog's
+  // Quantized checkpoint in a published layout (loader/quant_config.h), made
+  // by round-to-nearest of the same seeded weights (loader/quant_pack.h):
+  // "" (none), "awq", "gptq" (4-bit), "gptq-int8", "fp8". Unquantized
+  // tensors (embeddings, norms, biases, lm_head) stay in `dtype`.
+  std::string quantize;
+  int64_t group_size = 128;  // awq / gptq
+  bool desc_act = false;     // gptq act-order (g_idx a permutation's groups)
+  bool sym = true;           // gptq
 };
+
+// The quantization_config make-model writes for options.quantize; method
+// kNone for "". Throws Error(kInvalidArgument) naming --quantize,
+// --group-size, --desc-act or --asym when they do not fit together.
+QuantConfig synthetic_quant_config(const SyntheticModelOptions& options);
 
 // The spec make-model writes: catalog shape, overrides, bos/eos set to the
 // synthetic tokenizer's <|endoftext|> / <|im_end|> ids. Throws

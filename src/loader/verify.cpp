@@ -60,6 +60,9 @@ void check_config(const fs::path& dir, VerifyReport* report) {
                 e.code()));
     return;
   }
+  if (report->spec->quant.enabled())
+    report->notes.push_back(str_cat("quantized: ", report->spec->quant.describe(), " (", report->spec->quant.source,
+                                    "); `shardlm plan` sizes it exactly, this build's engine does not run it yet"));
   if (!report->spec->runnable())
     report->notes.push_back(str_cat(report->spec->architecture,
                                     " is a mixture-of-experts model: `shardlm plan` sizes it, `shardlm serve` cannot run it"));

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "comm/communicator.h"
 #include "model/family.h"
 #include "model/forward_batch.h"
@@ -37,16 +38,18 @@ RankComms split_rank_comms(Communicator& world, const Layout& layout);
 
 class CausalLM {
  public:
-  // Loads this rank's slices from weights. Throws kNotFound / kInvalidArgument
-  // naming the tensor when one is missing or shaped differently than spec says.
+  // Loads this rank's slices from weights onto the rank's backend. Throws
+  // kNotFound / kInvalidArgument naming the tensor when one is missing or
+  // shaped differently than spec says.
   static std::unique_ptr<CausalLM> load(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
                                         const Layout& layout, int tp_rank, int pp_rank, Communicator& tp,
-                                        Communicator& pp);
+                                        Communicator& pp, std::shared_ptr<backend::Backend> backend);
   // config.json + *.safetensors of an HF model directory.
   static std::unique_ptr<CausalLM> load_dir(const std::filesystem::path& model_dir, const Layout& layout, int tp_rank,
-                                            int pp_rank, Communicator& tp, Communicator& pp);
+                                            int pp_rank, Communicator& tp, Communicator& pp,
+                                            std::shared_ptr<backend::Backend> backend);
 
-  // A KV cache for this rank's layers and KV heads.
+  // A KV cache for this rank's layers and KV heads, on the rank's backend.
   KvCache make_kv_cache(int64_t n_blocks, int64_t block_size, DType dtype) const;
   // Bytes one KV block takes on this rank (what the block pool divides by).
   int64_t kv_block_bytes(int64_t block_size, DType dtype) const;
@@ -76,15 +79,20 @@ class CausalLM {
   const Layout& layout() const { return layout_; }
   const RankShard& shard() const { return shard_; }
   const FamilyGraph& graph() const { return graph_; }
-  // Bytes of the weights this rank holds (views + copies); equals plan's
-  // rank_weight_bytes when the checkpoint stores spec.dtype throughout.
+  backend::Backend& backend() const { return *backend_; }
+  // Bytes of the weights this rank holds: the mapped checkpoint ranges its
+  // views cover plus what its backend allocated for copies (column slices on
+  // CPU; everything on a GPU). Equals plan's rank_weight_bytes when the
+  // checkpoint stores spec.dtype throughout.
   int64_t weight_bytes() const { return weight_bytes_; }
-  // Bytes this rank allocated for column slices (0 for TP = 1).
+  // Bytes the backend's allocator obtained for weight copies (measured).
   int64_t copied_bytes() const { return copied_bytes_; }
 
  private:
-  CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank, Communicator& tp, Communicator& pp);
+  CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank, Communicator& tp, Communicator& pp,
+           std::shared_ptr<backend::Backend> backend);
   void load_weights(std::shared_ptr<const WeightSource> weights);
+  void pack_step(const ForwardBatch& batch, const KvCache& cache);
 
   ModelSpec spec_;
   Layout layout_;
@@ -92,19 +100,24 @@ class CausalLM {
   FamilyGraph graph_;
   Communicator& tp_;
   Communicator& pp_;
+  std::shared_ptr<backend::Backend> backend_;
   std::shared_ptr<const WeightSource> weights_;  // keeps the mapping alive for the views
-  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // column-slice copies
   int64_t weight_bytes_ = 0;
   int64_t copied_bytes_ = 0;
   RankDims dims_;
-  std::vector<float> inv_freq_;                // [head_dim / 2]
+  Tensor inv_freq_;                            // [head_dim / 2] f32
   std::vector<DecoderLayerWeights> layers_;    // this stage's layers, in order
-  backend::MatrixView embed_;                  // [vocab_local, hidden] (first stage)
-  backend::MatrixView lm_head_;                // [vocab_local, hidden] (last stage)
-  backend::VectorView final_norm_;             // [hidden] (last stage)
+  Tensor embed_;                               // [vocab_local, hidden] (first stage)
+  Linear lm_head_;                             // [vocab_local, hidden] (last stage)
+  Tensor final_norm_;                          // [hidden] (last stage)
   std::vector<Range> vocab_ranges_;            // per TP rank
-  Scratch scratch_;
-  std::vector<float> hidden_;                  // [n_tokens, hidden]
+  // Per-step state, reused: grown when a step is larger than any before.
+  backend::StepMetadata meta_;
+  Workspace workspace_;
+  Tensor hidden_;                              // [capacity, hidden]
+  Tensor last_hidden_;                         // [n_logits capacity, hidden]
+  Tensor logits_local_, logits_gathered_, logits_out_;  // [n_logits capacity, vocab_local / vocab / vocab]
+  int64_t hidden_capacity_ = 0, logits_capacity_ = 0;
 };
 
 }  // namespace shardlm

@@ -5,7 +5,7 @@
 #include <mutex>
 #include <thread>
 
-#include "backend/ops.h"
+#include "backend/backend.h"
 #include "comm/local_comm.h"
 #include "core/error.h"
 #include "model/causal_lm.h"
@@ -99,10 +99,10 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
   GenerateResult result;
   std::mutex mu;
   run_local_ranks(n_ranks, [&](Communicator& world) {
-    backend::set_num_threads(std::max(1, static_cast<int>(hw) / n_ranks));
+    auto rank_backend = backend::make_backend({Device{}, std::max(1, static_cast<int>(hw) / n_ranks)});
     RankComms comms = split_rank_comms(world, opt.layout);
     const int tp_rank = world.rank() % opt.layout.tp, pp_rank = world.rank() / opt.layout.tp;
-    auto model = CausalLM::load(spec, weights, opt.layout, tp_rank, pp_rank, *comms.tp, *comms.pp);
+    auto model = CausalLM::load(spec, weights, opt.layout, tp_rank, pp_rank, *comms.tp, *comms.pp, rank_backend);
     KvCache cache = model->make_kv_cache(n_blocks, opt.block_size, opt.kv_dtype);
     auto step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
     GenerateResult local =

@@ -1,33 +1,30 @@
 // Layers shared by every family: pre-norm attention and SwiGLU MLP blocks
 // on a tensor-parallel rank's slices, vocab-parallel embedding and lm_head.
-// Each collective over the TP group is visible here where it happens.
+// They are written once against backend::Backend (the ops) and Communicator
+// (the collectives, visible here where they happen).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "backend/ops.h"
+#include "backend/backend.h"
 #include "comm/communicator.h"
 #include "plan/sharding.h"
 
 namespace shardlm {
 
-struct Linear {
-  backend::MatrixView w;   // [out_local, in_local] as stored
-  backend::VectorView b;   // [out_local]; b.data == nullptr when absent
-  const backend::VectorView* bias() const { return b.data ? &b : nullptr; }
-};
+using backend::Linear;
 
 // One decoder layer as held by a rank (local slices, checkpoint dtype).
 struct DecoderLayerWeights {
-  int64_t layer = 0;                // global index
-  backend::VectorView input_norm;   // [hidden]
-  backend::VectorView post_norm;    // [hidden]
-  Linear q, k, v;                   // q: [n_q_local × head_dim, hidden]; k, v: [n_kv_local × head_dim, hidden]
-  backend::VectorView q_norm, k_norm;  // Qwen3: [head_dim]; data == nullptr otherwise
-  Linear o;                         // [hidden, n_q_local × head_dim] (column slice)
-  Linear gate, up;                  // [inter_local, hidden]
-  Linear down;                      // [hidden, inter_local] (column slice)
+  int64_t layer = 0;             // global index
+  Tensor input_norm;             // [hidden]
+  Tensor post_norm;              // [hidden]
+  Linear q, k, v;                // q: [n_q_local × head_dim, hidden]; k, v: [n_kv_local × head_dim, hidden]
+  Tensor q_norm, k_norm;         // Qwen3: [head_dim]; undefined otherwise
+  Linear o;                      // [hidden, n_q_local × head_dim] (column slice)
+  Linear gate, up;               // [inter_local, hidden]
+  Linear down;                   // [hidden, inter_local] (column slice)
 };
 
 // Sizes on this rank, fixed at load.
@@ -41,37 +38,54 @@ struct RankDims {
   backend::AttentionHeads heads;
 };
 
-// What one step's tokens are: [n_tokens] positions and the chunks.
-struct StepTokens {
-  int64_t n_tokens = 0;
-  const int32_t* positions = nullptr;  // [n_tokens]
-  const backend::AttentionSeq* seqs = nullptr;
-  int64_t n_seqs = 0;
+// Activation buffers of one rank, from the backend, grown when a step has
+// more tokens than any before it (so steady-state steps allocate nothing).
+// Each view is [n_tokens, ...] of the current step.
+class Workspace {
+ public:
+  // Sizes every buffer for n_tokens (no-op when already large enough).
+  void reserve(backend::Backend& b, const RankDims& d, int64_t n_tokens);
+  // [n, hidden] etc. views of the current step's first n rows.
+  Tensor normed(int64_t n) const { return rows(normed_, n); }   // [n, hidden]
+  Tensor q(int64_t n) const { return rows(q_, n); }             // [n, n_q_local, head_dim]
+  Tensor k(int64_t n) const { return rows(k_, n); }             // [n, n_kv_local, head_dim]
+  Tensor v(int64_t n) const { return rows(v_, n); }             // [n, n_kv_local, head_dim]
+  Tensor attn(int64_t n) const { return rows(attn_, n); }       // [n, n_q_local × head_dim]
+  Tensor proj(int64_t n) const { return rows(proj_, n); }       // [n, hidden], this rank's partial sum
+  Tensor gate(int64_t n) const { return rows(gate_, n); }       // [n, inter_local]
+  Tensor up(int64_t n) const { return rows(up_, n); }           // [n, inter_local]
+
+ private:
+  static Tensor rows(const Tensor& t, int64_t n) { return t.slice_rows(0, n); }
+  int64_t capacity_ = 0;
+  Tensor normed_, q_, k_, v_, attn_, proj_, gate_, up_;
 };
 
-// Reused buffers of one rank (grown on demand).
-struct Scratch {
-  std::vector<float> normed, q, k, v, attn, proj, gate, up;
+// The step every layer sees: the packed metadata and the rope table.
+struct StepContext {
+  const backend::StepMetadata& meta;
+  const Tensor& inv_freq;  // [head_dim / 2] f32
 };
 
 // hidden[n_tokens, hidden] += o_proj(attention(...)) summed over the TP group.
-void attention_block(const RankDims& dims, const DecoderLayerWeights& w, const float* inv_freq,
-                     const backend::KvLayerView& cache, const StepTokens& step, float* hidden, Communicator& tp,
-                     Scratch& s);
+void attention_block(backend::Backend& b, const RankDims& dims, const DecoderLayerWeights& w,
+                     const backend::KvLayerView& cache, const StepContext& step, Tensor& hidden, Communicator& tp,
+                     Workspace& ws);
 
 // hidden[n_tokens, hidden] += down(silu(gate(x)) × up(x)), x = post_norm(hidden), summed over the TP group.
-void mlp_block(const RankDims& dims, const DecoderLayerWeights& w, const StepTokens& step, float* hidden,
-               Communicator& tp, Scratch& s);
+void mlp_block(backend::Backend& b, const RankDims& dims, const DecoderLayerWeights& w, const StepContext& step,
+               Tensor& hidden, Communicator& tp, Workspace& ws);
 
-// out[n, hidden]: rows of the embedding for ids in this rank's vocab range,
-// zeros elsewhere, then summed over the TP group. emb: [vocab.size(), hidden].
-// Throws kInvalidArgument for an id outside [0, vocab_size).
-void embed_tokens(const backend::MatrixView& emb, Range vocab, int64_t vocab_size, const int32_t* ids, int64_t n,
-                  float* out, Communicator& tp);
+// out[n_tokens, hidden]: embeddings of the step's ids, each looked up on the
+// rank whose vocab range holds it, then summed over the TP group.
+// emb: [vocab.size(), hidden]. Throws kInvalidArgument for an id outside [0, vocab_size).
+void embed_tokens(backend::Backend& b, const Tensor& emb, Range vocab, int64_t vocab_size,
+                  const backend::StepMetadata& meta, Tensor& out, Communicator& tp);
 
 // logits[n, vocab_size] on every TP rank: local slice x × head_localᵀ, then
 // all_gather of the slices; vocab_ranges[r] is TP rank r's vocabulary range.
-void lm_head_logits(const float* x, int64_t n, const backend::MatrixView& head, const std::vector<Range>& vocab_ranges,
-                    float* logits, Communicator& tp);
+// local, gathered: the rank's [n, vocab_local] and [n, vocab_size] scratch (TP > 1).
+void lm_head_logits(backend::Backend& b, const Tensor& x, const Linear& head, const std::vector<Range>& vocab_ranges,
+                    Tensor& logits, Tensor& local, Tensor& gathered, Communicator& tp);
 
 }  // namespace shardlm

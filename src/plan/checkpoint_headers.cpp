@@ -108,9 +108,26 @@ void check_headers_match_spec(const CheckpointHeaders& headers, const ModelSpec&
            " is missing from every .safetensors file (", headers.n_files,
            " files); config.json and the weights do not belong together, or a shard is missing");
     }
-    if (it->second.shape != t.shape)
+    const bool shape_ok = it->second.shape == t.shape || std::find(t.other_shapes.begin(), t.other_shapes.end(),
+                                                                    it->second.shape) != t.other_shapes.end();
+    if (!shape_ok && t.part != QuantPart::kNone)
+      fail(ErrorCode::kCorruptFile, it->second.file, ": tensor ", t.name, " has shape ", shape_string(it->second.shape),
+           " but ", spec.quant.source, " (", spec.quant.describe(), ") stores the [", t.out_features, ", ",
+           t.in_features, "] Linear ", t.module, " with ", quant_part_name(t.part), " ", shape_string(t.shape));
+    if (!shape_ok)
       fail(ErrorCode::kCorruptFile, it->second.file, ": tensor ", t.name, " has shape ", shape_string(it->second.shape),
            " but config.json implies ", shape_string(t.shape));
+    if (!t.dtypes.empty()) {
+      bool dtype_ok = false;
+      std::string accepted;
+      for (DType d : t.dtypes) {
+        dtype_ok = dtype_ok || it->second.dtype == dtype_safetensors_name(d);
+        accepted += (accepted.empty() ? "" : " or ") + std::string(dtype_safetensors_name(d));
+      }
+      if (!dtype_ok)
+        fail(ErrorCode::kCorruptFile, it->second.file, ": tensor ", t.name, " is ", it->second.dtype, ", but ",
+             quant_method_name(spec.quant.method), " stores ", quant_part_name(t.part), " as ", accepted);
+    }
   }
 }
 

@@ -33,6 +33,16 @@ const char* objective_name(Objective objective) {
 
 namespace {
 
+// Whether TP=tp can slice a quantized checkpoint on whole groups.
+bool quantized_tp_ok(const ModelSpec& spec, int tp) {
+  try {
+    check_quantized_layout(spec, Layout{tp, 1, 1, {}});
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 // Bytes one rank reads per decode step, apart from KV.
 struct RankRead {
   int64_t dense = 0;    // everything but the embedding table and MoE experts
@@ -327,13 +337,15 @@ Plan make_plan(const ModelSpec& spec, const DeviceInventory& devices, const Plan
   plan.options = options;
   Evaluator evaluator(spec, devices, options);
   const int n = devices.n_devices();
-  for (int tp = 1; tp <= std::min<int64_t>(spec.n_heads, n); ++tp)
+  for (int tp = 1; tp <= std::min<int64_t>(spec.n_heads, n); ++tp) {
+    if (!quantized_tp_ok(spec, tp)) continue;  // slices would cut quantization groups
     for (int pp = 1; pp <= std::min<int64_t>(spec.n_layers, n / tp); ++pp)
       for (int dp = 1; dp <= n / (tp * pp); ++dp) {
         Layout layout{tp, pp, dp, {}};
         layout.expert_parallel = options.expert_parallel && tp > 1;
         plan.layouts.push_back(evaluator.evaluate(layout));
       }
+  }
 
   for (int i = 0; i < static_cast<int>(plan.layouts.size()); ++i) {
     const LayoutEvaluation& e = plan.layouts[i];
@@ -352,7 +364,7 @@ Plan make_plan(const ModelSpec& spec, const DeviceInventory& devices, const Plan
       more.devices.assign(m, devices.devices[0]);
       Evaluator ev(spec, more, options);
       for (int tp = 1; tp <= std::min<int64_t>(spec.n_heads, m) && plan.devices_needed == 0; ++tp) {
-        if (m % tp != 0 || m / tp > spec.n_layers) continue;
+        if (m % tp != 0 || m / tp > spec.n_layers || !quantized_tp_ok(spec, tp)) continue;
         Layout layout{tp, m / tp, 1, {}};
         layout.expert_parallel = options.expert_parallel && tp > 1;
         if (ev.evaluate(layout).fits) plan.devices_needed = m;
@@ -472,6 +484,7 @@ nlohmann::json plan_json(const Plan& plan) {
         {"vocab_size", s.vocab_size},
         {"max_position_embeddings", s.max_position_embeddings},
         {"weight_bytes", plan.checkpoint_bytes},
+        {"quantization", s.quant.enabled() ? nlohmann::json(s.quant.describe()) : nlohmann::json()},
         {"kv_bytes_per_token", model_kv_bytes_per_token(s, b.kv_cache_dtype)}}},
       {"devices", devices},
       {"n_nodes", plan.devices.n_nodes},

@@ -51,6 +51,7 @@ void validate_layout(const ModelSpec& spec, const Layout& layout) {
   if (layout.expert_parallel && !spec.is_moe())
     fail(ErrorCode::kInvalidArgument, "--enable-expert-parallel: ", spec.architecture,
          " is a dense model without experts; drop the flag (it applies to mixture-of-experts models)");
+  check_quantized_layout(spec, layout);
   if (!layout.pp_layer_partition.empty()) {
     if (static_cast<int>(layout.pp_layer_partition.size()) != layout.pp)
       fail(ErrorCode::kInvalidArgument, "--pp-layer-partition has ", layout.pp_layer_partition.size(),
@@ -67,15 +68,93 @@ void validate_layout(const ModelSpec& spec, const Layout& layout) {
 
 namespace {
 
+// Storage bytes of one element of a tensor: its quantized storage dtype, or
+// the checkpoint's.
+int64_t element_bytes(const ModelSpec& spec, const TensorSpec& t) {
+  return static_cast<int64_t>(dtype_size(t.dtypes.empty() ? spec.dtype : t.dtypes[0]));
+}
+
 // Mean bytes of one decoder layer (MoE models may mix dense and sparse layers).
 int64_t layer_bytes(const ModelSpec& spec) {
   int64_t n = 0;
   for (const auto& t : expected_tensors(spec))
-    if (t.layer >= 0) n += shape_numel(t.shape);
-  return n / std::max<int64_t>(1, spec.n_layers) * static_cast<int64_t>(dtype_size(spec.dtype));
+    if (t.layer >= 0) n += shape_numel(t.shape) * element_bytes(spec, t);
+  return n / std::max<int64_t>(1, spec.n_layers);
 }
 
 }  // namespace
+
+int64_t quant_in_align(const ModelSpec& spec) {
+  const QuantConfig& q = spec.quant;
+  switch (q.method) {
+    case QuantMethod::kAwq: return q.group_size;
+    case QuantMethod::kGptq:
+      // Act-order groups are scattered over the rows, and group_size -1 is one
+      // group: each rank then holds every group's scales and zeros, and only
+      // the packed words need whole int32s.
+      return q.desc_act || q.group_size < 0 ? q.pack_factor() : std::lcm<int64_t>(q.group_size, q.pack_factor());
+    case QuantMethod::kFp8: return q.weight_block_size.empty() ? 1 : q.weight_block_size[1];
+    case QuantMethod::kNone: break;
+  }
+  return 1;
+}
+
+int64_t quant_out_align(const ModelSpec& spec) {
+  const QuantConfig& q = spec.quant;
+  switch (q.method) {
+    case QuantMethod::kAwq:
+    case QuantMethod::kGptq: return q.pack_factor();
+    case QuantMethod::kFp8: return q.weight_block_size.empty() ? 1 : q.weight_block_size[0];
+    case QuantMethod::kNone: break;
+  }
+  return 1;
+}
+
+namespace {
+
+// Q heads per unit of the head split: q/k/v column edges and o_proj row edges
+// (heads × head_dim) must fall on the quantization's packing and groups.
+int64_t head_unit(const ModelSpec& spec) {
+  const int64_t l = std::lcm(quant_in_align(spec), quant_out_align(spec));
+  return l / std::gcd(l, spec.head_dim);
+}
+
+int64_t intermediate_align(const ModelSpec& spec) {
+  return std::lcm<int64_t>(16, std::lcm(quant_in_align(spec), quant_out_align(spec)));
+}
+
+}  // namespace
+
+void check_quantized_layout(const ModelSpec& spec, const Layout& layout) {
+  if (!spec.quant.enabled() || layout.tp == 1) return;
+  const int64_t in_align = quant_in_align(spec), out_align = quant_out_align(spec);
+  const int64_t unit = head_unit(spec);
+  const int64_t inter = spec.is_moe() ? spec.moe_intermediate_size : spec.intermediate_size;
+  const int64_t ialign = intermediate_align(spec);
+  const std::string what = str_cat(spec.quant.source, " (", spec.quant.describe(), ")");
+  for (int r = 0; r < layout.tp; ++r) {
+    const Range heads = split_even(spec.n_heads, layout.tp, r, unit);
+    const int64_t g = spec.group_size();
+    const Range kv{heads.begin / g, (heads.end + g - 1) / g};
+    const int64_t hd = spec.head_dim;
+    if ((heads.begin * hd) % in_align != 0 || (heads.end * hd) % in_align != 0 || (heads.begin * hd) % out_align != 0 ||
+        (heads.end * hd) % out_align != 0)
+      fail(ErrorCode::kInvalidArgument, "--tensor-parallel-size ", layout.tp, ": rank ", r, " would hold Q heads [",
+           heads.begin, ", ", heads.end, "), whose columns [", heads.begin * hd, ", ", heads.end * hd,
+           ") of q_proj/o_proj do not fall on whole quantization groups of ", in_align, " rows and packed words of ",
+           out_align, " channels of ", what, "; the heads split in units of ", unit, " (", spec.n_heads,
+           " heads); choose a tensor-parallel size of at most ", spec.n_heads / unit, " that fits");
+    if ((kv.begin * hd) % out_align != 0 || (kv.end * hd) % out_align != 0)
+      fail(ErrorCode::kInvalidArgument, "--tensor-parallel-size ", layout.tp, ": rank ", r, " would hold KV heads [",
+           kv.begin, ", ", kv.end, "), whose k_proj/v_proj rows do not fall on the ", out_align, "-channel units of ",
+           what, "; choose another tensor-parallel size");
+    const Range cols = split_even(inter, layout.tp, r, ialign);
+    if (cols.begin % ialign != 0 || cols.end % ialign != 0)
+      fail(ErrorCode::kInvalidArgument, "--tensor-parallel-size ", layout.tp, ": intermediate_size ", inter,
+           " cannot be split into ", layout.tp, " ranges of whole ", ialign, "-column units (quantization groups of ",
+           what, "); choose a tensor-parallel size of at most ", inter / ialign);
+  }
+}
 
 std::vector<int64_t> pipeline_partition(const ModelSpec& spec, const Layout& layout) {
   validate_layout(spec, layout);
@@ -125,17 +204,17 @@ RankShard shard_for(const ModelSpec& spec, const Layout& layout, int tp_rank, in
   RankShard s;
   s.tp_rank = tp_rank;
   s.pp_rank = pp_rank;
-  s.q_heads = split_even(spec.n_heads, layout.tp, tp_rank);
+  s.q_heads = split_even(spec.n_heads, layout.tp, tp_rank, head_unit(spec));
   const int64_t g = spec.group_size();
   s.kv_heads = {s.q_heads.begin / g, (s.q_heads.end + g - 1) / g};
-  s.intermediate = split_even(spec.intermediate_size, layout.tp, tp_rank, 16);
+  s.intermediate = split_even(spec.intermediate_size, layout.tp, tp_rank, intermediate_align(spec));
   if (spec.is_moe()) {
     if (layout.expert_parallel) {
       s.experts = expert_range(spec.n_experts, layout.tp, tp_rank);
       s.expert_intermediate = {0, spec.moe_intermediate_size};
     } else {
       s.experts = {0, spec.n_experts};
-      s.expert_intermediate = split_even(spec.moe_intermediate_size, layout.tp, tp_rank, 16);
+      s.expert_intermediate = split_even(spec.moe_intermediate_size, layout.tp, tp_rank, intermediate_align(spec));
     }
   }
   s.vocab = split_even(spec.vocab_size, layout.tp, tp_rank, 16);
@@ -163,12 +242,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank) {
   const RankShard s = shard_for(spec, layout, tp_rank, pp_rank);
-  const int64_t dsize = static_cast<int64_t>(dtype_size(spec.dtype));
   const int64_t hd = spec.head_dim;
   const Range q_cols{s.q_heads.begin * hd, s.q_heads.end * hd};
   const Range kv_rows{s.kv_heads.begin * hd, s.kv_heads.end * hd};
   std::vector<TensorShard> out;
-  auto add = [&](const TensorSpec& t, int dim, Range slice) {
+  auto add_slice = [&](const TensorSpec& t, int dim, Range slice) {
     TensorShard ts;
     ts.name = t.name;
     ts.full_shape = t.shape;
@@ -177,8 +255,42 @@ std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layou
     if (dim >= 0) ts.local_shape[dim] = slice.size();
     else slice = {0, t.shape.empty() ? 1 : t.shape[0]};
     ts.slice = slice;
-    ts.bytes = shape_numel(ts.local_shape) * dsize;
+    ts.bytes = shape_numel(ts.local_shape) * element_bytes(spec, t);
     out.push_back(std::move(ts));
+  };
+  // [begin/unit, ceil(end/unit)): a range of channels or rows as packed words,
+  // groups or scale blocks.
+  auto per = [](Range r, int64_t unit) { return Range{r.begin / unit, (r.end + unit - 1) / unit}; };
+  // A quantized part of a Linear split on output channels (dim 0 of [out, in])
+  // or input rows (dim 1), `slice` in those logical units.
+  auto add_quant = [&](const TensorSpec& t, int logical_dim, Range slice) {
+    const QuantConfig& q = spec.quant;
+    const bool col = logical_dim == 0;
+    const int64_t pf = q.pack_factor();
+    switch (t.part) {
+      case QuantPart::kQWeight:
+        if (q.method == QuantMethod::kAwq) return col ? add_slice(t, 1, per(slice, pf)) : add_slice(t, 0, slice);
+        return col ? add_slice(t, 1, slice) : add_slice(t, 0, per(slice, pf));
+      case QuantPart::kQZeros:
+      case QuantPart::kScales: {
+        const int64_t out_unit = t.part == QuantPart::kQZeros ? pf : 1;
+        if (col) return add_slice(t, 1, per(slice, out_unit));
+        if (q.method == QuantMethod::kGptq && (q.desc_act || q.group_size < 0)) return add_slice(t, -1, {});
+        return add_slice(t, 0, per(slice, q.group_rows(t.in_features)));
+      }
+      case QuantPart::kGIdx: return col ? add_slice(t, -1, {}) : add_slice(t, 0, slice);
+      case QuantPart::kFp8Weight: return add_slice(t, col ? 0 : 1, slice);
+      case QuantPart::kScaleInv:
+        if (!q.weight_block_size.empty()) return add_slice(t, col ? 0 : 1, per(slice, q.weight_block_size[col ? 0 : 1]));
+        if (col && !t.shape.empty() && t.shape[0] == t.out_features) return add_slice(t, 0, slice);  // per channel
+        return add_slice(t, -1, {});
+      case QuantPart::kNone: break;
+    }
+    add_slice(t, logical_dim, slice);
+  };
+  auto add = [&](const TensorSpec& t, int dim, Range slice) {
+    if (t.part != QuantPart::kNone && dim >= 0) add_quant(t, dim, slice);
+    else add_slice(t, dim, slice);
   };
   for (const TensorSpec& t : expected_tensors(spec)) {
     if (t.layer >= 0) {
@@ -187,7 +299,7 @@ std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layou
       const int64_t expert = expert_index(t.name);
       if (expert >= 0) {  // an expert's w1/w3/gate_proj/up_proj (rows) or w2/down_proj (columns)
         if (!s.experts.contains(expert)) continue;
-        const bool down = ends_with(suffix, "down_proj.weight") || ends_with(suffix, "w2.weight");
+        const bool down = suffix.find("down_proj.") != std::string::npos || suffix.find(".w2.") != std::string::npos;
         add(t, down ? 1 : 0, s.expert_intermediate);
       } else if (suffix.find("layernorm") != std::string::npos || suffix.find("_norm.") != std::string::npos ||
           ends_with(suffix, "gate.weight") /* MoE router */) {
@@ -198,7 +310,7 @@ std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layou
         add(t, 0, kv_rows);
       } else if (suffix.rfind("self_attn.o_proj", 0) == 0) {
         add(t, 1, q_cols);
-      } else if (ends_with(suffix, "down_proj.weight") || ends_with(suffix, "w2.weight")) {
+      } else if (suffix.find("down_proj.") != std::string::npos || suffix.find(".w2.") != std::string::npos) {
         add(t, 1, s.intermediate);
       } else {  // gate_proj / up_proj / w1 / w3: rows of the intermediate dimension
         add(t, 0, s.intermediate);

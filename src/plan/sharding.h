@@ -60,6 +60,15 @@ struct WorldConfig {
 // sum to n_layers or has an empty stage, expert parallelism on a dense model.
 void validate_layout(const ModelSpec& spec, const Layout& layout);
 
+// Quantized checkpoints: row (input-dim) and column (output-channel) slice
+// edges must fall on whole groups / packed words / scale blocks. The split
+// granularities, 1 for unquantized specs.
+int64_t quant_in_align(const ModelSpec& spec);
+int64_t quant_out_align(const ModelSpec& spec);
+// Throws Error(kInvalidArgument) naming the rank, the range and the
+// quantization when a TP slice cannot take whole groups. validate_layout calls it.
+void check_quantized_layout(const ModelSpec& spec, const Layout& layout);
+
 // Layers per stage: the override when given, else contiguous stages balanced
 // by weight bytes (stage 0 carries the embedding, the last stage the final
 // norm and lm_head).

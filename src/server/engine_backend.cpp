@@ -137,6 +137,9 @@ void EngineBackend::load() {
   ModelSpec spec = load_model_config(dir / "config.json");
   if (!spec.runnable())
     fail(ErrorCode::kUnsupported, "serve: ", spec.architecture, " (mixture of experts) cannot be served by this build; plan supports it");
+  if (spec.quant.enabled())
+    fail(ErrorCode::kUnsupported, "serve: ", spec.quant.source, ": this checkpoint is quantized (", spec.quant.describe(),
+         "); this build's CPU engine has no quantized kernels yet (plan and verify read it)");
   tokenizer_.emplace(Tokenizer::load(dir));
   chat_template_ = chat_template::load_model_chat_template(dir);
   detokenizer_ = std::make_unique<TokenizerDetokenizer>(*tokenizer_);

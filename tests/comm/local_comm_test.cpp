@@ -37,6 +37,23 @@ TEST_P(LocalCommTest, AllGatherConcatenatesUnevenParts) {
   });
 }
 
+TEST_P(LocalCommTest, Bf16AllReduceSumsInF32AndRoundsOnce) {
+  const int n = GetParam();
+  run_local_ranks(n, [&](Communicator& comm) {
+    // 1 + n × 2^-9: each bf16 partial sum would round 1 + 2^-9 back to 1.
+    std::vector<uint16_t> v(257);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = f32_to_bf16(comm.rank() == 0 ? 1.0f : 0.001953125f);
+    comm.all_reduce_sum(v.data(), v.size(), DType::kBF16);
+    const float want = bf16_to_f32(f32_to_bf16(1.0f + static_cast<float>(n - 1) * 0.001953125f));
+    for (uint16_t x : v) ASSERT_EQ(bf16_to_f32(x), want);
+    // And a bf16 gather moves 2-byte elements.
+    std::vector<uint16_t> mine(2, f32_to_bf16(static_cast<float>(comm.rank())));
+    std::vector<uint16_t> all(2 * static_cast<size_t>(n));
+    comm.all_gather(mine.data(), all.data(), std::vector<size_t>(static_cast<size_t>(n), 2), DType::kBF16);
+    for (int k = 0; k < n; ++k) ASSERT_EQ(bf16_to_f32(all[2 * static_cast<size_t>(k) + 1]), static_cast<float>(k));
+  });
+}
+
 TEST_P(LocalCommTest, BroadcastSendRecvAndSplit) {
   const int n = GetParam();
   run_local_ranks(n, [&](Communicator& comm) {

@@ -38,6 +38,17 @@ static void collectives(Communicator& comm) {
   for (int k = 0; k < n; ++k)
     for (size_t j = 0; j < counts[k]; ++j) EXPECT(all[off++] == static_cast<float>(k));
 
+  // bf16: summed in f32, rounded once; gathered as 2-byte elements.
+  std::vector<uint16_t> h(300, f32_to_bf16(static_cast<float>(r + 1)));
+  comm.all_reduce_sum(h.data(), h.size(), DType::kBF16);
+  for (uint16_t x : h) EXPECT(bf16_to_f32(x) == bf16_to_f32(f32_to_bf16(ranks_sum)));
+  std::vector<uint16_t> hm(counts[r], f32_to_bf16(static_cast<float>(r)));
+  std::vector<uint16_t> hall(all.size());
+  comm.all_gather(hm.data(), hall.data(), counts, DType::kBF16);
+  off = 0;
+  for (int k = 0; k < n; ++k)
+    for (size_t j = 0; j < counts[k]; ++j) EXPECT(bf16_to_f32(hall[off++]) == static_cast<float>(k));
+
   char text[32] = {0};
   if (r == n - 1) std::strcpy(text, "from the last rank");
   comm.broadcast(text, sizeof text, n - 1);

@@ -10,6 +10,8 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "grammar/grammar_compiler.h"
+#include <nlohmann/json.hpp>
 #include "fake_model.h"
 
 namespace shardlm {
@@ -568,5 +570,117 @@ TEST(Engine, WithoutDetokenizerNoTextAndNoStopStrings) {
   EXPECT_TRUE(f.out.get("a").text.empty());
 }
 
+
+namespace grammar_tests {
+
+// Bytes for the 64 fake-model tokens: single characters JSON needs, a few
+// multi-byte pieces, filler the grammar never allows, and the EOS id 63.
+std::vector<std::string> toy_bytes() {
+  std::vector<std::string> t;
+  for (char c : std::string("{}\":, 0123456789nokteruflsab[]-.")) t.push_back(std::string(1, c));
+  for (const char* s : {"{\"", "\": ", "true", "false", ", \"", "12", "\"n", "ok\"", "}\n"}) t.push_back(s);
+  while (t.size() < 63) t.push_back("zz");
+  t.push_back("");  // EOS
+  return t;
+}
+constexpr int32_t kToyEos = 63;
+
+std::shared_ptr<const grammar::CompiledGrammar> toy_grammar(const std::string& schema) {
+  static grammar::GrammarCompiler compiler(
+      std::make_shared<grammar::TokenVocabulary>(toy_bytes(), std::vector<int32_t>{kToyEos}));
+  grammar::GrammarSpec spec;
+  spec.kind = grammar::GrammarSpec::Kind::kJsonSchema;
+  spec.schema = nlohmann::ordered_json::parse(schema);
+  return compiler.compile(spec);
+}
+
+const char* const kSchema = R"({"type":"object","properties":{"n":{"type":"integer"},"ok":{"type":"boolean"}},
+                                "required":["n","ok"],"additionalProperties":false})";
+
+std::string bytes_of(const std::vector<int32_t>& tokens) {
+  static const auto b = toy_bytes();
+  std::string s;
+  for (int32_t t : tokens) s += b[size_t(t)];
+  return s;
+}
+
+void expect_valid(const SeqResult& r, const std::string& id) {
+  ASSERT_EQ(r.finish, FinishReason::kStop) << id << ": " << bytes_of(r.tokens) << " " << r.error;
+  std::vector<int32_t> toks = r.tokens;
+  if (!toks.empty() && toks.back() == kToyEos) toks.pop_back();
+  const auto v = nlohmann::json::parse(bytes_of(toks));  // throws if not JSON
+  EXPECT_TRUE(v.at("n").is_number_integer()) << bytes_of(toks);
+  EXPECT_TRUE(v.at("ok").is_boolean()) << bytes_of(toks);
+  EXPECT_EQ(v.size(), 2u);
+}
+
+TEST(EngineGrammar, SampledAndGreedyOutputsFollowTheSchemaAndStop) {
+  EngineConfig c = config();
+  c.eos_token_ids = {kToyEos};
+  Fixture f(c);
+  const auto g = toy_grammar(kSchema);
+  for (int i = 0; i < 16; ++i) {  // a batch of 16 constrained sequences: masks filled in parallel
+    EngineRequest r = greedy("g" + std::to_string(i), make_prompt(5 + i, 900 + i), 80);
+    r.stop.ignore_eos = false;
+    r.stop.min_tokens = 3;  // the grammar, not min_tokens, decides the end
+    if (i % 2) {
+      r.sampling.temperature = 1.0;
+      r.sampling.seed = 77 + i;
+    }
+    r.grammar = g;
+    f.engine.submit(r, f.out.callbacks());
+  }
+  EngineRequest free = greedy("free", make_prompt(9, 5), 20);  // unconstrained in the same batch
+  f.engine.submit(free, f.out.callbacks());
+  f.engine.run_until_idle();
+  for (int i = 0; i < 16; ++i) expect_valid(f.out.get("g" + std::to_string(i)), "g" + std::to_string(i));
+  EXPECT_EQ(f.out.get("free").tokens, reference_greedy(make_prompt(9, 5), 20, kVocab));
+  expect_clean(f);
+}
+
+TEST(EngineGrammar, PreemptionKeepsTheGrammarState) {
+  auto run = [](int32_t n_blocks, int64_t* n_preempt) {
+    EngineConfig c = config(n_blocks, 64);
+    c.eos_token_ids = {kToyEos};
+    Fixture f(c);
+    const auto g = toy_grammar(R"({"type":"array","items":{"type":"integer","minimum":0,"maximum":99},"minItems":6,"maxItems":6})");
+    for (int i = 0; i < 8; ++i) {
+      EngineRequest r = greedy("p" + std::to_string(i), make_prompt(10 + 7 * i, 60 + i), 60);
+      r.grammar = g;
+      f.engine.submit(r, f.out.callbacks());
+    }
+    f.engine.run_until_idle();
+    std::map<std::string, std::vector<int32_t>> got;
+    for (int i = 0; i < 8; ++i) {
+      SeqResult r = f.out.get("p" + std::to_string(i));
+      EXPECT_EQ(r.finish, FinishReason::kStop) << bytes_of(r.tokens);
+      const auto v = nlohmann::json::parse(bytes_of(r.tokens));
+      EXPECT_EQ(v.size(), 6u);
+      got["p" + std::to_string(i)] = r.tokens;
+    }
+    *n_preempt = f.engine.metrics().snapshot().num_preemptions_total;
+    expect_clean(f);
+    return got;
+  };
+  int64_t n0 = 0, n1 = 0;
+  const auto ref = run(512, &n0);
+  const auto got = run(30, &n1);
+  EXPECT_EQ(n0, 0);
+  EXPECT_GT(n1, 0);
+  EXPECT_EQ(ref, got);
+}
+
+TEST(EngineGrammar, GrammarWiderThanTheModelIsRefused) {
+  Fixture f(config());
+  std::vector<std::string> wide(size_t(kVocab) + 1, "a");
+  auto g = std::make_shared<grammar::CompiledGrammar>(
+      grammar::build_nfa(grammar::GrammarSpec{}),
+      std::make_shared<grammar::TokenVocabulary>(wide, std::vector<int32_t>{}), "json_object");
+  EngineRequest r = greedy("w", make_prompt(4, 1), 4);
+  r.grammar = g;
+  EXPECT_THROW(f.engine.submit(r, f.out.callbacks()), Error);
+}
+
+}  // namespace grammar_tests
 }  // namespace
 }  // namespace shardlm

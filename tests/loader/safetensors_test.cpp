@@ -186,11 +186,28 @@ TEST(Safetensors, UnsupportedDtypesAreNamed) {
       parse(make_raw(header_with(R"({"dtype":"I64","shape":[3],"data_offsets":[0,24]})"), base_data(), 256)));
   EXPECT_EQ(p.code, ErrorCode::kUnsupported);
   EXPECT_EQ(p.tensor, "a");
-  EXPECT_EQ(p.message, "tensor a has dtype I64, which shardlm does not support (supported: F32, F16, BF16)");
-  // F8_E4M3 [4, 6] = 24 bytes.
+  EXPECT_EQ(p.message,
+            "tensor a has dtype I64, which shardlm does not support (supported: F32, F16, BF16, F8_E4M3, I32, I8, U8)");
+  // F8_E5M2 [4, 6] = 24 bytes.
   p = only_problem(
-      parse(make_raw(header_with(R"({"dtype":"F8_E4M3","shape":[4,6],"data_offsets":[0,24]})"), base_data(), 256)));
-  EXPECT_EQ(p.message, "tensor a has dtype F8_E4M3, which shardlm does not support (supported: F32, F16, BF16)");
+      parse(make_raw(header_with(R"({"dtype":"F8_E5M2","shape":[4,6],"data_offsets":[0,24]})"), base_data(), 256)));
+  EXPECT_EQ(p.message,
+            "tensor a has dtype F8_E5M2, which shardlm does not support (supported: F32, F16, BF16, F8_E4M3, I32, I8, U8)");
+}
+
+TEST(Safetensors, QuantizedStorageDtypesAreRead) {
+  // F8_E4M3 [4, 6] = 24 bytes, I32 [6] = 24 bytes, I8 / U8 [24] = 24 bytes.
+  for (const auto& [name, shape, dtype] :
+       {std::tuple{"F8_E4M3", "[4,6]", DType::kF8E4M3}, std::tuple{"I32", "[6]", DType::kI32},
+        std::tuple{"I8", "[24]", DType::kI8}, std::tuple{"U8", "[24]", DType::kU8}}) {
+    SafetensorsHeader h = parse(make_raw(
+        header_with(std::string(R"({"dtype":")") + name + R"(","shape":)" + shape + R"(,"data_offsets":[0,24]})"),
+        base_data(), 256));
+    EXPECT_TRUE(h.ok()) << name;
+    ASSERT_EQ(h.tensors.size(), 1u) << name;
+    EXPECT_TRUE(h.tensors[0].usable) << name;
+    EXPECT_EQ(h.tensors[0].dtype, dtype) << name;
+  }
 }
 
 TEST(Safetensors, ShapeMustBeNonNegativeIntegers) {

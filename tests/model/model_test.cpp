@@ -16,6 +16,9 @@
 namespace shardlm {
 namespace {
 
+std::shared_ptr<backend::Backend> cpu() { return backend::make_backend({}); }
+
+
 using testing::qwen25_7b_like;
 using testing::random_weights;
 
@@ -94,7 +97,7 @@ TEST(CausalLM, BatchedSequencesMatchSeparateRuns) {
   ModelSpec spec = qwen25_7b_like(512, 2, 256, 300);
   auto w = random_weights(spec, 4);
   SoloComm tp, pp;
-  auto model = CausalLM::load(spec, w, Layout{}, 0, 0, tp, pp);
+  auto model = CausalLM::load(spec, w, Layout{}, 0, 0, tp, pp, cpu());
   const int64_t vocab = spec.vocab_size;
   // Separately: A = 5 prompt tokens, B = 3 prompt tokens then 1 decode token.
   std::vector<int32_t> a{1, 2, 3, 4, 5}, b{9, 8, 7}, b_next{42};
@@ -142,7 +145,7 @@ TEST(CausalLM, RankWeightsEqualPlanBytes) {
     run_local_ranks(layout.tp * layout.pp, [&](Communicator& world) {
       RankComms c = split_rank_comms(world, layout);
       const int tp = world.rank() % layout.tp, pp = world.rank() / layout.tp;
-      auto m = CausalLM::load(spec, w, layout, tp, pp, *c.tp, *c.pp);
+      auto m = CausalLM::load(spec, w, layout, tp, pp, *c.tp, *c.pp, cpu());
       EXPECT_EQ(m->weight_bytes(), rank_weight_bytes(spec, layout, tp, pp)) << layout.to_string() << " rank " << world.rank();
       if (layout.tp == 1) EXPECT_EQ(m->copied_bytes(), 0);
       else EXPECT_GT(m->copied_bytes(), 0);
@@ -197,7 +200,7 @@ TEST(CausalLM, MissingOrMisshapenTensorIsNamed) {
   wrong.intermediate_size = 128;
   SoloComm tp, pp;
   try {
-    CausalLM::load(wrong, w, Layout{}, 0, 0, tp, pp);
+    CausalLM::load(wrong, w, Layout{}, 0, 0, tp, pp, cpu());
     FAIL() << "loaded a checkpoint with the wrong MLP width";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
@@ -206,14 +209,14 @@ TEST(CausalLM, MissingOrMisshapenTensorIsNamed) {
   }
   auto partial = std::make_shared<MemoryWeightSource>();
   try {
-    CausalLM::load(spec, partial, Layout{}, 0, 0, tp, pp);
+    CausalLM::load(spec, partial, Layout{}, 0, 0, tp, pp, cpu());
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kNotFound);
     EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight"), std::string::npos) << e.what();
   }
   // Token ids outside the vocabulary are refused, not read out of bounds.
-  auto m = CausalLM::load(spec, w, Layout{}, 0, 0, tp, pp);
+  auto m = CausalLM::load(spec, w, Layout{}, 0, 0, tp, pp, cpu());
   KvCache cache = m->make_kv_cache(2, 4, DType::kF32);
   ForwardBatch b;
   b.token_ids = {static_cast<int32_t>(spec.vocab_size)};

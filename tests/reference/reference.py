@@ -19,6 +19,10 @@ transformers forward (Qwen2Model, Qwen3Model, LlamaModel) in float64:
     q_norm/k_norm over each head before RoPE; tied embeddings when
     tie_word_embeddings (or when lm_head.weight is absent).
 
+Quantized checkpoints (config.json quantization_config: AWQ, GPTQ, FP8) are
+unpacked by quantized.py, with its own code, and the forward runs on the
+dequantized weights.
+
 Greedy decoding (argmax, lowest id on ties) with an incremental KV cache.
 Stops at max_tokens or at an eos id (config.json eos_token_id and
 generation_config.json eos_token_id, unless --ignore-eos).
@@ -66,6 +70,10 @@ def read_safetensors(path):
 
 
 def load_weights(model_dir):
+    import quantized  # tests/reference/quantized.py: AWQ / GPTQ / FP8 unpacked to float64
+
+    if quantized.quantization_config(model_dir) is not None:
+        return quantized.load_dequantized(model_dir)
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "sampling/sampler.h"
+#include "sampling/token_mask.h"
 
 namespace shardlm {
 namespace {
@@ -167,3 +168,13 @@ TEST(Sampler, RejectsLogitsOfTheWrongSize) {
 
 }  // namespace
 }  // namespace shardlm
+
+TEST(TokenBitmask, MasksDisallowedAndUncoveredTokens) {
+  std::vector<float> logits(70, 1.0f);
+  std::vector<uint32_t> mask = {0xFFFFFFFFu, 0x00000005u};  // tokens 0..31, 32 and 34; 64+ uncovered
+  shardlm::apply_token_bitmask(logits, mask);
+  for (int t = 0; t < 70; ++t) {
+    const bool allowed = t < 32 || t == 32 || t == 34;
+    EXPECT_EQ(std::isinf(logits[size_t(t)]), !allowed) << t;
+  }
+}

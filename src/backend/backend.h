@@ -1,0 +1,106 @@
+// The compute interface every device implements. One Backend object per rank
+// owns the rank's device, its allocator and its execution context (a CPU
+// thread budget; a CUDA stream). Model code is written once against it, the
+// way it is written against Communicator: it never touches a device pointer,
+// never allocates per step and never knows which device it runs on.
+//
+// Ops take Tensors. Activations are in activation_dtype() (f32 on CPU; a GPU
+// backend may choose bf16); weights stay in their checkpoint dtype and are
+// widened in registers. Shapes are written [rows, cols] below; every op checks
+// them and throws Error(kInternal) on a mismatch (a bug in the caller, never
+// user input). Ops run in order on the backend's context; a device backend may
+// run them asynchronously, and download()/synchronize() wait.
+//
+// Implementations: backend/cpu (CpuBackend), backend/cuda (with SHARDLM_CUDA).
+// The scalar reference kernels (backend/ops.h, namespace ref) are the oracle
+// every implementation is tested against.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/ops.h"
+#include "backend/step_metadata.h"
+#include "core/tensor.h"
+
+namespace shardlm::backend {
+
+// A linear layer's weights as a rank holds them: weight [out, in] in its
+// stored dtype, bias [out] or undefined.
+struct Linear {
+  Tensor weight;
+  Tensor bias;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;  // "cpu (2 threads, avx2)", "cuda:0 (NVIDIA H200)"
+  virtual DType activation_dtype() const = 0;
+
+  // ---- memory ----
+  // A zero-filled tensor on the device. Every allocation is counted, as it
+  // is made, by allocated_bytes() (and uncounted when the last Tensor sharing
+  // its storage goes): a measurement of what the rank holds, never a formula.
+  virtual Tensor alloc(DType dtype, TensorShape shape) = 0;
+  virtual int64_t allocated_bytes() const = 0;
+  // A weight as the device holds it, from its host form: a view of the
+  // checkpoint mapping, or a host buffer (a column slice) it now owns. CPU
+  // keeps views as they are (zero copy, nothing allocated) and counts owned
+  // buffers as allocated; a GPU copies to device memory.
+  virtual Tensor adopt_weight(Tensor host) = 0;
+  // Host <-> device copies of a whole tensor's bytes.
+  virtual void upload(const void* host, Tensor& dst) = 0;
+  virtual void download(const Tensor& src, void* host) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- one step ----
+  // Called once per step before its ops, with the step's packed metadata
+  // (a device backend copies meta.packed() here, in one transfer).
+  virtual void begin_step(const StepMetadata& meta) = 0;
+
+  // out[n_tokens, hidden]: rows of table [vocab_local, hidden] for the step's
+  // token ids in [vocab_begin, vocab_end), zeros elsewhere (summed over the TP
+  // group by the caller). Throws kInvalidArgument for an id outside
+  // [0, vocab_size).
+  virtual void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
+                     const StepMetadata& meta, Tensor& out) = 0;
+  // y[n, out] = x[n, in] × weightᵀ (+ bias).
+  virtual void matmul(const Tensor& x, const Linear& w, Tensor& y) = 0;
+  // out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × weight; x, out: [rows, d] (out may be x).
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  // hidden += delta, then out = rms_norm(hidden): the residual add fused with
+  // the norm that follows it. hidden, delta, out: [rows, d].
+  virtual void add_rms_norm(Tensor& hidden, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) = 0;
+  // y += x, both [rows, d].
+  virtual void add(Tensor& y, const Tensor& x) = 0;
+  // Rotate-half rotary embedding in place at the step's positions.
+  // x: [n_tokens, n_heads, head_dim]; inv_freq: [head_dim / 2] f32 (host or device).
+  virtual void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) = 0;
+  // out[n, inter] = silu(gate) × up; gate, up: [n, inter] (out may be gate).
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // Stores the step's keys and values, k, v: [n_tokens, n_kv_local, head_dim], into the cache.
+  virtual void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
+                              const Tensor& v) = 0;
+  // Causal attention of each chunk over its cached past and itself (written
+  // first with kv_cache_write), scaled by 1/sqrt(head_dim).
+  // q, out: [n_tokens, n_q_local, head_dim].
+  virtual void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
+                               const AttentionHeads& heads, Tensor& out) = 0;
+  // out[n_logits, d] = rows meta.logit_rows() of x[n_tokens, d].
+  virtual void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
+};
+
+struct BackendOptions {
+  Device device;            // cpu, or cuda:i
+  int n_threads = 0;        // CPU: threads for this rank's ops (0: all cores / ranks sharing them)
+};
+
+// The backend for options.device. Throws Error(kUnsupported) for a device
+// this build cannot drive (cuda without SHARDLM_CUDA), naming the build flag.
+std::shared_ptr<Backend> make_backend(const BackendOptions& options);
+
+}  // namespace shardlm::backend

@@ -1,0 +1,187 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+
+#include "core/error.h"
+
+namespace shardlm::backend {
+
+namespace {
+
+constexpr size_t kAlignment = 64;              // a cache line; every SIMD load width
+constexpr size_t kMapThreshold = size_t{1} << 20;  // from here on, whole pages from mmap
+constexpr size_t kPage = 4096;
+
+const float* f32(const Tensor& t, const char* what) {
+  SHARDLM_CHECK(t.dtype() == DType::kF32 && t.device().is_cpu(), what, ": expected f32 on cpu, got ",
+                t.describe());
+  return static_cast<const float*>(t.data());
+}
+float* f32_mut(Tensor& t, const char* what) { return const_cast<float*>(f32(t, what)); }
+
+int64_t rows_of(const Tensor& t) { return t.rank() <= 1 ? 1 : t.numel() / t.dim(t.rank() - 1); }
+int64_t cols_of(const Tensor& t) { return t.rank() == 0 ? 0 : t.dim(t.rank() - 1); }
+
+MatrixView matrix(const Tensor& w) {
+  SHARDLM_CHECK(w.rank() == 2, "a weight matrix must be 2-D, got ", w.describe());
+  return {w.data(), w.dtype(), w.dim(0), w.dim(1)};
+}
+VectorView vector(const Tensor& v) { return {v.data(), v.dtype(), v.numel()}; }
+
+}  // namespace
+
+CpuBackend::CpuBackend(int n_threads) : n_threads_(n_threads) { set_num_threads(n_threads_); }
+
+std::string CpuBackend::name() const {
+  std::string isa =
+#if defined(__AVX512F__)
+      "avx512";
+#elif defined(__AVX2__)
+      "avx2";
+#else
+      "portable";
+#endif
+  return "cpu (" + std::to_string(n_threads_ > 0 ? n_threads_ : num_threads()) + " threads, " + isa + ")";
+}
+
+Tensor CpuBackend::alloc(DType dtype, TensorShape shape) {
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  void* p = nullptr;
+  size_t obtained = 0;
+  std::function<void(void*)> release;
+  if (bytes >= kMapThreshold) {
+    // Large buffers (the KV cache, big workspaces): anonymous pages, zero
+    // until first touched (resident memory grows with use), in huge pages
+    // where the kernel allows, so attention and GEMM walk fewer TLB entries.
+    obtained = (bytes + kPage - 1) / kPage * kPage;
+    p = mmap(nullptr, obtained, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+    if (p) madvise(p, obtained, MADV_HUGEPAGE);
+    release = [obtained](void* q) { munmap(q, obtained); };
+  } else {
+    obtained = std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+    p = std::aligned_alloc(kAlignment, obtained);
+    if (p) std::memset(p, 0, obtained);
+    release = [](void* q) { std::free(q); };
+  }
+  if (!p)
+    fail(ErrorCode::kOutOfMemory, "could not allocate ", bytes, " bytes of host memory for a ",
+         dtype_safetensors_name(dtype), shape.to_string(), " tensor");
+  // Counted: the bytes each allocation asked for, as it happens (a second
+  // copy of a weight, or a cache sized twice, shows here). Alignment and page
+  // rounding (under 4 KiB per allocation) is left out, so that the figure can
+  // be compared exactly with plan's.
+  const int64_t counted = static_cast<int64_t>(bytes);
+  counter_->bytes += counted;
+  std::shared_ptr<void> storage(p, [counter = counter_, counted, release = std::move(release)](void* q) {
+    release(q);
+    counter->bytes -= counted;
+  });
+  return Tensor::owning(std::move(storage), p, dtype, shape);
+}
+
+Tensor CpuBackend::adopt_weight(Tensor host) {
+  SHARDLM_CHECK(host.device().is_cpu(), "adopt_weight takes a host tensor, got ", host.describe());
+  if (!host.owns_storage()) return host;  // a view of the checkpoint mapping
+  Tensor owned = alloc(host.dtype(), host.shape());
+  std::memcpy(owned.data(), host.data(), host.nbytes());
+  return owned;
+}
+
+void CpuBackend::upload(const void* host, Tensor& dst) { std::memcpy(dst.data(), host, dst.nbytes()); }
+void CpuBackend::download(const Tensor& src, void* host) { std::memcpy(host, src.data(), src.nbytes()); }
+
+void CpuBackend::begin_step(const StepMetadata&) { set_num_threads(n_threads_); }
+
+void CpuBackend::embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
+                       const StepMetadata& meta, Tensor& out) {
+  const int64_t n = meta.n_tokens(), h = cols_of(table);
+  SHARDLM_CHECK(table.rank() == 2 && table.dim(0) == vocab_end - vocab_begin && out.numel() == n * h,
+                "embed: table ", table.describe(), ", vocab [", vocab_begin, ", ", vocab_end, "), out ", out.describe());
+  float* o = f32_mut(out, "embed out");
+  const int32_t* ids = meta.token_ids();
+  const size_t esize = dtype_size(table.dtype());
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t id = ids[t];
+    if (id < 0 || id >= vocab_size)
+      fail(ErrorCode::kInvalidArgument, "token id ", id, " at position ", t, " is outside the vocabulary [0, ",
+           vocab_size, ")");
+    float* row = o + t * h;
+    if (id < vocab_begin || id >= vocab_end) {
+      std::memset(row, 0, static_cast<size_t>(h) * sizeof(float));
+      continue;
+    }
+    const void* src = static_cast<const char*>(table.data()) + static_cast<size_t>((id - vocab_begin) * h) * esize;
+    for (int64_t i = 0; i < h; ++i) row[i] = load_as_f32(src, table.dtype(), static_cast<size_t>(i));
+  }
+}
+
+void CpuBackend::matmul(const Tensor& x, const Linear& w, Tensor& y) {
+  const MatrixView m = matrix(w.weight);
+  const int64_t n = rows_of(x);
+  SHARDLM_CHECK(cols_of(x) == m.cols && y.numel() == n * m.rows, "matmul: x ", x.describe(), ", weight ",
+                w.weight.describe(), ", y ", y.describe());
+  const VectorView b = w.bias.defined() ? vector(w.bias) : VectorView{};
+  backend::matmul(f32(x, "matmul x"), n, m, w.bias.defined() ? &b : nullptr, f32_mut(y, "matmul y"));
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  SHARDLM_CHECK(cols_of(x) == weight.numel() && out.numel() == x.numel(), "rms_norm: x ", x.describe(), ", weight ",
+                weight.describe(), ", out ", out.describe());
+  backend::rms_norm(f32(x, "rms_norm x"), rows_of(x), vector(weight), eps, f32_mut(out, "rms_norm out"));
+}
+
+void CpuBackend::add_rms_norm(Tensor& hidden, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) {
+  add(hidden, delta);
+  rms_norm(hidden, weight, eps, out);
+}
+
+void CpuBackend::add(Tensor& y, const Tensor& x) {
+  SHARDLM_CHECK(y.numel() == x.numel(), "add: y ", y.describe(), ", x ", x.describe());
+  add_inplace(f32_mut(y, "add y"), f32(x, "add x"), y.numel());
+}
+
+void CpuBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) {
+  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && inv_freq.numel() * 2 == x.dim(2),
+                "rope: x ", x.describe(), ", inv_freq ", inv_freq.describe(), ", ", meta.n_tokens(), " tokens");
+  backend::rope(f32_mut(x, "rope x"), x.dim(0), x.dim(1), x.dim(2), meta.positions(), f32(inv_freq, "inv_freq"));
+}
+
+void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  SHARDLM_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "silu_mul: gate ", gate.describe(),
+                ", up ", up.describe(), ", out ", out.describe());
+  backend::silu_mul(f32(gate, "gate"), f32(up, "up"), gate.numel(), f32_mut(out, "silu_mul out"));
+}
+
+void CpuBackend::kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
+                                const Tensor& v) {
+  const int64_t row = cache.n_kv_heads * cache.head_dim;
+  SHARDLM_CHECK(k.numel() == meta.n_tokens() * row && v.numel() == k.numel(), "kv_cache_write: k ", k.describe(),
+                ", v ", v.describe());
+  backend::kv_cache_write(cache, meta.seqs(), meta.n_seqs(), f32(k, "k"), f32(v, "v"));
+}
+
+void CpuBackend::paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
+                                 const AttentionHeads& heads, Tensor& out) {
+  const int64_t elems = meta.n_tokens() * heads.n_q_heads * cache.head_dim;
+  SHARDLM_CHECK(q.numel() == elems && out.numel() == elems, "paged_attention: q ", q.describe(), ", out ",
+                out.describe());
+  backend::paged_attention(f32(q, "q"), cache, meta.seqs(), meta.n_seqs(), heads, f32_mut(out, "attention out"));
+}
+
+void CpuBackend::gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) {
+  const int64_t d = cols_of(x);
+  SHARDLM_CHECK(rows_of(x) == meta.n_tokens() && out.numel() == meta.n_logits() * d, "gather_logit_rows: x ",
+                x.describe(), ", out ", out.describe());
+  const float* src = f32(x, "x");
+  float* dst = f32_mut(out, "out");
+  for (int64_t i = 0; i < meta.n_logits(); ++i)
+    std::memcpy(dst + i * d, src + static_cast<int64_t>(meta.logit_rows()[i]) * d, static_cast<size_t>(d) * sizeof(float));
+}
+
+}  // namespace shardlm::backend

@@ -1,0 +1,53 @@
+// The CPU implementation of Backend: f32 activations, weights widened in
+// registers (backend/ops.h kernels: AVX2/FMA + OpenMP), host memory counted
+// as the allocator obtains it.
+#pragma once
+
+#include <atomic>
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace shardlm::backend {
+
+class CpuBackend final : public Backend {
+ public:
+  // n_threads: OpenMP threads of this rank's ops (0: all cores).
+  explicit CpuBackend(int n_threads = 0);
+
+  Device device() const override { return Device{}; }
+  std::string name() const override;
+  DType activation_dtype() const override { return DType::kF32; }
+  int n_threads() const { return n_threads_; }
+
+  Tensor alloc(DType dtype, TensorShape shape) override;
+  int64_t allocated_bytes() const override { return counter_->bytes.load(); }
+  Tensor adopt_weight(Tensor host) override;
+  void upload(const void* host, Tensor& dst) override;
+  void download(const Tensor& src, void* host) override;
+  void synchronize() override {}
+
+  void begin_step(const StepMetadata& meta) override;
+  void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
+             const StepMetadata& meta, Tensor& out) override;
+  void matmul(const Tensor& x, const Linear& w, Tensor& y) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& hidden, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) override;
+  void add(Tensor& y, const Tensor& x) override;
+  void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) override;
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k, const Tensor& v) override;
+  void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
+                       const AttentionHeads& heads, Tensor& out) override;
+  void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) override;
+
+ private:
+  // Shared with the storage deleters, so a tensor may outlive its backend.
+  struct Counter {
+    std::atomic<int64_t> bytes{0};
+  };
+  std::shared_ptr<Counter> counter_ = std::make_shared<Counter>();
+  int n_threads_;
+};
+
+}  // namespace shardlm::backend

@@ -1,0 +1,117 @@
+// The CUDA backend's own kernels (kernels/*.cu), as host-callable launchers on
+// a stream. Device pointers throughout; shapes in the comments. Contracts
+// mirror the CPU ops in backend/ops.h, which are their oracle (the ops test in
+// tests/backend/cuda/ compares each against backend::ref on a device):
+//   - the residual stream and attention scores stay f32; GEMM inputs, the KV
+//     cache and the attention output are bf16 (tensor-core operands);
+//   - per-step metadata (positions, slot mapping, block tables, sequence
+//     boundaries) is packed once per step on the host and copied in one go.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace shardlm::backend::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// out[i, :] = table[ids[i] - vocab_begin, :] for ids inside this rank's slice
+// [vocab_begin, vocab_begin + n_rows), zeros otherwise (the vocab-parallel
+// slices are then summed with all_reduce). table: [n_rows, dim] bf16;
+// ids: [n_tokens]; out: [n_tokens, dim] f32.
+void embedding_gather(const bf16* table, int64_t n_rows, int64_t dim, int64_t vocab_begin, const int32_t* ids,
+                      int64_t n_tokens, float* out, cudaStream_t stream);
+
+// Fused residual add + RMSNorm over rows of [n_rows, dim]:
+//   if delta: residual += delta;  out = residual / sqrt(mean(residual²) + eps) × weight.
+// residual: f32 (updated in place); delta: f32 or null; weight: [dim] bf16; out: bf16.
+void rms_norm_residual(float* residual, const float* delta, int64_t n_rows, int64_t dim, const bf16* weight, float eps,
+                       bf16* out, cudaStream_t stream);
+// Plain RMSNorm in f32, in place allowed (Qwen3's per-head q/k norm): x, out [n_rows, dim].
+void rms_norm_f32(const float* x, int64_t n_rows, int64_t dim, const bf16* weight, float eps, float* out,
+                  cudaStream_t stream);
+
+// Rotate-half RoPE in place. x: [n_tokens, n_heads, head_dim] f32 (row stride
+// row_stride floats, so q and k inside one fused qkv row work); positions:
+// [n_tokens]; inv_freq: [head_dim / 2] f32 from backend::rope_inv_freq, which
+// is where every rope type the CPU supports (default, linear, llama3) lives.
+void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t row_stride, const int32_t* positions,
+          const float* inv_freq, cudaStream_t stream);
+
+// out[i] = silu(gate[i]) × up[i]. gate, up: [n_tokens, n_inter] f32 with row
+// stride `stride` (gate and up may be halves of one GEMM output); out: [n_tokens, n_inter] bf16.
+void silu_mul(const float* gate, const float* up, int64_t n_tokens, int64_t n_inter, int64_t stride, bf16* out,
+              cudaStream_t stream);
+
+// y[i] += b[i % n] for i < n_rows × n (a bias after a GEMM). y: [n_rows, n] f32; b: [n] bf16.
+void add_bias(float* y, const bf16* b, int64_t n_rows, int64_t n, cudaStream_t stream);
+
+// One layer's paged cache on the device: K, V each [n_blocks, block_size, n_kv_heads, head_dim] bf16.
+struct DeviceKvLayer {
+  bf16* k = nullptr;
+  bf16* v = nullptr;
+  int64_t n_blocks = 0;
+  int64_t block_size = 0;
+  int64_t n_kv_heads = 0;  // heads this rank holds
+  int64_t head_dim = 0;
+};
+
+// The step's sequences as backend::StepMetadata packs them and begin_step
+// uploads them, in one buffer: records [n_seqs × 5] of (token_begin,
+// n_tokens, n_past, table_offset, n_table), and the block tables they point
+// into. A record with n_tokens = 0 is padding (a CUDA-graph bucket's spare row).
+struct DeviceSeqs {
+  const int32_t* records = nullptr;       // [n_seqs, StepMetadata::kSeqRecord]
+  const int32_t* block_tables = nullptr;  // [sum of n_table]
+  int64_t n_seqs = 0;
+};
+constexpr int kSeqRecord = 5;
+
+// Writes each new token's key and value at its position's slot (block
+// table[pos / block_size], offset pos % block_size). k, v: [n_tokens,
+// n_kv_heads, head_dim] f32 with row stride row_stride floats.
+void kv_cache_write(const DeviceKvLayer& cache, const float* k, const float* v, int64_t row_stride,
+                    const DeviceSeqs& seqs, int64_t n_tokens, cudaStream_t stream);
+
+// Which heads this rank computes: backend::AttentionHeads (uneven TP included).
+struct DeviceHeads {
+  int64_t n_q_heads = 0;
+  int64_t q_head_begin = 0;
+  int64_t kv_head_begin = 0;
+  int64_t group_size = 1;
+};
+
+// Decode attention (one new token per sequence), split-K / flash-decoding:
+// each thread block takes one (sequence, local KV head, context partition of
+// kDecodePartition tokens) and serves every local Q head of that KV head's
+// GQA group from one read of K and V; a second kernel merges the partitions.
+// Sequence s's query is row token_begin of q: [n_tokens, n_q_heads, head_dim]
+// f32 (row stride q_stride floats); its context is n_past + 1 cached tokens
+// (the new one written first). out: [n_tokens, n_q_heads, head_dim] bf16.
+// max_context bounds every context (it fixes the partition count, so a CUDA
+// graph captured with it serves any step up to it). workspace:
+// decode_attention_workspace_bytes(...) bytes, or null when max_context <= kDecodePartition.
+constexpr int kDecodePartition = 512;
+size_t decode_attention_workspace_bytes(int64_t n_seqs, int64_t n_q_heads, int64_t head_dim, int64_t max_context);
+void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
+                            const DeviceSeqs& seqs, int64_t max_context, void* workspace, bf16* out,
+                            cudaStream_t stream);
+
+// Prefill / chunked prefill attention, tiled and causal: sequence s's tokens
+// [token_begin, token_begin + n_tokens) of the batch sit at positions
+// n_past ..; each query attends to every cached position <= its own (the
+// chunk must already be in the cache). Thread blocks take (tile of
+// kPrefillQueryTile queries, Q head, sequence) and stream K/V tiles through
+// shared memory with an online softmax. q: [n_tokens, n_q_heads, head_dim] f32
+// (row stride q_stride); out: [n_tokens, n_q_heads, head_dim] bf16.
+constexpr int kPrefillQueryTile = 8;
+void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
+                             const DeviceSeqs& seqs, int64_t max_tokens_per_seq, bf16* out, cudaStream_t stream);
+
+// f32 ⇄ bf16 conversion (round to nearest even), count elements.
+void f32_to_bf16(const float* in, int64_t count, bf16* out, cudaStream_t stream);
+void bf16_to_f32(const bf16* in, int64_t count, float* out, cudaStream_t stream);
+
+}  // namespace shardlm::backend::cuda

@@ -1,0 +1,52 @@
+#include "backend/step_metadata.h"
+
+#include "core/error.h"
+
+namespace shardlm::backend {
+
+void StepMetadata::clear() {
+  ids_.clear();
+  tables_.clear();
+  pending_.clear();
+  packed_.clear();
+  seqs_.clear();
+  n_tokens_ = n_logits_ = 0;
+}
+
+void StepMetadata::add_seq(std::span<const int32_t> ids, int32_t n_past, std::span<const int32_t> block_table,
+                           bool need_logits) {
+  if (ids.empty() || n_past < 0)
+    fail(ErrorCode::kInvalidArgument, "forward batch: a sequence chunk needs at least one new token and n_past >= 0");
+  pending_.push_back({static_cast<int32_t>(ids.size()), n_past, static_cast<int32_t>(tables_.size()),
+                      static_cast<int32_t>(block_table.size()), need_logits});
+  ids_.insert(ids_.end(), ids.begin(), ids.end());
+  tables_.insert(tables_.end(), block_table.begin(), block_table.end());
+}
+
+void StepMetadata::finish() {
+  n_tokens_ = static_cast<int64_t>(ids_.size());
+  n_logits_ = 0;
+  for (const Pending& p : pending_) n_logits_ += p.need_logits ? 1 : 0;
+  const int64_t n_seqs = static_cast<int64_t>(pending_.size());
+  packed_.resize(static_cast<size_t>(2 * n_tokens_ + n_logits_ + kSeqRecord * n_seqs) + tables_.size());
+  int32_t* ids = packed_.data();
+  int32_t* pos = ids + n_tokens_;
+  int32_t* logit_rows = pos + n_tokens_;
+  int32_t* records = logit_rows + n_logits_;
+  int32_t* tables = records + kSeqRecord * n_seqs;
+  std::copy(ids_.begin(), ids_.end(), ids);
+  std::copy(tables_.begin(), tables_.end(), tables);
+  seqs_.resize(static_cast<size_t>(n_seqs));
+  int32_t begin = 0, n_rows = 0;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const Pending& p = pending_[static_cast<size_t>(s)];
+    for (int32_t t = 0; t < p.n_tokens; ++t) pos[begin + t] = p.n_past + t;
+    if (p.need_logits) logit_rows[n_rows++] = begin + p.n_tokens - 1;
+    int32_t* r = records + kSeqRecord * s;
+    r[0] = begin, r[1] = p.n_tokens, r[2] = p.n_past, r[3] = p.table_offset, r[4] = p.n_table;
+    seqs_[static_cast<size_t>(s)] = {begin, p.n_tokens, p.n_past, tables + p.table_offset, p.n_table};
+    begin += p.n_tokens;
+  }
+}
+
+}  // namespace shardlm::backend

@@ -1,0 +1,61 @@
+// What every op of one step needs to know about the batch, packed once per
+// step into a single int32 buffer so that a device backend uploads it in one
+// copy (begin_step) instead of one small copy per op and layer:
+//
+//   packed = [ token_ids  (n_tokens)
+//            | positions  (n_tokens)
+//            | logit_rows (n_logits)          token index whose logits are wanted
+//            | seq records (n_seqs × 5)       token_begin, n_tokens, n_past, table_offset, n_table
+//            | block tables (sum of n_table) ]
+//
+// The host views (positions(), seqs(), ...) point into the same buffer. The
+// object is reused from step to step, so after the first steps packing
+// allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/ops.h"
+
+namespace shardlm::backend {
+
+class StepMetadata {
+ public:
+  static constexpr int kSeqRecord = 5;
+
+  // Starts a new step.
+  void clear();
+  // Appends one sequence's chunk: token ids at positions n_past .. n_past +
+  // ids.size() - 1, with the block table covering them; need_logits asks for
+  // the logits of its last new token.
+  void add_seq(std::span<const int32_t> ids, int32_t n_past, std::span<const int32_t> block_table, bool need_logits);
+  // Lays out the packed buffer and the host views; call after the last add_seq.
+  void finish();
+
+  int64_t n_tokens() const { return n_tokens_; }
+  int64_t n_seqs() const { return static_cast<int64_t>(seqs_.size()); }
+  int64_t n_logits() const { return n_logits_; }
+  const int32_t* token_ids() const { return packed_.data(); }                       // [n_tokens]
+  const int32_t* positions() const { return packed_.data() + n_tokens_; }           // [n_tokens]
+  const int32_t* logit_rows() const { return packed_.data() + 2 * n_tokens_; }      // [n_logits]
+  const AttentionSeq* seqs() const { return seqs_.data(); }                         // [n_seqs], host pointers
+  std::span<const int32_t> packed() const { return packed_; }
+  // Offsets into packed() of each part, for a device copy of it.
+  int64_t seq_records_offset() const { return 2 * n_tokens_ + n_logits_; }
+  int64_t block_tables_offset() const { return seq_records_offset() + kSeqRecord * n_seqs(); }
+
+ private:
+  struct Pending {
+    int32_t n_tokens, n_past, table_offset, n_table;
+    bool need_logits;
+  };
+  std::vector<int32_t> ids_, tables_;  // staging of add_seq
+  std::vector<Pending> pending_;
+  std::vector<int32_t> packed_;
+  std::vector<AttentionSeq> seqs_;
+  int64_t n_tokens_ = 0, n_logits_ = 0;
+};
+
+}  // namespace shardlm::backend

@@ -1,0 +1,89 @@
+// Allocator accounting and the --gpu-memory-utilization rule, with a fake
+// device whose free memory the test controls.
+#include <gtest/gtest.h>
+
+#include "backend/device/memory_accounting.h"
+#include "core/error.h"
+
+namespace shardlm::backend {
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+struct FakeDevice : MemInfoSource {
+  DeviceMemInfo info{.free_bytes = 140 * kGiB, .total_bytes = 141 * kGiB};
+  int n_queries = 0;
+  DeviceMemInfo query() override {
+    ++n_queries;
+    return info;
+  }
+  // What a real driver does: hands out whole 2 MiB pages.
+  void alloc(uint64_t bytes) { info.free_bytes -= (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20); }
+  void release(uint64_t bytes) { info.free_bytes += (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20); }
+};
+
+TEST(DeviceMemoryAccounting, ChargesWhatTheDeviceLostNotWhatWasAsked) {
+  FakeDevice dev;
+  DeviceMemoryAccounting acc(dev);
+  const uint64_t asked = 1000;  // rounds up to one 2 MiB page
+  EXPECT_EQ(acc.measure(MemCategory::kWeights, asked, [&] { dev.alloc(asked); }), 2u << 20);
+  acc.measure(MemCategory::kKvCache, 3 * kGiB, [&] { dev.alloc(3 * kGiB); });
+  EXPECT_EQ(acc.measured(MemCategory::kWeights), 2u << 20);
+  EXPECT_EQ(acc.requested(MemCategory::kWeights), asked);
+  EXPECT_EQ(acc.measured(MemCategory::kKvCache), 3 * kGiB);
+  EXPECT_EQ(acc.measured_total(), 3 * kGiB + (2u << 20));
+  dev.info.free_bytes -= 500u << 20;  // the context grew on its own
+  EXPECT_EQ(acc.used_since_baseline(), static_cast<int64_t>(3 * kGiB + (2u << 20) + (500u << 20)));
+  EXPECT_EQ(acc.measure_release(MemCategory::kKvCache, 3 * kGiB, [&] { dev.release(3 * kGiB); }), 3 * kGiB);
+  EXPECT_EQ(acc.measured(MemCategory::kKvCache), 0u);
+  EXPECT_NE(acc.summary().find("weights 0.00 GiB (asked 0.00 GiB), kv_cache 0.00 GiB"), std::string::npos);
+}
+
+TEST(DeviceMemoryAccounting, AnotherProcessFreeingMemoryIsNotANegativeAllocation) {
+  FakeDevice dev;
+  DeviceMemoryAccounting acc(dev);
+  EXPECT_EQ(acc.measure(MemCategory::kWorkspace, 10, [&] { dev.info.free_bytes += kGiB; }), 0u);
+  EXPECT_EQ(acc.n_negative_deltas(), 1);
+  EXPECT_EQ(acc.measured(MemCategory::kWorkspace), 0u);
+}
+
+TEST(UtilizationBudget, KvGetsTotalTimesUtilizationMinusWhatIsHeld) {
+  UtilizationBudgetInput in{.gpu_memory_utilization = 0.9,
+                            .at_startup = {.free_bytes = 139 * kGiB, .total_bytes = 140 * kGiB},
+                            .held_bytes = 20 * kGiB};
+  EXPECT_EQ(kv_cache_budget_bytes(in), 126 * kGiB - 20 * kGiB);
+}
+
+TEST(UtilizationBudget, RefusesWithNumbersWhenOthersHoldTheMemory) {
+  UtilizationBudgetInput in{.gpu_memory_utilization = 0.9,
+                            .at_startup = {.free_bytes = 100 * kGiB, .total_bytes = 140 * kGiB},
+                            .held_bytes = 0,
+                            .device = 2};
+  try {
+    kv_cache_budget_bytes(in);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("device 2: free memory at startup (100.00 GiB of 140.00 GiB) is less than "
+                                         "--gpu-memory-utilization 0.9 × total = 126.00 GiB"),
+              std::string::npos)
+        << e.what();
+  }
+  in.at_startup.free_bytes = 140 * kGiB;
+  in.held_bytes = 127 * kGiB;
+  EXPECT_THROW(kv_cache_budget_bytes(in), Error);
+  in.gpu_memory_utilization = 1.5;
+  EXPECT_THROW(kv_cache_budget_bytes(in), Error);
+  in.gpu_memory_utilization = 0.0;
+  EXPECT_THROW(kv_cache_budget_bytes(in), Error);
+}
+
+TEST(UtilizationBudget, PlanDisagreement) {
+  EXPECT_DOUBLE_EQ(plan_disagreement(1000, 1005), 0.005);
+  EXPECT_DOUBLE_EQ(plan_disagreement(1000, 990), 0.01);
+  EXPECT_DOUBLE_EQ(plan_disagreement(0, 0), 0.0);
+  EXPECT_GT(plan_disagreement(0, 1), 1.0);
+}
+
+}  // namespace
+}  // namespace shardlm::backend
