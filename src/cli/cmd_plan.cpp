@@ -34,6 +34,7 @@ struct PlanCliOptions {
   double reserve_gib = static_cast<double>(kDefaultGpuReserveBytes) / kGiB;
   int64_t block_size = kDefaultBlockSize;
   bool json = false;
+  bool enable_expert_parallel = false;
 };
 
 struct ResolvedModel {
@@ -102,6 +103,10 @@ int run_plan(const PlanCliOptions& o) {
   if (!(o.reserve_gib >= 0)) return usage_error("--reserve-gib must not be negative");
   options.budget.reserve_bytes = static_cast<int64_t>(o.reserve_gib * kGiB);
   options.objective = o.objective == "throughput" ? Objective::kThroughput : Objective::kLatency;
+  if (o.enable_expert_parallel && !model.spec.is_moe())
+    return usage_error("--enable-expert-parallel: " + model.spec.architecture +
+                       " is a dense model without experts; the flag applies to mixture-of-experts models");
+  options.expert_parallel = o.enable_expert_parallel;
   if (!parse_kv_cache_dtype(o.kv_cache_dtype, &options.budget.kv_cache_dtype))
     return usage_error("--kv-cache-dtype \"" + o.kv_cache_dtype + "\": expected auto, bf16, f16, f32 or fp8");
   if (!o.dtype.empty()) {
@@ -189,6 +194,8 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();
   sub->add_flag("--json", o->json, "Print the full plan as JSON");
+  sub->add_flag("--enable-expert-parallel", o->enable_expert_parallel,
+                "MoE: experts go whole to the TP ranks (EP = TP), as vLLM's flag; attention stays tensor-parallel");
   set_command_action(sub, [o] { return run_plan(*o); });
 }
 

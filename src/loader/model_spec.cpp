@@ -75,6 +75,31 @@ bool optional_bool(const json& config, const char* field, bool fallback, const s
   return it->get<bool>();
 }
 
+// Sliding-window attention is not implemented: refuse every config that
+// would use it, naming the field, instead of silently computing full attention.
+// Qwen2/Qwen3 switch it on with use_sliding_window (sliding_window alone is
+// inert there); Mistral and Mixtral apply sliding_window whenever it is set,
+// which only changes the result when it is below max_position_embeddings.
+void check_sliding_window(const json& config, const ModelSpec& spec, const std::string& source) {
+  const bool qwen = spec.family == Family::kQwen2 || spec.family == Family::kQwen3 || spec.family == Family::kQwen3Moe;
+  if (qwen) {
+    if (optional_bool(config, "use_sliding_window", false, source))
+      fail(ErrorCode::kUnsupported, source, ": use_sliding_window=true (sliding-window attention on layers from max_window_layers) is not "
+           "supported; shardlm computes full attention only. Set use_sliding_window to false (every released Qwen2.5/Qwen3 config does)");
+    return;
+  }
+  if (spec.family != Family::kMistral && spec.family != Family::kMixtral) return;  // Llama has no window
+  auto w = config.find("sliding_window");
+  if (w == config.end() || w->is_null()) return;
+  if (!w->is_number_integer() || w->get<int64_t>() <= 0)
+    fail(ErrorCode::kInvalidArgument, source, ": field \"sliding_window\" must be null or a positive integer, found ", w->dump());
+  const int64_t max_pos = optional_int(config, "max_position_embeddings", 4096, source);
+  if (w->get<int64_t>() < max_pos)
+    fail(ErrorCode::kUnsupported, source, ": sliding_window=", w->get<int64_t>(), " (each token attends to the last ",
+         w->get<int64_t>(), " positions only) is not supported; shardlm computes full attention only, which differs beyond ",
+         w->get<int64_t>(), " tokens. Mistral v0.3 and Mixtral set sliding_window to null");
+}
+
 }  // namespace
 
 ModelSpec parse_model_config(const json& config, const std::string& source) {
@@ -113,7 +138,16 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
   spec.rope_theta = optional_number(config, "rope_theta", 10000.0, source);
   spec.max_position_embeddings = optional_int(config, "max_position_embeddings", 4096, source);
   spec.tie_word_embeddings = optional_bool(config, "tie_word_embeddings", false, source);
-  spec.qkv_bias = spec.family == Family::kQwen2 || optional_bool(config, "attention_bias", false, source);
+  // Qwen2 always has q/k/v biases and no o_proj bias (no field says so). In the
+  // Llama, Qwen3 and Qwen3-MoE graphs attention_bias puts a bias on q, k, v *and*
+  // o_proj; shardlm has no o_proj bias, so it refuses rather than drop it.
+  // (Mistral and Mixtral have no attention biases whatever the field says.)
+  spec.qkv_bias = spec.family == Family::kQwen2;
+  const bool bias_field = spec.family == Family::kLlama || spec.family == Family::kQwen3 || spec.family == Family::kQwen3Moe;
+  if (bias_field && optional_bool(config, "attention_bias", false, source))
+    fail(ErrorCode::kUnsupported, source, ": attention_bias=true (biases on q_proj, k_proj, v_proj and o_proj) is not supported for ",
+         spec.architecture, "; shardlm runs these models without attention biases (every released Llama 3, Mistral and Qwen3 config sets false)");
+  check_sliding_window(config, spec, source);
   spec.qk_norm = spec.family == Family::kQwen3 || spec.family == Family::kQwen3Moe;
   if (optional_bool(config, "mlp_bias", false, source))
     fail(ErrorCode::kUnsupported, source, ": mlp_bias=true is not supported");
@@ -138,14 +172,36 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
     spec.n_experts = required_int(config, "num_local_experts", source);
     spec.n_experts_per_token = required_int(config, "num_experts_per_tok", source);
     spec.moe_intermediate_size = spec.intermediate_size;
+    spec.norm_topk_prob = true;  // softmax over the selected experts' logits
   } else if (spec.family == Family::kQwen3Moe) {
     spec.n_experts = required_int(config, "num_experts", source);
     spec.n_experts_per_token = required_int(config, "num_experts_per_tok", source);
     spec.moe_intermediate_size = required_int(config, "moe_intermediate_size", source);
-    if (auto m = config.find("mlp_only_layers"); m != config.end() && m->is_array() && !m->empty())
-      fail(ErrorCode::kUnsupported, source, ": mlp_only_layers is not supported");
-    if (optional_int(config, "decoder_sparse_step", 1, source) != 1)
-      fail(ErrorCode::kUnsupported, source, ": decoder_sparse_step other than 1 is not supported");
+    spec.norm_topk_prob = optional_bool(config, "norm_topk_prob", false, source);  // HF Qwen3MoeConfig default
+    spec.decoder_sparse_step = optional_int(config, "decoder_sparse_step", 1, source);
+    if (spec.decoder_sparse_step <= 0)
+      fail(ErrorCode::kInvalidArgument, source, ": field \"decoder_sparse_step\" must be a positive integer, found ",
+           spec.decoder_sparse_step);
+    if (auto m = config.find("mlp_only_layers"); m != config.end() && !m->is_null()) {
+      if (!m->is_array())
+        fail(ErrorCode::kInvalidArgument, source, ": field \"mlp_only_layers\" must be a list of layer indices, found ", m->dump());
+      for (const auto& l : *m) {
+        if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= spec.n_layers)
+          fail(ErrorCode::kInvalidArgument, source, ": field \"mlp_only_layers\" entries must be layer indices in [0, ",
+               spec.n_layers, "), found ", l.dump());
+        spec.mlp_only_layers.push_back(l.get<int64_t>());
+      }
+    }
+    if (optional_bool(config, "output_router_logits", false, source))
+      fail(ErrorCode::kUnsupported, source, ": output_router_logits=true asks for router logits as an output; shardlm does not return them");
+  }
+  if (spec.is_moe()) {
+    if (spec.n_experts_per_token > spec.n_experts)
+      fail(ErrorCode::kInvalidArgument, source, ": num_experts_per_tok (", spec.n_experts_per_token,
+           ") must not exceed the number of experts (", spec.n_experts, ")");
+    if (auto q = config.find("shared_expert_intermediate_size"); q != config.end() && q->is_number() && q->get<double>() > 0)
+      fail(ErrorCode::kUnsupported, source, ": shared_expert_intermediate_size (a shared expert, Qwen2-MoE style) is not supported for ",
+           spec.architecture);
   }
 
   std::string dtype_text = "bfloat16";
@@ -219,7 +275,8 @@ json model_config_json(const ModelSpec& spec) {
   c["rope_theta"] = spec.rope_theta;
   c["max_position_embeddings"] = spec.max_position_embeddings;
   c["tie_word_embeddings"] = spec.tie_word_embeddings;
-  if (spec.family != Family::kQwen2) c["attention_bias"] = spec.qkv_bias;
+  if (spec.family == Family::kLlama || spec.family == Family::kQwen3 || spec.family == Family::kQwen3Moe)
+    c["attention_bias"] = false;
   if (spec.rope_scaling.type.empty()) {
     c["rope_scaling"] = nullptr;
   } else {
@@ -236,6 +293,9 @@ json model_config_json(const ModelSpec& spec) {
     c["num_experts"] = spec.n_experts;
     c["num_experts_per_tok"] = spec.n_experts_per_token;
     c["moe_intermediate_size"] = spec.moe_intermediate_size;
+    c["norm_topk_prob"] = spec.norm_topk_prob;
+    c["decoder_sparse_step"] = spec.decoder_sparse_step;
+    c["mlp_only_layers"] = spec.mlp_only_layers;
   }
   c["torch_dtype"] = dtype_torch_name(spec.dtype);
   if (spec.quant.enabled()) c["quantization_config"] = quantization_config_json(spec.quant);
@@ -243,6 +303,19 @@ json model_config_json(const ModelSpec& spec) {
   if (spec.eos_token_ids.size() == 1) c["eos_token_id"] = spec.eos_token_ids[0];
   else if (!spec.eos_token_ids.empty()) c["eos_token_id"] = spec.eos_token_ids;
   return c;
+}
+
+bool ModelSpec::is_moe_layer(int64_t layer) const {
+  if (!is_moe()) return false;
+  for (int64_t l : mlp_only_layers)
+    if (l == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+int64_t ModelSpec::n_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < n_layers; ++l) n += is_moe_layer(l) ? 1 : 0;
+  return n;
 }
 
 int64_t shape_numel(const std::vector<int64_t>& shape) {
@@ -377,7 +450,7 @@ std::vector<TensorSpec> expected_tensors(const ModelSpec& s) {
     }
     linear("self_attn.o_proj", h, s.q_dim());
     add("post_attention_layernorm.weight", {h});
-    if (s.family == Family::kMixtral) {
+    if (s.family == Family::kMixtral && s.is_moe_layer(l)) {
       add("block_sparse_moe.gate.weight", {s.n_experts, h});
       for (int64_t e = 0; e < s.n_experts; ++e) {
         const std::string ep = "block_sparse_moe.experts." + std::to_string(e) + ".";
@@ -385,7 +458,7 @@ std::vector<TensorSpec> expected_tensors(const ModelSpec& s) {
         linear(ep + "w2", h, s.moe_intermediate_size);
         linear(ep + "w3", s.moe_intermediate_size, h);
       }
-    } else if (s.family == Family::kQwen3Moe) {
+    } else if (s.family == Family::kQwen3Moe && s.is_moe_layer(l)) {
       add("mlp.gate.weight", {s.n_experts, h});
       for (int64_t e = 0; e < s.n_experts; ++e) {
         const std::string ep = "mlp.experts." + std::to_string(e) + ".";

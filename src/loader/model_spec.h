@@ -19,8 +19,8 @@ enum class Family {
   kQwen3,    // Qwen3ForCausalLM: q_norm/k_norm per head, explicit head_dim
   kLlama,    // LlamaForCausalLM (Llama 3.x, rope_scaling llama3)
   kMistral,  // MistralForCausalLM: the Llama graph
-  kMixtral,  // MixtralForCausalLM: sparse MoE (plan only)
-  kQwen3Moe, // Qwen3MoeForCausalLM: sparse MoE (plan only)
+  kMixtral,  // MixtralForCausalLM: sparse MoE, softmax over the top-k logits (plan only)
+  kQwen3Moe, // Qwen3MoeForCausalLM: sparse MoE, top-k of the softmax, norm_topk_prob (plan only)
 };
 
 const char* family_name(Family family);
@@ -52,15 +52,26 @@ struct ModelSpec {
   bool qkv_bias = false;  // Qwen2: biases on q/k/v projections
   bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k
   // Mixture of experts (plan accounting only; the CPU engine runs dense models).
-  int64_t n_experts = 0;
-  int64_t n_experts_per_token = 0;
-  int64_t moe_intermediate_size = 0;
+  int64_t n_experts = 0;              // num_experts (Qwen3-MoE) / num_local_experts (Mixtral)
+  int64_t n_experts_per_token = 0;    // num_experts_per_tok (top-k)
+  int64_t moe_intermediate_size = 0;  // each expert's MLP width (Mixtral: intermediate_size)
+  // Routing weights of the chosen experts are renormalised to sum to 1.
+  // Mixtral always (softmax over the top-k logits); Qwen3-MoE when norm_topk_prob.
+  bool norm_topk_prob = false;
+  // Qwen3-MoE: layer l is sparse when (l + 1) % decoder_sparse_step == 0 and l is
+  // not in mlp_only_layers; other layers carry a dense MLP of intermediate_size.
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
   DType dtype = DType::kBF16;  // torch_dtype: unquantized tensors (and activations)
   QuantConfig quant;           // quantization_config (method kNone when absent)
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
 
   bool is_moe() const { return n_experts > 0; }
+  // True when decoder layer `layer` holds experts (false for every layer of a dense model).
+  bool is_moe_layer(int64_t layer) const;
+  // Decoder layers that hold experts.
+  int64_t n_moe_layers() const;
   // Families the engine can execute (dense ones).
   bool runnable() const { return !is_moe(); }
   int64_t q_dim() const { return n_heads * head_dim; }

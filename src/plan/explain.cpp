@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "plan/moe_accounting.h"
 
 namespace shardlm {
 
@@ -141,6 +142,61 @@ void explain_no_fit(const Plan& plan, std::vector<std::string>& out) {
   if (o.kv_cache_dtype != KvCacheDType::kFp8)
     p << " --kv-cache-dtype fp8 halves the KV cache; a smaller --max-model-len needs less of it.";
   out.push_back(p.str());
+}
+
+// The MoE lines: all weights vs what a token reads, each rank's experts under
+// EP and TP at the degree of the recommended layout, how tokens reach experts.
+void render_moe(const Plan& plan, std::ostringstream& out) {
+  const ModelSpec& s = plan.spec;
+  const MoeAccounting m = moe_accounting(s, plan.options.budget.kv_cache_dtype);
+  out << "Experts: " << s.n_experts << " per MoE layer × " << m.n_moe_layers << " MoE layers (of " << s.n_layers << "), "
+      << s.n_experts_per_token << " routed per token"
+      << (s.norm_topk_prob ? ", weights renormalised over the chosen" : ", weights not renormalised") << "; one expert "
+      << with_commas(m.bytes_per_expert) << " bytes\n";
+  out << "  all weights " << with_commas(m.total_weight_bytes) << " bytes (" << fixed(m.total_params / 1e9, 2)
+      << " B params; experts " << with_commas(m.expert_bytes) << " bytes) must be held; one token reads "
+      << with_commas(m.active_bytes_per_token) << " bytes (" << fixed(m.active_params / 1e9, 2)
+      << " B active params): decode speed follows the active ones\n";
+  int tp = plan.recommended >= 0 ? plan.layouts[plan.recommended].layout.tp
+                                 : static_cast<int>(std::min<int64_t>(plan.devices.n_devices(), s.n_heads));
+  if (tp < 2) tp = static_cast<int>(std::min<int64_t>(plan.devices.n_devices(), s.n_heads));
+  if (tp >= 2) {
+    const ExpertShare ep = expert_share(s, tp, true);
+    const ExpertShare tps = expert_share(s, tp, false);
+    const auto [ep_min, ep_max] = std::minmax_element(ep.bytes_per_rank.begin(), ep.bytes_per_rank.end());
+    const auto [tp_min, tp_max] = std::minmax_element(tps.bytes_per_rank.begin(), tps.bytes_per_rank.end());
+    out << "  expert bytes per rank over " << tp << " ranks: EP (--enable-expert-parallel) " << ep.counts()
+        << " experts = " << with_commas(*ep_max) << (*ep_max != *ep_min ? " / " + with_commas(*ep_min) : std::string())
+        << " bytes";
+    if (ep.imbalance_percent() > 0) out << " (" << fixed(ep.imbalance_percent(), 1) << "% more expert work on rank 0)";
+    out << "; TP (each expert's " << s.moe_intermediate_size << " columns split) " << with_commas(*tp_max)
+        << (*tp_max != *tp_min ? " / " + with_commas(*tp_min) : std::string()) << " bytes\n";
+  }
+  out << "  tokens to experts: attention is tensor-parallel, so every rank already holds every token; each rank runs "
+         "its experts (EP) or expert slices (TP) and one all-reduce of B × hidden per layer combines them — an "
+         "all_to_all dispatch + combine would move "
+      << s.n_experts_per_token << "× that payload each way for nothing\n";
+}
+
+// "Verdict: ..." with the exact bytes of the tightest rank.
+void render_verdict(const Plan& plan, std::ostringstream& out) {
+  const LayoutEvaluation* e = plan.recommended >= 0 ? &plan.layouts[plan.recommended] : nullptr;
+  if (!e)
+    for (const auto& l : plan.layouts)
+      if (!e || l.headroom_bytes > e->headroom_bytes) e = &l;
+  if (!e) return;
+  const MemoryBudget& b = e->budgets[e->tightest_replica][e->tightest_rank];
+  out << "Verdict: " << (e->fits ? "fits" : "does not fit") << " on " << plan.devices.describe() << " as "
+      << e->layout.to_string() << (e->fits ? "" : " (the closest layout)") << ": tightest rank " << e->tightest_rank
+      << " has " << with_commas(b.budget_bytes) << " bytes (" << with_commas(b.memory_bytes) << " × "
+      << b.gpu_memory_utilization << ") for " << with_commas(b.weight_bytes) << " weight + " << with_commas(b.workspace_bytes)
+      << " workspace + " << with_commas(b.reserve_bytes) << " reserve bytes, leaving " << with_commas(b.usable_bytes)
+      << " bytes for KV at " << with_commas(b.kv_bytes_per_token) << " bytes per token";
+  if (e->fits)
+    out << " = " << with_commas(e->kv_tokens) << " tokens per replica\n";
+  else
+    out << "; " << with_commas(-e->headroom_bytes) << " bytes short of the KV of " << with_commas(e->required_tokens)
+        << " tokens\n";
 }
 
 }  // namespace
@@ -322,6 +378,7 @@ std::string render_plan_text(const Plan& plan) {
   out << "KV cache: " << with_commas(kvpt) << " bytes per token = 2 × " << s.n_kv_heads << " KV heads × " << s.head_dim
       << " × " << kv_dtype_size(o.kv_cache_dtype, s.dtype) << " bytes × " << s.n_layers << " layers (kv-cache-dtype "
       << kv_dtype_name(o.kv_cache_dtype) << ")\n";
+  if (s.is_moe()) render_moe(plan, out);
   out << "Devices: " << plan.devices.describe();
   {
     std::vector<std::string> seen;
@@ -395,6 +452,7 @@ std::string render_plan_text(const Plan& plan) {
     out << "\n";
   }
 
+  if (s.is_moe()) render_verdict(plan, out);
   const std::vector<std::string> why = explain_plan(plan);
   if (!why.empty()) {
     out << "Why:\n";

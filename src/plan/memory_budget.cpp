@@ -56,8 +56,14 @@ WorkspaceBreakdown workspace_breakdown(const ModelSpec& spec, const Layout& layo
   WorkspaceBreakdown w;
   w.hidden = 2 * t * h * a;
   w.attention = t * (2 * s.q_heads.size() + 2 * s.kv_heads.size()) * spec.head_dim * a;
-  const int64_t experts_per_token = spec.is_moe() ? std::max<int64_t>(1, spec.n_experts_per_token) : 1;
-  w.mlp = 3 * t * s.intermediate.size() * a * experts_per_token;
+  // Dense layers: gate, up and act(gate)·up over the rank's columns. MoE layers:
+  // every token's k expert rows, at most min(k, experts held) of them per token here.
+  const bool has_dense = !spec.is_moe() || spec.n_moe_layers() < spec.n_layers;
+  w.mlp = has_dense ? 3 * t * s.intermediate.size() * a : 0;
+  if (spec.is_moe()) {
+    const int64_t rows = t * std::min<int64_t>(std::max<int64_t>(1, spec.n_experts_per_token), s.experts.size());
+    w.mlp = std::max(w.mlp, 3 * rows * s.expert_intermediate.size() * a + t * spec.n_experts * 4 /* router logits f32 */);
+  }
   w.reduce = layout.tp > 1 ? t * h * 4 : 0;
   w.pipeline = layout.pp > 1 ? t * h * a : 0;
   w.logits = s.last_stage ? seqs * s.vocab.size() * 4 + 2 * seqs * spec.vocab_size * 4 : 0;

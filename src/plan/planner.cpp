@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "plan/explain.h"
+#include "plan/moe_accounting.h"
 
 namespace shardlm {
 
@@ -18,6 +19,12 @@ double all_reduce_latency(int n_hosts) {
   double hops = 0;
   for (int span = 1; span < n_hosts; span *= 2) hops += 2;
   return kIntraNodeLatency + hops * kInterNodeLatency;
+}
+
+double moe_expert_fraction(const ModelSpec& spec, int64_t batch) {
+  if (!spec.is_moe()) return 1.0;
+  const double p = static_cast<double>(spec.n_experts_per_token) / static_cast<double>(spec.n_experts);
+  return 1.0 - std::pow(1.0 - p, static_cast<double>(std::max<int64_t>(1, batch)));
 }
 
 const char* objective_name(Objective objective) {
@@ -138,10 +145,18 @@ class Evaluator {
   // Every decoder layer of a family has the same tensors, so what a rank holds
   // depends on its stage's layer count and on being the first/last stage, not
   // on which layers: budgets and reads are shared across layouts on this key.
-  using StageKey = std::tuple<int, bool, int, int64_t, bool, bool>;  // tp, pp > 1, tp_rank, layers, first, last
-  static StageKey stage_key(const Layout& layout, int tp_rank, int pp_rank) {
+  // MoE models whose layers differ (mlp_only_layers) key on the first layer too.
+  using StageKey = std::tuple<int, bool, int, int64_t, bool, bool, bool, int64_t>;  // tp, pp > 1, tp_rank, layers, first, last, EP, begin
+  static StageKey stage_key_of(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank) {
+    int64_t begin = 0;
+    const bool mixed = spec.is_moe() && spec.n_moe_layers() != spec.n_layers;
+    if (mixed)
+      for (int s = 0; s < pp_rank; ++s) begin += layout.pp_layer_partition[s];
     return {layout.tp, layout.pp > 1, tp_rank, layout.pp_layer_partition[pp_rank], pp_rank == 0,
-            pp_rank == layout.pp - 1};
+            pp_rank == layout.pp - 1, layout.expert_parallel, begin};
+  }
+  StageKey stage_key(const Layout& layout, int tp_rank, int pp_rank) const {
+    return stage_key_of(spec_, layout, tp_rank, pp_rank);
   }
 
   MemoryBudget budget(const Layout& layout, int tp_rank, int pp_rank, int64_t memory) {
@@ -183,8 +198,7 @@ class Evaluator {
     Timing t;
     const int per_replica = layout.ranks_per_replica();
     const double a = static_cast<double>(dtype_size(spec_.dtype));
-    const double expert_fraction =
-        spec_.is_moe() ? std::min(1.0, static_cast<double>(batch * spec_.n_experts_per_token) / spec_.n_experts) : 1.0;
+    const double expert_fraction = moe_expert_fraction(spec_, batch);
     const double msg = static_cast<double>(batch) * spec_.hidden_size * a;  // one activation message
     for (int s = 0; s < layout.pp; ++s) {
       const int first = d * per_replica + s * layout.tp;
@@ -250,18 +264,25 @@ class Evaluator {
       im.min_rank = static_cast<int>(mn - values.begin());
       if (im.max != im.min) e.imbalance.push_back(im);
     };
-    std::vector<int64_t> q, kv, inter, layers, weights;
+    std::vector<int64_t> q, kv, inter, experts, expert_cols, layers, weights;
+    const bool has_dense = !spec_.is_moe() || spec_.n_moe_layers() < spec_.n_layers;
     for (int r = 0; r < layout.tp; ++r) {
       const RankShard s = shard_for(spec_, layout, r, 0);
       q.push_back(s.q_heads.size());
       kv.push_back(s.kv_heads.size());
-      inter.push_back(s.intermediate.size());
+      if (has_dense) inter.push_back(s.intermediate.size());
+      if (spec_.is_moe()) {
+        experts.push_back(s.experts.size());
+        expert_cols.push_back(s.expert_intermediate.size());
+      }
     }
     for (int s = 0; s < layout.pp; ++s) layers.push_back(layout.pp_layer_partition[s]);
     for (const auto& b : e.budgets.front()) weights.push_back(b.weight_bytes);
     add("Q heads", q);
     add("KV heads", kv);
     add("MLP columns", inter);
+    add("experts", experts);
+    add("expert MLP columns", expert_cols);
     add("layers", layers);
     add("weight bytes", weights);
   }
@@ -319,7 +340,11 @@ Plan make_plan(const ModelSpec& spec, const DeviceInventory& devices, const Plan
   for (int tp = 1; tp <= std::min<int64_t>(spec.n_heads, n); ++tp) {
     if (!quantized_tp_ok(spec, tp)) continue;  // slices would cut quantization groups
     for (int pp = 1; pp <= std::min<int64_t>(spec.n_layers, n / tp); ++pp)
-      for (int dp = 1; dp <= n / (tp * pp); ++dp) plan.layouts.push_back(evaluator.evaluate(Layout{tp, pp, dp, {}}));
+      for (int dp = 1; dp <= n / (tp * pp); ++dp) {
+        Layout layout{tp, pp, dp, {}};
+        layout.expert_parallel = options.expert_parallel && tp > 1;
+        plan.layouts.push_back(evaluator.evaluate(layout));
+      }
   }
 
   for (int i = 0; i < static_cast<int>(plan.layouts.size()); ++i) {
@@ -340,7 +365,9 @@ Plan make_plan(const ModelSpec& spec, const DeviceInventory& devices, const Plan
       Evaluator ev(spec, more, options);
       for (int tp = 1; tp <= std::min<int64_t>(spec.n_heads, m) && plan.devices_needed == 0; ++tp) {
         if (m % tp != 0 || m / tp > spec.n_layers || !quantized_tp_ok(spec, tp)) continue;
-        if (ev.evaluate(Layout{tp, m / tp, 1, {}}).fits) plan.devices_needed = m;
+        Layout layout{tp, m / tp, 1, {}};
+        layout.expert_parallel = options.expert_parallel && tp > 1;
+        if (ev.evaluate(layout).fits) plan.devices_needed = m;
       }
     }
   }
@@ -354,6 +381,7 @@ std::string shardlm_serve_command(const Plan& plan, const LayoutEvaluation& e) {
       << plan.options.budget.max_num_seqs << " --gpu-memory-utilization " << plan.options.budget.gpu_memory_utilization;
   if (plan.options.budget.kv_cache_dtype != KvCacheDType::kAuto)
     out << " --kv-cache-dtype " << kv_dtype_name(plan.options.budget.kv_cache_dtype);
+  if (e.layout.expert_parallel) out << " --enable-expert-parallel";
   return out.str();
 }
 
@@ -367,6 +395,7 @@ std::string vllm_serve_command(const Plan& plan, const LayoutEvaluation& e) {
   if (plan.options.budget.kv_cache_dtype == KvCacheDType::kFp8) out << " --kv-cache-dtype fp8";
   if (plan.options.budget.max_num_batched_tokens != 8192)
     out << " --max-num-batched-tokens " << plan.options.budget.max_num_batched_tokens;
+  if (e.layout.expert_parallel) out << " --enable-expert-parallel";
   return out.str();
 }
 
@@ -376,6 +405,7 @@ nlohmann::json layout_json(const Plan& plan, const LayoutEvaluation& e, bool wit
       {"pp", e.layout.pp},
       {"dp", e.layout.dp},
       {"pp_layer_partition", e.layout.pp_layer_partition},
+      {"expert_parallel", e.layout.expert_parallel},
       {"vllm_pp_layer_partition", e.vllm_partition},
       {"fits", e.fits},
       {"required_kv_tokens", e.required_tokens},
@@ -476,6 +506,12 @@ nlohmann::json plan_json(const Plan& plan) {
       {"layouts", layouts},
       {"explanation", explain_plan(plan)},
   };
+  j["options"]["enable_expert_parallel"] = plan.options.expert_parallel;
+  if (s.is_moe()) {
+    const int tp = plan.recommended >= 0 ? plan.layouts[plan.recommended].layout.tp
+                                         : static_cast<int>(std::min<int64_t>(plan.devices.n_devices(), s.n_heads));
+    j["moe"] = moe_json(s, b.kv_cache_dtype, tp);
+  }
   return j;
 }
 

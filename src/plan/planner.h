@@ -6,7 +6,16 @@
 //  - A stage's step time is its slowest TP rank's bytes read ÷ that device's
 //    memory bandwidth: the rank's weights (the embedding table excepted: decode
 //    reads one row per sequence; MoE experts scaled by the fraction a batch
-//    touches, min(1, B·k/E)) plus the KV of B sequences at context C.
+//    touches, 1 − (1 − k/E)^B under uniform routing) plus the KV of B sequences
+//    at context C. Under EP a rank reads its whole experts (22 of 128 over 6
+//    ranks), under TP its slice of every expert.
+//  - MoE combine: attention is tensor-parallel, so after its all-reduce every
+//    rank of the group holds every token; each rank runs the tokens routed to
+//    its experts (EP) or its slice of every expert (TP) and the partial outputs
+//    are summed with the same all-reduce of B × hidden as a dense MLP. An
+//    all_to_all dispatch + combine would move k × B × hidden per direction
+//    (k = 8 for Qwen3-MoE), k times the all-reduce's payload, to save nothing,
+//    so the model (and the engine) use the all-reduce.
 //  - TP: 2 all-reduces per layer (after attention and after the MLP) of
 //    B × hidden_size × dtype bytes, ring cost 2(t−1)/t × bytes ÷ link +
 //    all_reduce_latency(hosts the group spans);
@@ -57,6 +66,7 @@ constexpr int kMaxPlanDevices = 64;
 
 struct PlanOptions {
   MemoryBudgetOptions budget;
+  bool expert_parallel = false;  // --enable-expert-parallel: every layout with TP > 1 uses EP = TP
   int64_t max_model_len = 0;  // 0 = the largest the chosen layout holds
   Objective objective = Objective::kLatency;
 };
@@ -120,6 +130,10 @@ struct Plan {
 // max_position_embeddings, utilization outside (0, 1], ...).
 Plan make_plan(const ModelSpec& spec, const DeviceInventory& devices, const PlanOptions& options,
                const std::string& model_name = "", const std::string& hf_repo = "");
+
+// Expected fraction of a MoE layer's experts that a decode step of B tokens
+// touches, 1 − (1 − k/E)^B (uniform routing); 1 for dense models.
+double moe_expert_fraction(const ModelSpec& spec, int64_t batch);
 
 // Scores used to rank fitting layouts.
 double objective_score(const LayoutEvaluation& e, Objective objective);

@@ -7,7 +7,25 @@
 
 namespace shardlm {
 
-std::string Layout::to_string() const { return str_cat("TP=", tp, " PP=", pp, " DP=", dp); }
+std::string Layout::to_string() const {
+  return str_cat("TP=", tp, " PP=", pp, " DP=", dp, expert_parallel ? str_cat(" EP=", tp) : std::string());
+}
+
+Range expert_range(int64_t n_experts, int ep, int ep_rank) { return split_even(n_experts, ep, ep_rank); }
+
+int64_t expert_index(const std::string& name) {
+  const std::string key = ".experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  size_t pos = at + key.size();
+  int64_t e = 0;
+  bool digits = false;
+  while (pos < name.size() && name[pos] >= '0' && name[pos] <= '9') {
+    e = e * 10 + (name[pos++] - '0');
+    digits = true;
+  }
+  return digits ? e : -1;
+}
 
 Range split_even(int64_t n, int n_parts, int part, int64_t align) {
   SHARDLM_CHECK(n_parts >= 1 && part >= 0 && part < n_parts);
@@ -30,6 +48,9 @@ void validate_layout(const ModelSpec& spec, const Layout& layout) {
   if (layout.pp > spec.n_layers)
     fail(ErrorCode::kInvalidArgument, "--pipeline-parallel-size ", layout.pp, " exceeds the model's ", spec.n_layers,
          " layers: each stage needs at least one layer");
+  if (layout.expert_parallel && !spec.is_moe())
+    fail(ErrorCode::kInvalidArgument, "--enable-expert-parallel: ", spec.architecture,
+         " is a dense model without experts; drop the flag (it applies to mixture-of-experts models)");
   check_quantized_layout(spec, layout);
   if (!layout.pp_layer_partition.empty()) {
     if (static_cast<int>(layout.pp_layer_partition.size()) != layout.pp)
@@ -53,11 +74,12 @@ int64_t element_bytes(const ModelSpec& spec, const TensorSpec& t) {
   return static_cast<int64_t>(dtype_size(t.dtypes.empty() ? spec.dtype : t.dtypes[0]));
 }
 
+// Mean bytes of one decoder layer (MoE models may mix dense and sparse layers).
 int64_t layer_bytes(const ModelSpec& spec) {
   int64_t n = 0;
   for (const auto& t : expected_tensors(spec))
-    if (t.layer == 0) n += shape_numel(t.shape) * element_bytes(spec, t);
-  return n;
+    if (t.layer >= 0) n += shape_numel(t.shape) * element_bytes(spec, t);
+  return n / std::max<int64_t>(1, spec.n_layers);
 }
 
 }  // namespace
@@ -185,8 +207,16 @@ RankShard shard_for(const ModelSpec& spec, const Layout& layout, int tp_rank, in
   s.q_heads = split_even(spec.n_heads, layout.tp, tp_rank, head_unit(spec));
   const int64_t g = spec.group_size();
   s.kv_heads = {s.q_heads.begin / g, (s.q_heads.end + g - 1) / g};
-  const int64_t inter = spec.is_moe() ? spec.moe_intermediate_size : spec.intermediate_size;
-  s.intermediate = split_even(inter, layout.tp, tp_rank, intermediate_align(spec));
+  s.intermediate = split_even(spec.intermediate_size, layout.tp, tp_rank, intermediate_align(spec));
+  if (spec.is_moe()) {
+    if (layout.expert_parallel) {
+      s.experts = expert_range(spec.n_experts, layout.tp, tp_rank);
+      s.expert_intermediate = {0, spec.moe_intermediate_size};
+    } else {
+      s.experts = {0, spec.n_experts};
+      s.expert_intermediate = split_even(spec.moe_intermediate_size, layout.tp, tp_rank, intermediate_align(spec));
+    }
+  }
   s.vocab = split_even(spec.vocab_size, layout.tp, tp_rank, 16);
   std::vector<int64_t> parts = pipeline_partition(spec, layout);
   int64_t begin = std::accumulate(parts.begin(), parts.begin() + pp_rank, int64_t{0});
@@ -266,7 +296,12 @@ std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layou
     if (t.layer >= 0) {
       if (!s.layers.contains(t.layer)) continue;
       const std::string suffix = layer_suffix(t.name);
-      if (suffix.find("layernorm") != std::string::npos || suffix.find("_norm.") != std::string::npos ||
+      const int64_t expert = expert_index(t.name);
+      if (expert >= 0) {  // an expert's w1/w3/gate_proj/up_proj (rows) or w2/down_proj (columns)
+        if (!s.experts.contains(expert)) continue;
+        const bool down = suffix.find("down_proj.") != std::string::npos || suffix.find(".w2.") != std::string::npos;
+        add(t, down ? 1 : 0, s.expert_intermediate);
+      } else if (suffix.find("layernorm") != std::string::npos || suffix.find("_norm.") != std::string::npos ||
           ends_with(suffix, "gate.weight") /* MoE router */) {
         add(t, -1, {});
       } else if (suffix.rfind("self_attn.q_proj", 0) == 0) {

@@ -32,9 +32,15 @@ struct Layout {
   int dp = 1;  // data-parallel replicas
   // Layers per stage, summing to n_layers; empty = balanced by bytes.
   std::vector<int64_t> pp_layer_partition;
+  // Expert parallelism (--enable-expert-parallel, MoE models only): the experts
+  // of each MoE layer go whole to the TP ranks of its stage in near-equal counts
+  // (128 over 6 = 22,22,21,21,21,21); attention stays tensor-parallel. Off:
+  // every expert's MLP is split over the TP ranks like a dense MLP.
+  bool expert_parallel = false;
   int world_size() const { return tp * pp * dp; }
   int ranks_per_replica() const { return tp * pp; }
-  std::string to_string() const;  // "TP=3 PP=2 DP=1"
+  int ep() const { return expert_parallel ? tp : 1; }  // expert-parallel degree
+  std::string to_string() const;  // "TP=3 PP=2 DP=1", "TP=6 PP=1 DP=1 EP=6"
 };
 
 // Rank numbering (TensorRT-LLM's worldConfig): tp fastest, then pp, then dp.
@@ -51,7 +57,7 @@ struct WorldConfig {
 
 // Throws Error(kInvalidArgument) with the reason when the ranks cannot run the
 // layout: tp < 1 or tp > n_heads, pp > n_layers, a partition that does not
-// sum to n_layers or has an empty stage.
+// sum to n_layers or has an empty stage, expert parallelism on a dense model.
 void validate_layout(const ModelSpec& spec, const Layout& layout);
 
 // Quantized checkpoints: row (input-dim) and column (output-channel) slice
@@ -74,7 +80,9 @@ struct RankShard {
   int pp_rank = 0;
   Range q_heads;       // Q heads computed here
   Range kv_heads;      // KV heads held here: every group its Q heads touch (may be shared with a neighbour)
-  Range intermediate;  // MLP intermediate columns (dense MLP, or each expert's)
+  Range intermediate;         // dense MLP intermediate columns (intermediate_size split over TP)
+  Range experts;              // experts held, global ids: all of them without EP, a contiguous share with EP
+  Range expert_intermediate;  // columns of each held expert: moe_intermediate_size split over TP, whole with EP
   Range vocab;         // rows of embed_tokens / lm_head
   Range layers;        // decoder layers of this stage
   bool first_stage = false;  // holds embed_tokens
@@ -82,6 +90,13 @@ struct RankShard {
 };
 
 RankShard shard_for(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank);
+
+// Experts of TP rank `tp_rank` under expert parallelism over `ep` ranks: the
+// split vLLM's determine_expert_map makes ("linear" placement), first ranks larger.
+Range expert_range(int64_t n_experts, int ep, int ep_rank);
+
+// "model.layers.3.mlp.experts.17.up_proj.weight" -> 17; -1 for a non-expert tensor.
+int64_t expert_index(const std::string& tensor_name);
 
 // One tensor as held by one rank: which slice of the checkpoint tensor.
 struct TensorShard {

@@ -56,7 +56,17 @@ VllmVerdict vllm_check_layout(const ModelSpec& spec, const Layout& layout) {
     v.rule = str_cat("TP ", tp, " % ", kv, " KV heads = ", tp % kv, ", not 0");
     return v;
   }
-  if (!spec.is_moe()) {
+  if (spec.is_moe() && !layout.expert_parallel && spec.moe_intermediate_size % tp != 0) {
+    v.accepted = false;
+    v.reason = "AssertionError: assert intermediate_size % self.tp_size == 0";
+    v.where = "FusedMoE.__init__ (vllm/model_executor/layers/fused_moe/layer.py): without expert parallelism each expert is split over TP";
+    v.rule = str_cat("moe_intermediate_size ", spec.moe_intermediate_size, " % TP ", tp, " = ",
+                     spec.moe_intermediate_size % tp, ", not 0 (--enable-expert-parallel keeps experts whole)");
+    return v;
+  }
+  // With expert parallelism vLLM's determine_expert_map gives the first
+  // n_experts % ep ranks one expert more: any count over any degree is accepted.
+  if (!spec.is_moe() || spec.n_moe_layers() < spec.n_layers) {
     const int64_t inter = spec.intermediate_size;
     int64_t bad = 0;
     if ((2 * inter) % tp != 0) bad = 2 * inter;

@@ -28,7 +28,11 @@ struct VllmVerdict {
 //  3. MergedColumnParallelLinear (gate_up_proj) → ColumnParallelLinear:
 //     divide(2 × intermediate_size, tp) then divide(intermediate_size, tp), whose
 //     ensure_divisibility (vllm/distributed/utils.py) raises "18944 is not divisible by 7".
-//     MoE experts (FusedMoE) are not checked here.
+//     (dense layers only; a MoE model's dense layers when mlp_only_layers / decoder_sparse_step make some).
+//  4. MoE without expert parallelism: FusedMoE.__init__ (vllm/model_executor/layers/fused_moe/layer.py)
+//     asserts moe_intermediate_size % tp == 0. With --enable-expert-parallel,
+//     determine_expert_map splits experts unevenly when it must (base + 1 on the
+//     first n_experts % ep ranks), so any expert count is accepted.
 // Pipeline parallelism: every family in the catalog implements SupportsPP; any
 // pp <= n_layers is accepted with vllm_pp_partition's split.
 VllmVerdict vllm_check_layout(const ModelSpec& spec, const Layout& layout);

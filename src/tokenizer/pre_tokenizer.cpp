@@ -67,14 +67,26 @@ void PreTokenizer::add(const nlohmann::json& config, const std::string& where) {
     step.kind = Kind::kDigits;
     step.individual_digits = config.value("individual_digits", false);
     step.regex = std::make_shared<Regex>(step.individual_digits ? R"(\p{Nd})" : R"(\p{Nd}+)", where);
+  } else if (type == "Metaspace") {
+    step.kind = Kind::kMetaspace;
+    step.replacement = config.value("replacement", "\u2581");
+    if (step.replacement.empty()) fail(ErrorCode::kCorruptFile, where, ".replacement: must not be empty");
+    // Older files say add_prefix_space (true = always) instead of prepend_scheme.
+    const std::string scheme =
+        config.value("prepend_scheme", config.value("add_prefix_space", true) ? "always" : "never");
+    if (scheme == "always") step.prepend = Prepend::kAlways;
+    else if (scheme == "first") step.prepend = Prepend::kFirst;
+    else if (scheme == "never") step.prepend = Prepend::kNever;
+    else fail(ErrorCode::kCorruptFile, where, ".prepend_scheme: \"", scheme, "\" is not one of always, first, never");
+    step.split_on_replacement = config.value("split", true);
   } else {
     fail(ErrorCode::kUnsupported, where, ": pre_tokenizer type \"", type,
-         "\" is not supported (supported: Split, ByteLevel, Digits, Sequence)");
+         "\" is not supported (supported: Split, ByteLevel, Digits, Metaspace, Sequence)");
   }
   steps_.push_back(std::move(step));
 }
 
-void PreTokenizer::apply(std::string_view text, std::vector<std::string>& out) const {
+void PreTokenizer::apply(std::string_view text, std::vector<std::string>& out, bool first_section) const {
   if (steps_.empty()) {
     if (!text.empty()) out.emplace_back(text);
     return;
@@ -83,15 +95,44 @@ void PreTokenizer::apply(std::string_view text, std::vector<std::string>& out) c
   std::vector<std::string> next;
   for (const auto& step : steps_) {
     next.clear();
-    for (const auto& piece : current) run_step(step, piece, next);
+    for (size_t i = 0; i < current.size(); ++i) run_step(step, current[i], first_section && i == 0, next);
     current.swap(next);
   }
   for (auto& piece : current)
     if (!piece.empty()) out.push_back(std::move(piece));
 }
 
-void PreTokenizer::run_step(const Step& step, std::string_view piece, std::vector<std::string>& out) const {
+void PreTokenizer::run_step(const Step& step, std::string_view piece, bool first_piece,
+                            std::vector<std::string>& out) const {
   switch (step.kind) {
+    case Kind::kMetaspace: {
+      // HF: spaces become the replacement, then "▁" is prepended (always, or
+      // only where the text starts the input), then the text is split before
+      // every "▁" (MergedWithNext), so "▁Hello▁world" is "▁Hello", "▁world".
+      if (piece.empty()) return;
+      std::string text;
+      text.reserve(piece.size() + step.replacement.size());
+      const bool starts = piece.substr(0, step.replacement.size()) == step.replacement || piece.front() == ' ';
+      if (!starts &&
+          (step.prepend == Prepend::kAlways || (step.prepend == Prepend::kFirst && first_piece)))
+        text = step.replacement;
+      for (char c : piece) {
+        if (c == ' ') text += step.replacement;
+        else text += c;
+      }
+      if (!step.split_on_replacement) {
+        out.push_back(std::move(text));
+        return;
+      }
+      size_t begin = 0;
+      for (size_t at = text.find(step.replacement, 1); at != std::string::npos;
+           at = text.find(step.replacement, at + step.replacement.size())) {
+        if (at > begin) out.push_back(text.substr(begin, at - begin));
+        begin = at;
+      }
+      if (begin < text.size()) out.push_back(text.substr(begin));
+      return;
+    }
     case Kind::kSplit:
     case Kind::kDigits:
       split(step, piece, out);

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "tokenizer/added_vocab.h"
 #include "tokenizer/bpe.h"
-#include "tokenizer/byte_level.h"
+#include "tokenizer/decoder.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/post_processor.h"
 #include "tokenizer/pre_tokenizer.h"
@@ -24,7 +24,7 @@ struct Tokenizer::Impl {
   BpeModel model;
   AddedVocab added;
   PostProcessor post_processor;
-  bool byte_level_decoder = false;
+  Decoder decoder;
 
   std::vector<std::string> id_to_token;  // [vocab_size] vocab or added-token content
   std::vector<std::string> id_to_bytes;  // [vocab_size] what each id decodes to
@@ -39,7 +39,8 @@ struct Tokenizer::Impl {
   }
   // piece -> [offset, offset + count) of its ids in the output vector
   using PieceCache = std::unordered_map<std::string, std::pair<uint32_t, uint32_t>>;
-  void encode_plain(std::string_view text, std::vector<TokenId>& out, PieceCache& cache) const;
+  // first_section: text starts the input (Metaspace prepend_scheme "first").
+  void encode_plain(std::string_view text, bool first_section, std::vector<TokenId>& out, PieceCache& cache) const;
 };
 
 namespace {
@@ -101,14 +102,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   impl->pre_tokenizer = PreTokenizer(field("pre_tokenizer"), where("pre_tokenizer"));
   impl->added = AddedVocab(field("added_tokens"), where("added_tokens"));
 
-  const auto& decoder = field("decoder");
-  if (!decoder.is_null()) {
-    std::string type = decoder.is_object() ? decoder.value("type", "") : "";
-    if (type != "ByteLevel")
-      fail(ErrorCode::kUnsupported, where("decoder"), ": type \"", type,
-           "\" is not supported (only ByteLevel, or null for raw concatenation)");
-    impl->byte_level_decoder = true;
-  }
+  impl->decoder = Decoder(field("decoder"), where("decoder"));
 
   // Id tables covering vocab and added tokens.
   const auto& vocab_tokens = impl->model.id_to_token();
@@ -120,10 +114,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   for (size_t id = 0; id < vocab_tokens.size(); ++id) {
     const std::string& token = vocab_tokens[id];
     impl->id_to_token[id] = token;
-    // A token that is not all byte-level stand-ins decodes to its own text (as HF does).
-    if (!impl->byte_level_decoder || !byte_level::decode(token, impl->id_to_bytes[id])) {
-      impl->id_to_bytes[id] = token;
-    }
+    impl->id_to_bytes[id] = impl->decoder.token_bytes(token);
   }
   for (const auto& t : impl->added.tokens()) {
     auto id = static_cast<size_t>(t.id);
@@ -158,11 +149,12 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   return Tokenizer(std::move(impl));
 }
 
-void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<TokenId>& out, PieceCache& cache) const {
+void Tokenizer::Impl::encode_plain(std::string_view text, bool first_section, std::vector<TokenId>& out,
+                                   PieceCache& cache) const {
   if (text.empty()) return;
   std::string normalized = normalizer.empty() ? std::string(text) : normalizer.apply(text);
   std::vector<std::string> pieces;
-  pre_tokenizer.apply(normalized, pieces);
+  pre_tokenizer.apply(normalized, pieces, first_section);
   // Per-call cache: repeated words (" the", "\n") are merged once. A cache
   // shared across calls would need locking; one call is where repeats are.
   for (const auto& piece : pieces) {
@@ -197,7 +189,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_t
     if (section.token)
       ids.push_back(section.token->id);
     else
-      impl_->encode_plain(section.text, ids, cache);
+      impl_->encode_plain(section.text, section.text.data() == text.data(), ids, cache);
   }
   if (add_special_tokens) return impl_->post_processor.apply(std::move(ids));
   return ids;
@@ -207,7 +199,7 @@ std::vector<TokenId> Tokenizer::encode_ordinary(std::string_view text) const {
   check_utf8(text);
   std::vector<TokenId> ids;
   Impl::PieceCache cache;
-  impl_->encode_plain(text, ids, cache);
+  impl_->encode_plain(text, true, ids, cache);
   return ids;
 }
 
@@ -218,7 +210,9 @@ std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_to
     if (skip_special_tokens && impl_->special[static_cast<size_t>(id)]) continue;
     bytes.append(impl_->id_to_bytes[static_cast<size_t>(id)]);
   }
-  return utf8::lossy(bytes);
+  size_t strip = 0;
+  while (strip < impl_->decoder.leading_spaces_stripped() && strip < bytes.size() && bytes[strip] == ' ') ++strip;
+  return utf8::lossy(std::string_view(bytes).substr(strip));
 }
 
 std::string_view Tokenizer::token_bytes(TokenId id) const {
@@ -234,6 +228,8 @@ std::optional<std::string_view> Tokenizer::id_to_token(TokenId id) const {
   if (token.empty()) return std::nullopt;
   return std::string_view(token);
 }
+
+size_t Tokenizer::leading_spaces_stripped() const { return impl_->decoder.leading_spaces_stripped(); }
 
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->id_to_token.size()); }
 std::optional<TokenId> Tokenizer::bos_id() const { return impl_->bos; }

@@ -1,5 +1,6 @@
 // Hugging Face tokenizer.json tokenizers (byte-level BPE: Qwen2/2.5/3,
-// Llama-3) with exactly the ids of HF tokenizers / transformers.js.
+// Llama-3; SentencePiece-style BPE with "▁" and byte fallback: Llama 2,
+// Mixtral, Mistral v0.3) with exactly the ids of HF tokenizers / transformers.js.
 //
 //   Tokenizer tok = Tokenizer::load("/models/Qwen3-8B");  // tokenizer.json (+ tokenizer_config.json)
 //   std::vector<TokenId> ids = tok.encode("Hello", /*add_special_tokens=*/true);
@@ -55,6 +56,9 @@ class Tokenizer {
   // The raw bytes one token stands for ("Ġhello" -> " hello"; an added token
   // -> its content); empty for ids without a token. May be partial UTF-8.
   std::string_view token_bytes(TokenId id) const;
+  // Spaces the decoder drops from the start of a decoded text (SentencePiece
+  // tokenizers drop the one their "▁" prefix added; 0 for byte-level ones).
+  size_t leading_spaces_stripped() const;
 
   // Vocabulary strings as in tokenizer.json (byte-level spelling, "Ġhello").
   std::optional<TokenId> token_to_id(std::string_view token) const;
@@ -106,6 +110,7 @@ class StreamDecoder {
   Tokenizer tokenizer_;
   bool skip_special_tokens_;
   std::string pending_;
+  size_t strip_left_ = 0;  // leading spaces still to drop (see leading_spaces_stripped)
 };
 
 }  // namespace shardlm

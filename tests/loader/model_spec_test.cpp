@@ -1,4 +1,8 @@
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -93,6 +97,121 @@ TEST(ModelSpec, ConfigJsonRoundTrips) {
     EXPECT_EQ(a.qkv_bias, b.qkv_bias) << m.name;
     EXPECT_EQ(a.rope_scaling.type, b.rope_scaling.type);
     EXPECT_EQ(a.eos_token_ids, b.eos_token_ids);
+  }
+}
+
+// Every catalog entry equals what parse_model_config makes of the full
+// official config.json in shared/model-configs/ (where that folder exists:
+// SHARDLM_MODEL_CONFIGS, default /work/shared/model-configs).
+TEST(ModelSpec, CatalogEqualsTheOfficialConfigs) {
+  const char* env = std::getenv("SHARDLM_MODEL_CONFIGS");
+  const std::filesystem::path dir = env ? env : "/work/shared/model-configs";
+  if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " is not here";
+  int checked = 0;
+  for (const auto& m : model_catalog()) {
+    const auto file = dir / (std::string(m.hf_name) + ".json");
+    if (!std::filesystem::exists(file)) continue;
+    ModelSpec official = load_model_config(file);
+    ModelSpec ours = catalog_model_spec(m.name);
+    EXPECT_EQ(model_config_json(official).dump(), model_config_json(ours).dump()) << m.name;
+    EXPECT_EQ(expected_tensors(official).size(), expected_tensors(ours).size()) << m.name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 18);
+}
+
+TEST(ModelSpec, MoeConfigsParseEveryRoutingField) {
+  ModelSpec q30 = catalog_model_spec("qwen3-30b-a3b");
+  EXPECT_EQ(q30.family, Family::kQwen3Moe);
+  EXPECT_EQ(q30.n_experts, 128);
+  EXPECT_EQ(q30.n_experts_per_token, 8);
+  EXPECT_EQ(q30.moe_intermediate_size, 768);
+  EXPECT_TRUE(q30.norm_topk_prob);
+  EXPECT_EQ(q30.n_moe_layers(), 48);
+  // 30,532,122,624 parameters: the bf16 bytes HF lists for Qwen3-30B-A3B-Instruct-2507 (same shapes).
+  EXPECT_EQ(total_bytes(q30, false), 61064245248);
+  ModelSpec mix = catalog_model_spec("mixtral-8x7b");
+  EXPECT_EQ(mix.n_experts, 8);
+  EXPECT_EQ(mix.n_experts_per_token, 2);
+  EXPECT_EQ(mix.moe_intermediate_size, 14336);
+  EXPECT_TRUE(mix.norm_topk_prob);
+  EXPECT_EQ(total_bytes(mix, false), 2 * 46702792704LL);  // 46.7B parameters
+
+  // decoder_sparse_step and mlp_only_layers make some layers dense.
+  auto c = nlohmann::json::parse(find_catalog_model("qwen3-30b-a3b")->config_json);
+  c["num_hidden_layers"] = 6;
+  c["decoder_sparse_step"] = 2;
+  c["mlp_only_layers"] = {3};
+  c["norm_topk_prob"] = false;
+  ModelSpec s = parse_model_config(c, "config.json");
+  EXPECT_FALSE(s.norm_topk_prob);
+  std::vector<bool> sparse;
+  for (int64_t l = 0; l < s.n_layers; ++l) sparse.push_back(s.is_moe_layer(l));
+  EXPECT_EQ(sparse, (std::vector<bool>{false, true, false, false, false, true}));
+  int dense_mlps = 0, routers = 0;
+  for (const auto& t : expected_tensors(s)) {
+    if (t.name.find("mlp.gate_proj.weight") != std::string::npos && t.name.find("experts") == std::string::npos) {
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{6144, 2048})) << t.name;  // intermediate_size, not moe_intermediate_size
+      ++dense_mlps;
+    }
+    if (t.name.find("mlp.gate.weight") != std::string::npos) ++routers;
+  }
+  EXPECT_EQ(dense_mlps, 4);
+  EXPECT_EQ(routers, 2);
+  ModelSpec back = parse_model_config(model_config_json(s), "roundtrip");
+  EXPECT_EQ(back.mlp_only_layers, s.mlp_only_layers);
+  EXPECT_EQ(back.decoder_sparse_step, 2);
+  EXPECT_FALSE(back.norm_topk_prob);
+}
+
+// A field shardlm would otherwise drop is refused by name.
+TEST(ModelSpec, NoConfigIsSilentlyMisread) {
+  auto expect_error = [](const nlohmann::json& c, const std::string& needle) {
+    try {
+      parse_model_config(c, "config.json");
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto config = [](const char* name) { return nlohmann::json::parse(find_catalog_model(name)->config_json); };
+  for (const char* name : {"llama-3.1-8b", "qwen3-8b", "qwen3-30b-a3b"}) {
+    auto c = config(name);
+    c["attention_bias"] = true;
+    expect_error(c, "attention_bias=true");
+  }
+  for (const char* name : {"qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b"}) {
+    auto c = config(name);
+    c["use_sliding_window"] = true;
+    expect_error(c, "use_sliding_window=true");
+  }
+  for (const char* name : {"mistral-7b", "mixtral-8x7b"}) {
+    auto c = config(name);
+    c["sliding_window"] = 4096;  // Mistral-7B v0.1
+    expect_error(c, "sliding_window=4096");
+    c["sliding_window"] = 32768;  // never binds below max_position_embeddings
+    EXPECT_NO_THROW(parse_model_config(c, "config.json"));
+  }
+  auto q = config("qwen3-30b-a3b");
+  q["shared_expert_intermediate_size"] = 5632;
+  expect_error(q, "shared_expert_intermediate_size");
+  auto q2 = config("qwen3-30b-a3b");
+  q2["output_router_logits"] = true;
+  expect_error(q2, "output_router_logits");
+  // Qwen2.5 ships sliding_window with use_sliding_window false: inert, accepted.
+  auto q25 = config("qwen2.5-7b");
+  q25["sliding_window"] = 131072;
+  q25["use_sliding_window"] = false;
+  EXPECT_NO_THROW(parse_model_config(q25, "config.json"));
+  // Bad values name the field.
+  auto q3 = config("qwen3-30b-a3b");
+  q3["mlp_only_layers"] = {99};
+  try {
+    parse_model_config(q3, "config.json");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mlp_only_layers"), std::string::npos) << e.what();
   }
 }
 

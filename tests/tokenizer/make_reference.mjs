@@ -1,5 +1,6 @@
 // Reference ids from the JavaScript encoder (@lenml/tokenizers, a port of
-// transformers.js) for every corpus file, whole and line by line.
+// transformers.js) for every corpus file, whole and line by line, and for
+// seeded random strings; Qwen3, Llama-3 (with and without BOS) and Llama-2.
 //   usage: node make_reference.mjs CACHE_DIR CORPUS_DIR OUT_JSON
 import { readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -29,6 +30,9 @@ const bosTemplate = {
   special_tokens: { "<|begin_of_text|>": { id: "<|begin_of_text|>", ids: [128000], tokens: ["<|begin_of_text|>"] } },
 };
 const llama3Bos = llama3Factory({ tokenizerJSON: { post_processor: bosTemplate } });
+// Llama 2: SentencePiece-style BPE ("▁" normalizer, byte fallback), the
+// tokenizer family of Mixtral and Llama 2.
+const llama2 = (await load("llama2"))();
 
 // Random strings from a seeded generator, built from pieces that stress the
 // pre-tokenizer regexes (case, contractions, digit runs, whitespace mixes,
@@ -65,7 +69,7 @@ for (let i = 0; i < 400; ++i) {
 
 const files = readdirSync(corpusDir).filter((f) => f.endsWith(".txt")).sort();
 const out = { llama3_bos_post_processor: bosTemplate, tokenizers: {}, fuzz: { texts: fuzz } };
-for (const [name, tok] of [["qwen3", qwen3], ["llama3", llama3], ["llama3_bos", llama3Bos]]) {
+for (const [name, tok] of [["qwen3", qwen3], ["llama3", llama3], ["llama3_bos", llama3Bos], ["llama2", llama2]]) {
   const perFile = {};
   for (const f of files) {
     const text = readFileSync(join(corpusDir, f), "utf8");
@@ -80,4 +84,4 @@ for (const [name, tok] of [["qwen3", qwen3], ["llama3", llama3], ["llama3_bos", 
   out.fuzz[name] = fuzz.map((text) => tok.encode(text, { add_special_tokens: true }));
 }
 writeFileSync(outPath, JSON.stringify(out));
-console.log(`wrote ${outPath}: ${files.length} files x 3 tokenizers`);
+console.log(`wrote ${outPath}: ${files.length} files x 4 tokenizers`);

@@ -3,6 +3,7 @@
 // streaming, and the errors bad tokenizer.json files must produce.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -125,6 +126,97 @@ TEST(PreTokenizer, ByteLevelPrefixSpaceAndGpt2Regex) {
   bl["use_regex"] = false;
   bl["add_prefix_space"] = false;
   EXPECT_EQ(pieces(bl, "Hi there"), (V{"HiĠthere"}));
+}
+
+TEST(PreTokenizer, MetaspacePrependSchemesAndSplit) {
+  json ms = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "always"}, {"split", true}};
+  using V = std::vector<std::string>;
+  EXPECT_EQ(pieces(ms, "Hi there"), (V{"\u2581Hi", "\u2581there"}));
+  EXPECT_EQ(pieces(ms, " Hi  x"), (V{"\u2581Hi", "\u2581", "\u2581x"}));  // a leading space is the prefix
+  ms["split"] = false;
+  EXPECT_EQ(pieces(ms, "Hi there"), (V{"\u2581Hi\u2581there"}));
+  ms["prepend_scheme"] = "never";
+  EXPECT_EQ(pieces(ms, "Hi there"), (V{"Hi\u2581there"}));
+  ms["prepend_scheme"] = "first";
+  PreTokenizer first(ms, "test");
+  V out;
+  first.apply("a b", out, /*first_section=*/false);  // after an added token: no prefix
+  first.apply("a b", out, /*first_section=*/true);
+  EXPECT_EQ(out, (V{"a\u2581b", "\u2581a\u2581b"}));
+  json bad = {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}};
+  EXPECT_THROW(PreTokenizer(bad, "test"), Error);
+}
+
+void expect_error(const json& t, ErrorCode code, std::vector<std::string> needles);
+
+// A SentencePiece-style tokenizer (Llama 2, Mixtral): "▁" normalizer or
+// Metaspace pre-tokenizer, byte fallback, Replace/ByteFallback/Fuse/Strip.
+json sentencepiece_tokenizer(bool metaspace) {
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    vocab[name] = 3 + b;
+  }
+  int next = 259;
+  for (const char* t : {"\u2581", "H", "i", "\u2581H", "\u2581Hi", "x", "\u00e9"}) vocab[t] = next++;
+  json t;
+  t["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({"\u2581 H", "\u2581H i"})},
+                {"unk_token", "<unk>"}, {"byte_fallback", true}, {"fuse_unk", true}};
+  if (metaspace) {
+    t["normalizer"] = nullptr;
+    t["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}};
+    t["decoder"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}};
+  } else {
+    t["normalizer"] = {{"type", "Sequence"},
+                       {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", "\u2581"}},
+                                                    {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}})}};
+    t["pre_tokenizer"] = nullptr;
+    t["decoder"] = {{"type", "Sequence"},
+                    {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                                              {{"type", "ByteFallback"}},
+                                              {{"type", "Fuse"}},
+                                              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  }
+  t["post_processor"] = nullptr;
+  t["added_tokens"] = json::array({{{"id", 1}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
+                                   {{"id", 2}, {"content", "</s>"}, {"special", true}, {"normalized", false}}});
+  return t;
+}
+
+TEST(Tokenizer, SentencePieceByteFallbackAndDecoders) {
+  for (bool metaspace : {false, true}) {
+    SCOPED_TRACE(metaspace ? "Metaspace" : "Prepend+Replace");
+    Tokenizer tok = make(sentencepiece_tokenizer(metaspace));
+    const TokenId sp = 259, hi = 263, x = 264, e_acute = 265;
+    EXPECT_EQ(tok.encode("Hi x", false), (std::vector<TokenId>{hi, sp, x}));
+    // "ü" (C3 BC) is not in the vocabulary: its bytes; "é" is.
+    EXPECT_EQ(tok.encode("x\u00fc\u00e9", false), (std::vector<TokenId>{sp, x, 3 + 0xC3, 3 + 0xBC, e_acute}));
+    EXPECT_EQ(tok.leading_spaces_stripped(), 1u);
+    EXPECT_EQ(tok.token_bytes(hi), " Hi");
+    // A Metaspace decoder alone has no ByteFallback step: HF leaves "<0x0A>" as text.
+    const std::string text = metaspace ? "Hi x<0xC3><0xBC>" : "Hi x\u00fc";
+    EXPECT_EQ(tok.token_bytes(3 + 0x0A), metaspace ? "<0x0A>" : "\n");
+    auto ids = tok.encode("Hi x\u00fc", false);
+    EXPECT_EQ(tok.decode(ids), text);
+    StreamDecoder stream(tok);
+    std::string joined;
+    for (TokenId id : ids) joined += stream.feed(id);
+    EXPECT_EQ(joined + stream.flush(), text);
+    // After an added token the text is a new section.
+    auto with_eos = tok.encode("Hi</s>Hi", false);
+    if (metaspace)  // prepend_scheme "first": no "▁" after </s>
+      EXPECT_EQ(with_eos, (std::vector<TokenId>{hi, 2, 260, 261}));
+    else  // the Prepend normalizer runs on every section
+      EXPECT_EQ(with_eos, (std::vector<TokenId>{hi, 2, hi}));
+    EXPECT_EQ(tok.decode(with_eos, true), metaspace ? "HiHi" : "Hi Hi");
+  }
+  json t = sentencepiece_tokenizer(false);
+  t["decoder"]["decoders"][3]["stop"] = 1;
+  expect_error(t, ErrorCode::kUnsupported, {"decoder", "stop"});
+  t = sentencepiece_tokenizer(false);
+  t["decoder"] = {{"type", "WordPiece"}};
+  expect_error(t, ErrorCode::kUnsupported, {"decoder", "WordPiece"});
 }
 
 TEST(Tokenizer, BpeMergesByRankBothMergeForms) {
