@@ -220,9 +220,19 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
   }
 
   GenerateParams base;
+  bool forced_tool_call = false;  // tool_choice required / named: the grammar writes hermes blocks
   // Structured output (server/structured_output.h): compiled once per request.
-  if (std::optional<grammar::GrammarSpec> spec = parse_structured_output(body))
-    base.grammar = backend.compile_grammar(*spec);
+  std::string grammar_param;
+  if (std::optional<grammar::GrammarSpec> spec = parse_structured_output(body, &grammar_param)) {
+    try {
+      base.grammar = backend.compile_grammar(*spec);
+    } catch (const ApiException& e) {
+      ApiError error = e.error();  // name the parameter the client actually sent
+      error.param = grammar_param;
+      throw ApiException(std::move(error));
+    }
+    forced_tool_call = spec->kind == grammar::GrammarSpec::Kind::kToolCalls;
+  }
   base.n = static_cast<int>(int_param(body, "n", 1, 1, limits.max_n));
   // Request values win over generation_config.json's, which win over OpenAI's.
   base.temperature = number_param(body, "temperature", defaults.temperature.value_or(1.0), 0.0, 2.0);
@@ -276,6 +286,8 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
     } else {
       req.output.tool_call_parser =
           api.tool_call_parser.empty() ? detect_tool_call_parser(backend.chat_template_source()) : api.tool_call_parser;
+      // A forced call is written by our grammar in hermes syntax, whatever the template says.
+      if (forced_tool_call) req.output.tool_call_parser = "hermes";
       if (req.output.tool_call_parser.empty())
         bad_request("tools", "this model's chat template has no tool-call format shardlm recognises; start the server with "
                              "--tool-call-parser hermes (Qwen2.5/Qwen3) or llama3_json (Llama 3.1), or send tool_choice \"none\"");

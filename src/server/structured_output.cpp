@@ -107,7 +107,7 @@ std::optional<GrammarSpec> tool_choice(const json& body) {
 
 }  // namespace
 
-std::optional<GrammarSpec> parse_structured_output(const json& body) {
+std::optional<GrammarSpec> parse_structured_output(const json& body, std::string* param) {
   std::vector<std::pair<std::string, GrammarSpec>> found;  // (parameter, spec)
   auto add = [&](const std::string& param, std::optional<GrammarSpec> s) {
     if (s) found.emplace_back(param, std::move(*s));
@@ -149,6 +149,7 @@ std::optional<GrammarSpec> parse_structured_output(const json& body) {
   if (found.size() > 1)
     bad(found[1].first, "only one structured output constraint per request: '" + found[0].first + "' and '" +
                             found[1].first + "' were both given");
+  if (param) *param = found[0].first;
   return std::move(found[0].second);
 }
 

@@ -18,7 +18,11 @@ namespace shardlm::server {
 // nullopt: unconstrained. Throws ApiException (400, naming the parameter)
 // for malformed or conflicting forms and for forms shardlm does not
 // implement (structured_outputs.grammar, json.whitespace_pattern, ...).
-std::optional<grammar::GrammarSpec> parse_structured_output(const nlohmann::ordered_json& body);
+// *param (when given) receives the request parameter that carried it
+// ("response_format", "guided_json", "structured_outputs.regex",
+// "tool_choice", ...), for the errors of compiling it.
+std::optional<grammar::GrammarSpec> parse_structured_output(const nlohmann::ordered_json& body,
+                                                            std::string* param = nullptr);
 
 // compiler.compile(spec), with the grammar engine's errors (an unsupported
 // keyword, a malformed regex) turned into ApiException(400) naming the
