@@ -147,13 +147,19 @@ test('openai: tool_choice required and named force a well-formed call; runTools 
   assert.ok(called >= 1, `the forced call was not executed: ${runError}`);
 });
 
-test('openai: chat.completions.parse with a strict json_schema returns the parsed object', async () => {
-  const r = await client.chat.completions.parse({ model: MODEL, messages: [{ role: 'user', content: 'Reply.' }],
-    temperature: 0, max_tokens: 64, response_format: { type: 'json_schema', json_schema: { name: 'reply', strict: true, schema: replySchema } } });
-  const m = r.choices[0].message;
-  assert.equal(r.choices[0].finish_reason, 'stop');
-  assert.deepEqual(m.parsed, JSON.parse(m.content));
-  assert.ok(['yes', 'no'].includes(m.parsed.answer) && Number.isInteger(m.parsed.n) && m.parsed.n >= 0 && m.parsed.n <= 9, m.content);
+test('openai: chat.completions.parse with a zod schema (and a plain strict json_schema) returns the parsed object', async () => {
+  const { z } = await load('zod', packageEntry('zod'));
+  const { zodResponseFormat } = await load('openai', 'helpers/zod.mjs');
+  const Reply = z.object({ answer: z.enum(['yes', 'no']), n: z.number().int().min(0).max(9) });
+  for (const response_format of [zodResponseFormat(Reply, 'reply'),
+    { type: 'json_schema', json_schema: { name: 'reply', strict: true, schema: replySchema } }]) {
+    const r = await client.chat.completions.parse({ model: MODEL, messages: [{ role: 'user', content: 'Reply.' }],
+      temperature: 0, max_tokens: 64, response_format });
+    const m = r.choices[0].message;
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.deepEqual(m.parsed, JSON.parse(m.content));
+    assert.ok(['yes', 'no'].includes(m.parsed.answer) && Number.isInteger(m.parsed.n) && m.parsed.n >= 0 && m.parsed.n <= 9, m.content);
+  }
 });
 
 test('@langchain/openai: withStructuredOutput returns an object of the schema', async () => {
