@@ -81,17 +81,7 @@ class ServeFaults : public ::testing::Test {
     std::vector<std::string> args = {cli_, "serve", dir_, "--port", std::to_string(p->port), "--kv-cache-memory", "16MiB",
                                      "--served-model-name", "m"};
     args.insert(args.end(), flags.begin(), flags.end());
-    p->pid = fork();
-    if (p->pid == 0) {
-      FILE* log = std::fopen(p->log_path.c_str(), "w");
-      dup2(fileno(log), 2);
-      dup2(fileno(log), 1);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    p->pid = shardlm::testing::spawn_logged(args, p->log_path);
     httplib::Client c("127.0.0.1", p->port);
     auto deadline = Clock::now() + std::chrono::seconds(60);
     while (Clock::now() < deadline) {

@@ -120,17 +120,7 @@ class StructuredServe : public ::testing::Test {
     serve_->log_path = dir_ + "/serve.log";
     std::vector<std::string> args = {cli_, "serve", dir_, "--port", std::to_string(serve_->port), "--kv-cache-memory",
                                      "32MiB", "--served-model-name", "m"};
-    serve_->pid = fork();
-    if (serve_->pid == 0) {
-      FILE* log = std::fopen(serve_->log_path.c_str(), "w");
-      dup2(fileno(log), 2);
-      dup2(fileno(log), 1);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    serve_->pid = shardlm::testing::spawn_logged(args, serve_->log_path);
     httplib::Client c("127.0.0.1", serve_->port);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < deadline) {

@@ -74,4 +74,22 @@ int free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
+pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log_path) {
+  std::vector<std::string> copy = args;  // execv wants mutable strings
+  const pid_t pid = fork();
+  if (pid == 0) {
+    FILE* log = std::fopen(log_path.c_str(), "w");
+    if (log) {
+      dup2(fileno(log), 2);
+      dup2(fileno(log), 1);
+    }
+    std::vector<char*> argv;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 }  // namespace shardlm::testing

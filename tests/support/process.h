@@ -4,8 +4,11 @@
 // Linked into every shardlm_test binary.
 #pragma once
 
+#include <sys/types.h>
+
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace shardlm::testing {
 
@@ -32,5 +35,10 @@ std::string env_or(const char* name, const std::string& fallback);
 // A loopback TCP port nobody listens on now (the kernel picks it and it is
 // released at once; good enough for tests that start a server right after).
 int free_loopback_port();
+
+// Starts args[0] (a path, not searched) with args[1..] in a child process
+// whose stdout and stderr go to log_path; returns its pid. The caller waits
+// for it (waitpid) or kills it.
+pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log_path);
 
 }  // namespace shardlm::testing
