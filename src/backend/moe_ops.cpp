@@ -73,41 +73,43 @@ void moe_experts(const float* x, int64_t n, int64_t hidden, const int32_t* ids, 
       s.token[r] = static_cast<int32_t>(t);
       s.route_weight[r] = weights[t * top_k + j];
     }
-  int64_t max_inter = 0;
-  for (int64_t e = 0; e < n_local; ++e) max_inter = std::max(max_inter, experts[e].gate.rows);
-  if (s.xs.size() < static_cast<size_t>(rows * hidden)) {
-    s.xs.resize(static_cast<size_t>(rows * hidden));
-    s.ys.resize(static_cast<size_t>(rows * hidden));
+  // Per active expert: gather its rows (at most n: a token picks an expert
+  // once), run gate/up/down as GEMMs over them, scatter-add with the routing
+  // weights. Buffers hold one expert's rows, so they stay [n, ·] whatever top_k.
+  int64_t max_inter = 0, max_rows = 0;
+  for (int64_t e = 0; e < n_local; ++e) {
+    max_inter = std::max(max_inter, experts[e].gate.rows);
+    max_rows = std::max<int64_t>(max_rows, s.offsets[e + 1] - s.offsets[e]);
   }
-  if (s.gate.size() < static_cast<size_t>(rows * max_inter)) {
-    s.gate.resize(static_cast<size_t>(rows * max_inter));
-    s.up.resize(static_cast<size_t>(rows * max_inter));
+  if (s.xs.size() < static_cast<size_t>(max_rows * hidden)) {
+    s.xs.resize(static_cast<size_t>(max_rows * hidden));
+    s.ys.resize(static_cast<size_t>(max_rows * hidden));
   }
-  // Gather: xs rows grouped by expert.
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(s.xs.data() + r * hidden, x + static_cast<int64_t>(s.token[r]) * hidden,
-                static_cast<size_t>(hidden) * sizeof(float));
-  // One GEMM per active expert and matrix, over that expert's rows.
+  if (s.gate.size() < static_cast<size_t>(max_rows * max_inter)) {
+    s.gate.resize(static_cast<size_t>(max_rows * max_inter));
+    s.up.resize(static_cast<size_t>(max_rows * max_inter));
+  }
   for (int64_t e = 0; e < n_local; ++e) {
     const int64_t r0 = s.offsets[e], cnt = s.offsets[e + 1] - r0;
     if (cnt == 0) continue;
     const ExpertMatrices& m = experts[e];
-    SHARDLM_CHECK(m.gate.cols == hidden && m.up.rows == m.gate.rows && m.down.rows == hidden &&
+    SHARDLM_CHECK(m.gate.cols == hidden && m.up.rows == m.gate.rows && m.up.cols == hidden && m.down.rows == hidden &&
                       m.down.cols == m.gate.rows,
                   "moe_experts: expert ", expert_begin + e, " shapes do not agree");
     const int64_t inter = m.gate.rows;
-    const float* xs = s.xs.data() + r0 * hidden;
-    matmul(xs, cnt, m.gate, nullptr, s.gate.data());
-    matmul(xs, cnt, m.up, nullptr, s.up.data());
+    for (int64_t r = 0; r < cnt; ++r)
+      std::memcpy(s.xs.data() + r * hidden, x + static_cast<int64_t>(s.token[r0 + r]) * hidden,
+                  static_cast<size_t>(hidden) * sizeof(float));
+    matmul(s.xs.data(), cnt, m.gate, nullptr, s.gate.data());
+    matmul(s.xs.data(), cnt, m.up, nullptr, s.up.data());
     silu_mul(s.gate.data(), s.up.data(), cnt * inter, s.gate.data());
-    matmul(s.gate.data(), cnt, m.down, nullptr, s.ys.data() + r0 * hidden);
-  }
-  // Scatter-add with the routing weights (one writer per token row: serial).
-  for (int64_t r = 0; r < rows; ++r) {
-    float* o = out + static_cast<int64_t>(s.token[r]) * hidden;
-    const float* y = s.ys.data() + r * hidden;
-    const float w = s.route_weight[r];
-    for (int64_t i = 0; i < hidden; ++i) o[i] += w * y[i];
+    matmul(s.gate.data(), cnt, m.down, nullptr, s.ys.data());
+    for (int64_t r = 0; r < cnt; ++r) {
+      float* o = out + static_cast<int64_t>(s.token[r0 + r]) * hidden;
+      const float* y = s.ys.data() + r * hidden;
+      const float w = s.route_weight[r0 + r];
+      for (int64_t i = 0; i < hidden; ++i) o[i] += w * y[i];
+    }
   }
 }
 

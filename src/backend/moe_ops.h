@@ -30,7 +30,7 @@ struct ExpertMatrices {
 struct MoeScratch {
   std::vector<int32_t> counts, offsets, token, slot;  // [n_local + 1], [n_local + 1], [rows], [rows]
   std::vector<float> route_weight;                    // [rows]
-  std::vector<float> xs, gate, up, ys;                // [rows, hidden], [rows, inter] ×2, [rows, hidden]
+  std::vector<float> xs, gate, up, ys;                // one expert's rows: [≤ n, hidden], [≤ n, inter] ×2, [≤ n, hidden]
 };
 
 // out[t, :] = Σ_j weights[t, j] × down_e(silu(gate_e(x_t)) × up_e(x_t)) over

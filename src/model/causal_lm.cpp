@@ -33,6 +33,9 @@ CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int
   dims_.n_q_local = shard_.q_heads.size();
   dims_.n_kv_local = shard_.kv_heads.size();
   dims_.inter_local = shard_.intermediate.size();
+  // Every layer sparse (Mixtral, Qwen3-MoE without mlp_only_layers): no dense
+  // MLP buffers.
+  if (spec.is_moe() && spec.n_moe_layers() == spec.n_layers) dims_.inter_local = 0;
   if (graph_.moe.enabled) {
     dims_.n_experts = graph_.moe.n_experts;
     dims_.top_k = graph_.moe.top_k;
