@@ -34,6 +34,12 @@ struct Linear {
   Tensor bias;
 };
 
+// One expert of a MoE layer as a rank holds it (checkpoint dtype): gate, up
+// [inter_local, hidden], down [hidden, inter_local].
+struct ExpertLinears {
+  Tensor gate, up, down;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -98,6 +104,20 @@ class Backend {
   // all_gather. src: [rows, w], dst: [rows, d] with col_begin + w <= d, same
   // dtype. The base implementation copies host memory (CPU backends).
   virtual void copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin);
+
+  // ---- mixture of experts (backend/moe_ops.h has the contracts) ----
+  // ids[n, top_k] (i32), weights[n, top_k] (f32): each token's top_k experts by
+  // router logit, logits: [n, n_experts]; softmax probabilities, renormalised
+  // over the chosen when `renormalize`. The base class throws
+  // Error(kUnsupported) naming the device: a backend without it cannot run MoE.
+  virtual void moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights);
+  // out[n, hidden] = Σ over each token's routed experts that this rank holds
+  // (global ids [expert_begin, expert_begin + experts.size())) of
+  // weight × down(silu(gate(x)) × up(x)); tokens grouped by expert, each
+  // active expert's matrices applied once to its rows. x: [n, hidden].
+  // Base class: Error(kUnsupported) naming the device.
+  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
+                           int64_t n_experts_local, int64_t expert_begin, Tensor& out);
 };
 
 struct BackendOptions {
