@@ -59,6 +59,11 @@ class Backend {
   // keeps views as they are (zero copy, nothing allocated) and counts owned
   // buffers as allocated; a GPU copies to device memory.
   virtual Tensor adopt_weight(Tensor host) = 0;
+  // A hint before a model's weights are adopted: n_tensors tensors of
+  // `bytes` in all come next. A device backend may obtain them in one
+  // allocation (so what it measures is the weights, not one allocator
+  // rounding per tensor); the CPU keeps checkpoint views and ignores it.
+  virtual void reserve_weights(int64_t /*bytes*/, int64_t /*n_tensors*/) {}
   // Host <-> device copies of a whole tensor's bytes.
   virtual void upload(const void* host, Tensor& dst) = 0;
   virtual void download(const Tensor& src, void* host) = 0;

@@ -70,7 +70,20 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
   backend::Backend& b = *backend_;
   const int64_t allocated_before = b.allocated_bytes();
   std::map<std::string, Tensor> held;
-  for (const TensorShard& ts : rank_tensors(spec_, layout_, shard_.tp_rank, shard_.pp_rank)) {
+  const std::vector<TensorShard> shards = rank_tensors(spec_, layout_, shard_.tp_rank, shard_.pp_rank);
+  {
+    // What adopt_weight will be asked for, so a device backend can take it in one allocation.
+    int64_t total = 0, n = 0;
+    for (const TensorShard& ts : shards)
+      if (const WeightRef* ref = weights_->find(ts.name)) {
+        int64_t numel = 1;
+        for (int64_t d : ts.local_shape) numel *= d;
+        total += numel * static_cast<int64_t>(dtype_size(ref->dtype));
+        ++n;
+      }
+    b.reserve_weights(total, n);
+  }
+  for (const TensorShard& ts : shards) {
     const WeightRef* ref = weights_->find(ts.name);
     if (!ref)
       fail(ErrorCode::kNotFound, weights_->describe(), ": tensor ", ts.name, " ", shape_string(ts.full_shape),

@@ -183,6 +183,10 @@ void EngineBackend::load() {
   std::vector<MemoryBudget> fixed = compute_replica_budgets(spec, replica, {0}, mo);
   std::vector<int64_t> memory(fixed.size());
   const bool on_gpu = !options_.device.is_cpu();
+  if (on_gpu && kv_dtype != DType::kBF16)
+    fail(ErrorCode::kUnsupported, "--kv-cache-dtype ", dtype_safetensors_name(kv_dtype), " on ",
+         options_.device.to_string(), ": the CUDA KV cache is bf16; use --kv-cache-dtype bf16 (or auto on a bf16 "
+         "checkpoint)");
   if (on_gpu) {
     // vLLM's --gpu-memory-utilization: the fraction of the device's total
     // memory for everything; every rank of every replica shares this one GPU.

@@ -28,6 +28,7 @@ struct CudaAllocState {
 namespace {
 
 constexpr size_t kScratchGranule = size_t{1} << 20;  // scratch grows in MiB steps, so regrowth is rare
+constexpr size_t kWeightAlignment = 256;              // each weight in the pool starts on a 256-byte boundary
 
 int64_t rows_of(const Tensor& t) { return t.rank() <= 1 ? 1 : t.numel() / t.dim(t.rank() - 1); }
 int64_t cols_of(const Tensor& t) { return t.rank() == 0 ? 0 : t.dim(t.rank() - 1); }
@@ -176,11 +177,28 @@ Tensor CudaBackend::adopt_weight(Tensor host) {
          host.describe(), " weight; use a bf16 checkpoint (make-model --dtype bf16), or --device cpu for f32, f16 "
          "and quantized weights");
   SHARDLM_CUDA_CHECK(cudaSetDevice(device_));
-  std::shared_ptr<void> storage = measured_alloc(alloc_, device_, MemCategory::kWeights, host.nbytes());
+  std::shared_ptr<void> storage;
+  const size_t aligned = (host.nbytes() + kWeightAlignment - 1) / kWeightAlignment * kWeightAlignment;
+  if (weight_pool_ && weight_pool_used_ + aligned <= weight_pool_bytes_) {
+    // Shares ownership of the pool; the pool goes when its last weight does.
+    storage = std::shared_ptr<void>(weight_pool_, static_cast<char*>(weight_pool_.get()) + weight_pool_used_);
+    weight_pool_used_ += aligned;
+    if (weight_pool_used_ == weight_pool_bytes_) weight_pool_.reset();
+  } else {
+    storage = measured_alloc(alloc_, device_, MemCategory::kWeights, host.nbytes());
+  }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(storage.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream_));
   SHARDLM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` may be a temporary slice
   void* p = storage.get();
   return Tensor::owning(std::move(storage), p, host.dtype(), host.shape(), device());
+}
+
+void CudaBackend::reserve_weights(int64_t bytes, int64_t n_tensors) {
+  weight_pool_.reset();  // a pool from an earlier load keeps living in its weights
+  weight_pool_bytes_ = weight_pool_used_ = 0;
+  if (bytes <= 0 || n_tensors <= 0) return;
+  weight_pool_bytes_ = static_cast<size_t>(bytes) + static_cast<size_t>(n_tensors) * kWeightAlignment;
+  weight_pool_ = measured_alloc(alloc_, device_, MemCategory::kWeights, weight_pool_bytes_);
 }
 
 void CudaBackend::upload(const void* host, Tensor& dst) {

@@ -55,6 +55,9 @@ class CudaBackend final : public Backend {
   Tensor alloc(DType dtype, TensorShape shape) override;
   int64_t allocated_bytes() const override;
   Tensor adopt_weight(Tensor host) override;
+  // One measured allocation of bytes + alignment for every tensor; adopt_weight
+  // then places weights in it while they fit (and allocates separately after).
+  void reserve_weights(int64_t bytes, int64_t n_tensors) override;
   void upload(const void* host, Tensor& dst) override;
   void download(const Tensor& src, void* host) override;
   void synchronize() override;
@@ -103,6 +106,9 @@ class CudaBackend final : public Backend {
   int64_t step_max_context_ = 0, step_max_chunk_ = 0;
   bool step_all_decode_ = false;
   Scratch x_bf16_, out_bf16_, attn_ws_;
+  // reserve_weights' block: weight tensors share ownership of it.
+  std::shared_ptr<void> weight_pool_;
+  size_t weight_pool_bytes_ = 0, weight_pool_used_ = 0;
 };
 
 // make_backend's CUDA branch (backend.cpp calls it in a CUDA build).

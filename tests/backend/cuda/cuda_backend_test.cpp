@@ -248,6 +248,22 @@ TEST_F(CudaBackendTest, AllocationsAreMeasuredAndWeightsStayBf16) {
   }
 }
 
+TEST_F(CudaBackendTest, ReservedWeightsAreOneMeasuredBlock) {
+  const int64_t before = b_->allocated_bytes();
+  {
+    b_->reserve_weights(int64_t{3} << 20, 3);
+    std::vector<Tensor> held;
+    for (int i = 0; i < 3; ++i)
+      held.push_back(b_->adopt_weight(host_tensor(DType::kBF16, {512, 1024}, std::vector<float>(512 * 1024, 1.0f + i))));
+    const int64_t grown = b_->allocated_bytes() - before;
+    EXPECT_GE(grown, int64_t{3} << 20);
+    EXPECT_LE(grown, (int64_t{3} << 20) + (int64_t{2} << 20));  // one block: one page rounding, not three
+    std::vector<uint16_t> back(512 * 1024);
+    b_->download(held[2], back.data());
+    EXPECT_EQ(load_as_f32(back.data(), DType::kBF16, 7), 3.0f);
+  }
+}
+
 TEST_F(CudaBackendTest, AnF32KvCacheIsRefusedNamingTheFlag) {
   Tensor kc = b_->alloc(DType::kF32, {1, 16, 1, 64}), vc = b_->alloc(DType::kF32, {1, 16, 1, 64});
   KvLayerView cache{kc.data(), vc.data(), DType::kF32, 1, 16, 1, 64};
