@@ -56,7 +56,7 @@ struct GenerateCliOptions {
   int pp = 1;
   std::string kv_dtype;  // "": f32 on cpu (exact), bf16 on cuda; bf16 halves the bytes at ~1e-3 relative logit error
   std::string device = "cpu";
-  int64_t decode_bench = 0;  // > 0: time decode steps of this many sequences instead of generating
+  std::string decode_bench;  // "1,8,64": time decode steps of these many sequences instead of generating
   int64_t decode_context = 256;
   int64_t decode_steps = 32;
   int64_t block_size = 16;
@@ -107,8 +107,9 @@ int mpi_world_size() {
   return n ? std::max(1, std::atoi(n)) : 1;
 }
 
-// --decode-bench B: decode steps of B sequences, each holding --decode-context
-// cached tokens; one JSON line (with --json) or a sentence.
+// --decode-bench B1,B2,...: decode steps of B sequences, each holding
+// --decode-context cached tokens, for each B over one load of the model; one
+// JSON line (with --json) or a sentence per B.
 int run_decode_bench(const GenerateCliOptions& o) {
   if (!o.prompt.empty() || !o.prompt_ids.empty() || !o.chat.empty())
     fail(ErrorCode::kInvalidArgument, "--decode-bench times decode steps on synthetic sequences; give no prompt with it");
@@ -120,7 +121,12 @@ int run_decode_bench(const GenerateCliOptions& o) {
   if (d.layout.tp == kAutoDegree) fail(ErrorCode::kInvalidArgument, "--decode-bench needs an explicit --tp");
   d.layout.pp = o.pp;
   d.device = device_for_thread_ranks(o.device, d.layout.tp * d.layout.pp);
-  d.batch = o.decode_bench;
+  std::vector<int64_t> batches;
+  for (int32_t b : parse_ids(o.decode_bench)) {
+    if (b < 1 || b > 4096)
+      fail(ErrorCode::kInvalidArgument, "--decode-bench ", o.decode_bench, ": each batch must be 1 to 4096");
+    batches.push_back(b);
+  }
   d.context = o.decode_context;
   d.n_steps = o.decode_steps;
   d.block_size = o.block_size;
@@ -131,25 +137,28 @@ int run_decode_bench(const GenerateCliOptions& o) {
   } else if (!parse_dtype(o.kv_dtype, &d.kv_dtype)) {
     fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");
   }
-  const DecodeBenchResult r = decode_bench(spec, open_checkpoint(dir), d);
-  if (o.json) {
-    nlohmann::json j = {{"device", d.device.to_string()}, {"layout", d.layout.to_string()}, {"batch", d.batch},
-                        {"context", d.context},           {"steps", r.n_steps},           {"seconds", r.seconds},
-                        {"tok_per_s", r.tokens_per_second}, {"ms_per_step", 1e3 * r.seconds / r.n_steps},
-                        {"weight_bytes", r.weight_bytes}, {"kv_bytes_read_per_step", r.kv_bytes_read},
-                        {"bytes_per_step", r.bytes_per_step()}};
-    std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf("decode batch %lld at context %lld on %s, %s: %.1f tok/s (%.3f ms/step; %lld bytes read per step)\n",
-                static_cast<long long>(d.batch), static_cast<long long>(d.context), d.device.to_string().c_str(),
-                d.layout.to_string().c_str(), r.tokens_per_second, 1e3 * r.seconds / r.n_steps,
-                static_cast<long long>(r.bytes_per_step()));
+  const std::vector<DecodeBenchResult> results = decode_bench_batches(spec, open_checkpoint(dir), d, batches);
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const DecodeBenchResult& r = results[k];
+    if (o.json) {
+      nlohmann::json j = {{"device", d.device.to_string()}, {"layout", d.layout.to_string()}, {"batch", batches[k]},
+                          {"context", d.context},           {"steps", r.n_steps},           {"seconds", r.seconds},
+                          {"tok_per_s", r.tokens_per_second}, {"ms_per_step", 1e3 * r.seconds / r.n_steps},
+                          {"weight_bytes", r.weight_bytes}, {"kv_bytes_read_per_step", r.kv_bytes_read},
+                          {"bytes_per_step", r.bytes_per_step()}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("decode batch %lld at context %lld on %s, %s: %.1f tok/s (%.3f ms/step; %lld bytes read per step)\n",
+                  static_cast<long long>(batches[k]), static_cast<long long>(d.context), d.device.to_string().c_str(),
+                  d.layout.to_string().c_str(), r.tokens_per_second, 1e3 * r.seconds / r.n_steps,
+                  static_cast<long long>(r.bytes_per_step()));
+    }
   }
   return 0;
 }
 
 int run_generate(const GenerateCliOptions& o) {
-  if (o.decode_bench > 0) return run_decode_bench(o);
+  if (!o.decode_bench.empty()) return run_decode_bench(o);
   const int n_inputs = !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty();
   if (n_inputs != 1)
     fail(ErrorCode::kInvalidArgument, "give exactly one of --prompt TEXT, --prompt-ids 1,2,3 or --chat TEXT");
@@ -322,8 +331,8 @@ void setup(CLI::App& app) {
                   "f32, bf16, f16, or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
   add_device_option(sub, &o->device);
   sub->add_option("--decode-bench", o->decode_bench,
-                  "Instead of generating: time decode steps of this many sequences (prints tok/s and bytes read per step)")
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+                  "Instead of generating: time decode steps of B sequences, for each B of a list like 1,8,64 (one "
+                  "load; prints tok/s and bytes read per step)");
   sub->add_option("--decode-context", o->decode_context, "--decode-bench: cached tokens per sequence")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sub->add_option("--decode-steps", o->decode_steps, "--decode-bench: timed steps")

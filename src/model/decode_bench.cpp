@@ -11,11 +11,14 @@
 
 namespace shardlm {
 
-DecodeBenchResult decode_bench(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
-                               const DecodeBenchOptions& o) {
-  if (o.batch < 1 || o.context < 1 || o.n_steps < 1 || o.n_warmup < 0 || o.block_size < 1)
+std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
+                                                    const DecodeBenchOptions& o, const std::vector<int64_t>& batches) {
+  int64_t max_batch = 0;
+  for (int64_t b : batches) max_batch = std::max(max_batch, b);
+  const int64_t min_batch = batches.empty() ? 0 : *std::min_element(batches.begin(), batches.end());
+  if (min_batch < 1 || o.context < 1 || o.n_steps < 1 || o.n_warmup < 0 || o.block_size < 1)
     fail(ErrorCode::kInvalidArgument, "decode bench: batch, context, steps and block size must be >= 1, got batch ",
-         o.batch, ", context ", o.context, ", steps ", o.n_steps, ", block size ", o.block_size);
+         min_batch, ", context ", o.context, ", steps ", o.n_steps, ", block size ", o.block_size);
   const int64_t last = o.context + o.n_warmup + o.n_steps;
   if (last > spec.max_position_embeddings)
     fail(ErrorCode::kInvalidArgument, "decode bench: context ", o.context, " + ", o.n_warmup + o.n_steps,
@@ -24,54 +27,66 @@ DecodeBenchResult decode_bench(const ModelSpec& spec, std::shared_ptr<const Weig
   const int n_ranks = o.layout.tp * o.layout.pp;
   const int64_t blocks_per_seq = (last + o.block_size - 1) / o.block_size;
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  DecodeBenchResult result;
+  std::vector<DecodeBenchResult> results(batches.size());
   std::mutex mu;
   int64_t weight_bytes = 0, kv_bytes_per_token = 0;
   run_rank_group(o.layout, o.device, std::max(1, static_cast<int>(hw) / n_ranks), [&](RankContext& r) {
     auto model = CausalLM::load(spec, weights, o.layout, r.tp_rank, r.pp_rank, *r.comms.tp, *r.comms.pp, r.backend);
-    KvCache cache = model->make_kv_cache(o.batch * blocks_per_seq, o.block_size, o.kv_dtype);
+    KvCache cache = model->make_kv_cache(max_batch * blocks_per_seq, o.block_size, o.kv_dtype);
     {
       std::lock_guard<std::mutex> lock(mu);
       weight_bytes += model->weight_bytes();
       kv_bytes_per_token += model->kv_block_bytes(o.block_size, o.kv_dtype) / o.block_size;
     }
-    // Sequence s owns blocks [s × blocks_per_seq, (s + 1) × blocks_per_seq);
-    // its cached keys and values are whatever the cache holds (zeros): the
-    // work per step does not depend on them.
-    ForwardBatch batch;
-    batch.seqs.resize(static_cast<size_t>(o.batch));
-    batch.token_ids.resize(static_cast<size_t>(o.batch));
-    for (int64_t s = 0; s < o.batch; ++s) {
-      SequenceChunk& c = batch.seqs[static_cast<size_t>(s)];
-      c.n_tokens = 1;
-      c.need_logits = true;
-      for (int64_t b = 0; b < blocks_per_seq; ++b) c.block_table.push_back(static_cast<int32_t>(s * blocks_per_seq + b));
-      batch.token_ids[static_cast<size_t>(s)] = static_cast<int32_t>((s * 7919 + 1) % spec.vocab_size);
-    }
-    std::vector<float> logits(static_cast<size_t>(o.batch * spec.vocab_size));
-    auto step = [&](int64_t i) {
-      for (auto& c : batch.seqs) c.n_past = static_cast<int32_t>(o.context + i);
-      model->forward(batch, cache, model->is_driver() ? logits.data() : nullptr);
-    };
-    for (int64_t i = 0; i < o.n_warmup; ++i) step(i);
-    r.world.barrier();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < o.n_steps; ++i) step(o.n_warmup + i);
-    r.backend->synchronize();
-    r.world.barrier();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (model->is_driver()) {
-      std::lock_guard<std::mutex> lock(mu);
-      result.seconds = seconds;
+    std::vector<float> logits(static_cast<size_t>(max_batch * spec.vocab_size));
+    for (size_t k = 0; k < batches.size(); ++k) {
+      // Sequence s owns blocks [s × blocks_per_seq, (s + 1) × blocks_per_seq);
+      // its cached keys and values are whatever the cache holds: the work of
+      // a step does not depend on them.
+      const int64_t n = batches[k];
+      ForwardBatch batch;
+      batch.seqs.resize(static_cast<size_t>(n));
+      batch.token_ids.resize(static_cast<size_t>(n));
+      for (int64_t s = 0; s < n; ++s) {
+        SequenceChunk& c = batch.seqs[static_cast<size_t>(s)];
+        c.n_tokens = 1;
+        c.need_logits = true;
+        for (int64_t b = 0; b < blocks_per_seq; ++b) c.block_table.push_back(static_cast<int32_t>(s * blocks_per_seq + b));
+        batch.token_ids[static_cast<size_t>(s)] = static_cast<int32_t>((s * 7919 + 1) % spec.vocab_size);
+      }
+      auto step = [&](int64_t i) {
+        for (auto& c : batch.seqs) c.n_past = static_cast<int32_t>(o.context + i);
+        model->forward(batch, cache, model->is_driver() ? logits.data() : nullptr);
+      };
+      for (int64_t i = 0; i < o.n_warmup; ++i) step(i);
+      r.backend->synchronize();
+      r.world.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < o.n_steps; ++i) step(o.n_warmup + i);
+      r.backend->synchronize();
+      r.world.barrier();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (model->is_driver()) {
+        std::lock_guard<std::mutex> lock(mu);
+        results[k].seconds = seconds;
+      }
     }
   });
-  result.n_steps = o.n_steps;
-  result.tokens_per_second = static_cast<double>(o.batch * o.n_steps) / std::max(result.seconds, 1e-12);
-  result.weight_bytes = weight_bytes;
   // Mean context over the timed steps: context + warmup + (steps + 1) / 2 positions.
   const int64_t mean_positions = o.context + o.n_warmup + (o.n_steps + 1) / 2;
-  result.kv_bytes_read = o.batch * mean_positions * kv_bytes_per_token;
-  return result;
+  for (size_t k = 0; k < batches.size(); ++k) {
+    DecodeBenchResult& res = results[k];
+    res.n_steps = o.n_steps;
+    res.tokens_per_second = static_cast<double>(batches[k] * o.n_steps) / std::max(res.seconds, 1e-12);
+    res.weight_bytes = weight_bytes;
+    res.kv_bytes_read = batches[k] * mean_positions * kv_bytes_per_token;
+  }
+  return results;
+}
+
+DecodeBenchResult decode_bench(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
+                               const DecodeBenchOptions& o) {
+  return decode_bench_batches(spec, std::move(weights), o, {o.batch}).front();
 }
 
 }  // namespace shardlm

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/tensor.h"
 #include "loader/model_spec.h"
@@ -41,5 +42,10 @@ struct DecodeBenchResult {
 // exceeds the model's; what run_rank_group throws for the device.
 DecodeBenchResult decode_bench(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
                                const DecodeBenchOptions& options);
+// The same for several batch sizes over one load of the model (options.batch
+// is ignored; the KV cache is sized for the largest). One result per batch, in order.
+std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::shared_ptr<const WeightSource> weights,
+                                                    const DecodeBenchOptions& options,
+                                                    const std::vector<int64_t>& batches);
 
 }  // namespace shardlm

@@ -33,6 +33,22 @@ TEST(DecodeBench, TimesStepsAndCountsWeightAndKvBytes) {
   }
 }
 
+TEST(DecodeBench, SeveralBatchesOverOneLoad) {
+  const ModelSpec spec = testing::qwen25_7b_like(256, 1, 128, 300);
+  auto w = testing::random_weights(spec, 5);
+  DecodeBenchOptions o;
+  o.context = 3;
+  o.n_steps = 1;
+  o.n_warmup = 0;
+  o.block_size = 4;
+  const auto r = decode_bench_batches(spec, w, o, {1, 4});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].weight_bytes, r[1].weight_bytes);
+  EXPECT_EQ(r[1].kv_bytes_read, 4 * r[0].kv_bytes_read);  // same positions, four sequences
+  EXPECT_GT(r[1].tokens_per_second, 0.0);
+  EXPECT_THROW(decode_bench_batches(spec, w, o, {}), Error);
+}
+
 TEST(DecodeBench, RefusesEmptyOrOverlongRuns) {
   const ModelSpec spec = testing::qwen25_7b_like(256, 1, 128, 300);
   auto w = testing::random_weights(spec, 4);
