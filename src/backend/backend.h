@@ -100,6 +100,8 @@ class Backend {
   virtual void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
 
   // ---- mixture of experts (backend/moe_ops.h has the contracts) ----
+  // True when moe_route and moe_experts are implemented (a MoE model checks at load).
+  virtual bool has_moe_ops() const { return false; }
   // ids[n, top_k] (i32), weights[n, top_k] (f32): each token's top_k experts by
   // router logit, logits: [n, n_experts]; softmax probabilities, renormalised
   // over the chosen when `renormalize`. The base class throws
