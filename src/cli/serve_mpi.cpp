@@ -109,6 +109,7 @@ int ServeMpi::run_worker() {
   MpiGroupOptions mo;
   mo.model_dir = model_dir_;
   mo.layout = layout_;
+  mo.device = device_;
   MpiGroupExecutor executor(*world_, mo);  // KV geometry comes from the driver
   executor.run_worker();
   return 0;
@@ -120,7 +121,8 @@ void ServeMpi::attach(server::EngineBackendOptions* options) {
   Communicator* world = world_.get();
   const Layout layout = layout_;
   const std::filesystem::path dir = model_dir_;
-  options->make_executor = [world, layout, dir](const ModelSpec&, const LocalGroupOptions& lo,
+  const Device device = device_;
+  options->make_executor = [world, layout, dir, device](const ModelSpec&, const LocalGroupOptions& lo,
                                                std::vector<LocalGroupExecutor::RankMemory>* allocated) {
     MpiGroupOptions mo;
     mo.model_dir = dir;
@@ -129,6 +131,7 @@ void ServeMpi::attach(server::EngineBackendOptions* options) {
     mo.n_blocks = lo.n_blocks;
     mo.block_size = lo.block_size;
     mo.kv_dtype = lo.kv_dtype;
+    mo.device = device;
     auto executor = std::make_unique<MpiGroupExecutor>(*world, mo);
     allocated->clear();
     for (const RankBytes& b : executor->rank_bytes())
