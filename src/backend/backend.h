@@ -33,6 +33,12 @@ struct Linear {
   Tensor bias;
 };
 
+// One expert of a MoE layer as a rank holds it (checkpoint dtype): gate, up
+// [inter_local, hidden], down [hidden, inter_local].
+struct ExpertLinears {
+  Tensor gate, up, down;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -92,6 +98,20 @@ class Backend {
                                const AttentionHeads& heads, Tensor& out) = 0;
   // out[n_logits, d] = rows meta.logit_rows() of x[n_tokens, d].
   virtual void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
+
+  // ---- mixture of experts (backend/moe_ops.h has the contracts) ----
+  // ids[n, top_k] (i32), weights[n, top_k] (f32): each token's top_k experts by
+  // router logit, logits: [n, n_experts]; softmax probabilities, renormalised
+  // over the chosen when `renormalize`. The base class throws
+  // Error(kUnsupported) naming the device: a backend without it cannot run MoE.
+  virtual void moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights);
+  // out[n, hidden] = Σ over each token's routed experts that this rank holds
+  // (global ids [expert_begin, expert_begin + experts.size())) of
+  // weight × down(silu(gate(x)) × up(x)); tokens grouped by expert, each
+  // active expert's matrices applied once to its rows. x: [n, hidden].
+  // Base class: Error(kUnsupported) naming the device.
+  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
+                           int64_t n_experts_local, int64_t expert_begin, Tensor& out);
 };
 
 struct BackendOptions {

@@ -47,6 +47,8 @@ struct GenerateCliOptions {
   std::optional<uint64_t> seed;
   bool json = false;
   std::string dump_logits;
+  std::string dump_routing;
+  bool enable_expert_parallel = false;
   std::string tp = "1";  // a degree, or auto
   int pp = 1;
   std::string kv_dtype = "f32";  // exact; bf16 halves the bytes at ~1e-3 relative logit error
@@ -127,6 +129,11 @@ int run_generate(const GenerateCliOptions& o) {
   GenerateOptions g;
   g.layout.tp = parse_tp_flag(o.tp);
   g.layout.pp = o.pp;
+  g.layout.expert_parallel = o.enable_expert_parallel;
+  g.trace_routing = !o.dump_routing.empty();
+  if (o.enable_expert_parallel && !spec.is_moe())
+    fail(ErrorCode::kInvalidArgument, "--enable-expert-parallel: ", spec.architecture,
+         " is a dense model without experts; drop the flag (it applies to mixture-of-experts models)");
   const bool tp_auto = g.layout.tp == kAutoDegree;
   check_auto_alone(tp_auto, o.pp, 1, false);
   g.max_tokens = o.max_tokens;
@@ -167,6 +174,8 @@ int run_generate(const GenerateCliOptions& o) {
 
   GenerateResult r;
   if (mpi_world_size() > 1) {
+    if (g.trace_routing)
+      fail(ErrorCode::kInvalidArgument, "--dump-routing is for the threads path; run without mpirun to record the routing");
 #ifdef SHARDLM_HAVE_MPI
     MpiRuntime runtime(nullptr, nullptr);
     auto world = runtime.world();
@@ -188,6 +197,24 @@ int run_generate(const GenerateCliOptions& o) {
     out.write(reinterpret_cast<const char*>(r.prompt_logits.data()),
               static_cast<std::streamsize>(r.prompt_logits.size() * sizeof(float)));
     if (!out) fail(ErrorCode::kIo, "--dump-logits: cannot write ", o.dump_logits);
+  }
+  if (!o.dump_routing.empty()) {
+    // {"top_k": k, "layers": {"L": [[e0, e1, ...] per position]}} for the sparse layers.
+    nlohmann::json j;
+    j["top_k"] = spec.n_experts_per_token;
+    j["layers"] = nlohmann::json::object();
+    const size_t k = static_cast<size_t>(spec.n_experts_per_token);
+    for (size_t l = 0; l < r.routing.size(); ++l) {
+      if (r.routing[l].empty()) continue;
+      nlohmann::json rows = nlohmann::json::array();
+      for (size_t i = 0; i + k <= r.routing[l].size(); i += k)
+        rows.push_back(std::vector<int32_t>(r.routing[l].begin() + static_cast<std::ptrdiff_t>(i),
+                                            r.routing[l].begin() + static_cast<std::ptrdiff_t>(i + k)));
+      j["layers"][std::to_string(l)] = rows;
+    }
+    std::ofstream out(o.dump_routing);
+    out << j.dump() << "\n";
+    if (!out) fail(ErrorCode::kIo, "--dump-routing: cannot write ", o.dump_routing);
   }
   if (o.json) {
     nlohmann::json j;
@@ -230,6 +257,10 @@ void setup(CLI::App& app) {
                   "Tensor-parallel ranks (threads, or processes under mpirun); auto: the layout plan recommends for "
                   "the ranks mpirun started")
       ->capture_default_str();
+  sub->add_option("--dump-routing", o->dump_routing,
+                  "MoE: write the experts chosen per token and layer (JSON) for every position fed");
+  sub->add_flag("--enable-expert-parallel", o->enable_expert_parallel,
+                "MoE: experts go whole to the TP ranks (EP = TP), as vLLM's flag; attention stays tensor-parallel");
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads, or processes under mpirun)")->capture_default_str();
   sub->add_option("--kv-cache-dtype", o->kv_dtype, "f32, bf16, f16, or auto (the weights' dtype)")->capture_default_str();
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();

@@ -34,6 +34,7 @@ struct ServeOptions {
   bool enable_prefix_caching = true;
   std::string tp = "1";  // a degree, or auto
   int pp = 1;
+  bool enable_expert_parallel = false;
   int dp = 1;
   std::vector<int64_t> pp_layer_partition;
   int64_t block_size = 16;
@@ -73,12 +74,20 @@ int run_serve(const ServeOptions& given) {
     po.budget.block_size = o.block_size;
     if (!parse_kv_cache_dtype(o.kv_cache_dtype, &po.budget.kv_cache_dtype))
       fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype '", o.kv_cache_dtype, "': use auto, bf16, f16, f32 or fp8");
+    po.expert_parallel = o.enable_expert_parallel;
     const AutoLayoutChoice c = plan_auto_layout(spec, run_ranks(), po, /*max_dp=*/1024);
     std::cerr << "shardlm serve: " << c.reason << std::endl;
     return c.layout;
   };
   // Under mpirun the ranks are processes: only each replica's driver serves.
-  ServeMpi mpi(o.model, Layout{tp, o.pp, o.dp, o.pp_layer_partition}, o.host, o.port, choose_layout);
+  if (o.enable_expert_parallel) {
+    const ModelSpec spec = load_model_config(std::filesystem::path(o.model) / "config.json");
+    if (!spec.is_moe())
+      fail(ErrorCode::kInvalidArgument, "--enable-expert-parallel: ", spec.architecture,
+           " is a dense model without experts; drop the flag (it applies to mixture-of-experts models)");
+  }
+  ServeMpi mpi(o.model, Layout{tp, o.pp, o.dp, o.pp_layer_partition, o.enable_expert_parallel}, o.host, o.port,
+               choose_layout);
   if (!mpi.is_driver()) return mpi.run_worker();
   server::EngineBackendOptions bo;
   bo.model_dir = o.model;
@@ -213,6 +222,8 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--pipeline-parallel-size,--pp", o->pp, "Pipeline stages, any layer split (also -pp)")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_option("--data-parallel-size,--dp", o->dp, "Replicas behind the built-in router (also -dp)")->capture_default_str()->check(CLI::Range(1, 1024));
+  sub->add_flag("--enable-expert-parallel", o->enable_expert_parallel,
+                "MoE: experts go whole to the TP ranks of each stage (EP = TP), as vLLM's flag; attention stays tensor-parallel");
   sub->add_option("--pp-layer-partition", o->pp_layer_partition, "Layers per stage, e.g. 10,9,9 (default: balanced by bytes)")
       ->delimiter(',');
   sub->add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str()->check(CLI::IsMember({8, 16, 32, 64, 128}));

@@ -24,6 +24,11 @@ void validate_generate(const ModelSpec& spec, const std::vector<int32_t>& prompt
   if (opt.max_tokens < 1) fail(ErrorCode::kInvalidArgument, "generate: --max-tokens must be at least 1, got ", opt.max_tokens);
   validate_layout(spec, opt.layout);
   if (opt.layout.dp != 1) fail(ErrorCode::kInvalidArgument, "generate runs one replica; data parallelism is for serve");
+  if (opt.trace_routing && !spec.is_moe())
+    fail(ErrorCode::kInvalidArgument, "--dump-routing: ", spec.architecture, " is a dense model; it has no experts to route to");
+  if (opt.trace_routing && opt.layout.pp != 1)
+    fail(ErrorCode::kInvalidArgument, "--dump-routing needs --pipeline-parallel-size 1 (the driver records the layers it runs), got ",
+         opt.layout.pp);
 }
 
 int64_t generate_kv_blocks(const std::vector<int32_t>& prompt, const GenerateOptions& opt) {
@@ -104,11 +109,15 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
     const int tp_rank = world.rank() % opt.layout.tp, pp_rank = world.rank() / opt.layout.tp;
     auto model = CausalLM::load(spec, weights, opt.layout, tp_rank, pp_rank, *comms.tp, *comms.pp, rank_backend);
     KvCache cache = model->make_kv_cache(n_blocks, opt.block_size, opt.kv_dtype);
+    std::vector<std::vector<int32_t>> routing;
+    if (opt.trace_routing && model->is_driver()) model->trace_routing(&routing);
     auto step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
     GenerateResult local =
         generate_steps(step, spec.vocab_size, n_blocks, prompt, opt, keep_all_logits, &world, model->is_driver());
     if (model->is_driver()) {
       local.weight_bytes_rank0 = model->weight_bytes();
+      model->trace_routing(nullptr);
+      local.routing = std::move(routing);
       std::lock_guard<std::mutex> lock(mu);
       result = std::move(local);
     }

@@ -18,6 +18,11 @@ void Workspace::reserve(backend::Backend& b, const RankDims& d, int64_t n_tokens
   proj_ = b.alloc(a, {n, d.hidden});
   gate_ = b.alloc(a, {n, d.inter_local});
   up_ = b.alloc(a, {n, d.inter_local});
+  if (d.n_experts > 0) {
+    router_logits_ = b.alloc(a, {n, d.n_experts});
+    route_ids_ = b.alloc(DType::kI32, {n, d.top_k});
+    route_weights_ = b.alloc(DType::kF32, {n, d.top_k});
+  }
   capacity_ = n_tokens;
 }
 

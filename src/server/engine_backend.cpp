@@ -145,8 +145,6 @@ std::string LoadReport::text() const {
 void EngineBackend::load() {
   const auto& dir = options_.model_dir;
   ModelSpec spec = load_model_config(dir / "config.json");
-  if (!spec.runnable())
-    fail(ErrorCode::kUnsupported, "serve: ", spec.architecture, " (mixture of experts) cannot be served by this build; plan supports it");
   if (spec.quant.enabled())
     fail(ErrorCode::kUnsupported, "serve: ", spec.quant.source, ": this checkpoint is quantized (", spec.quant.describe(),
          "); this build's CPU engine has no quantized kernels yet (plan and verify read it)");
