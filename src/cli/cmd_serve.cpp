@@ -7,7 +7,9 @@
 #include <iostream>
 #include <thread>
 
+#include "backend/device/device_choice.h"
 #include "cli/auto_layout_flag.h"
+#include "cli/device_flag.h"
 #include "cli/command.h"
 #include "cli/default_model.h"
 #include "cli/serve_mpi.h"
@@ -39,6 +41,7 @@ struct ServeOptions {
   std::vector<int64_t> pp_layer_partition;
   int64_t block_size = 16;
   std::string kv_cache_dtype = "auto";
+  std::string device = "cpu";
   int64_t max_pending_requests = 1024;
   int64_t max_waiting_requests = -1;  // >= 0: live bound = max_num_seqs + this
   int max_executor_restarts = 3;
@@ -79,6 +82,7 @@ int run_serve(const ServeOptions& given) {
     std::cerr << "shardlm serve: " << c.reason << std::endl;
     return c.layout;
   };
+  backend::parse_device_flag(o.device);  // a bad --device fails before anything starts
   // Under mpirun the ranks are processes: only each replica's driver serves.
   if (o.enable_expert_parallel) {
     const ModelSpec spec = load_model_config(std::filesystem::path(o.model) / "config.json");
@@ -88,6 +92,12 @@ int run_serve(const ServeOptions& given) {
   }
   ServeMpi mpi(o.model, Layout{tp, o.pp, o.dp, o.pp_layer_partition, o.enable_expert_parallel}, o.host, o.port,
                choose_layout);
+  // Under mpirun each process drives one GPU (local rank % GPUs); without
+  // it, every rank of every replica is a thread sharing one GPU.
+  const Device device = mpi.active() ? device_for_mpi_process(o.device)
+                                     : device_for_thread_ranks(o.device, mpi.layout().tp * mpi.layout().pp *
+                                                                             std::max(1, mpi.layout().dp));
+  mpi.set_device(device);
   if (!mpi.is_driver()) return mpi.run_worker();
   server::EngineBackendOptions bo;
   bo.model_dir = o.model;
@@ -95,6 +105,8 @@ int run_serve(const ServeOptions& given) {
   if (names.empty()) names.push_back(o.model);
   bo.model_name = names[0];
   bo.layout = mpi.layout();
+  bo.device = device;
+  bo.ranks_share_device = !mpi.active();
   bo.max_model_len = o.max_model_len;
   bo.max_num_seqs = o.max_num_seqs;
   bo.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -211,7 +223,8 @@ void setup(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(1, 1 << 24));
   auto* kvm = sub->add_option("--kv-cache-memory", o->kv_cache_memory, "KV cache per rank, e.g. 4GiB (default: 4 GiB over all ranks)");
   auto* gmu = sub->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
-                              "Fraction of memory (system RAM on CPU) for weights + workspace + KV cache")
+                              "Fraction of memory for weights + activations + KV cache: of each GPU's total memory "
+                              "(as in vLLM; default 0.9 there), of system RAM on the CPU")
                   ->check(CLI::Range(0.01, 1.0));
   kvm->excludes(gmu);
   sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
@@ -228,6 +241,7 @@ void setup(CLI::App& app) {
       ->delimiter(',');
   sub->add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str()->check(CLI::IsMember({8, 16, 32, 64, 128}));
   sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (the weights' dtype), bf16, f16, f32")->capture_default_str();
+  add_device_option(sub, &o->device);
   auto* pending = sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
                       ->capture_default_str()->check(CLI::Range(1, 1 << 24));
   sub->add_option("--max-waiting-requests", o->max_waiting_requests,

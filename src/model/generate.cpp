@@ -9,6 +9,7 @@
 #include "comm/local_comm.h"
 #include "core/error.h"
 #include "model/causal_lm.h"
+#include "model/rank_group.h"
 
 namespace shardlm {
 
@@ -103,17 +104,14 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   GenerateResult result;
   std::mutex mu;
-  run_local_ranks(n_ranks, [&](Communicator& world) {
-    auto rank_backend = backend::make_backend({Device{}, std::max(1, static_cast<int>(hw) / n_ranks)});
-    RankComms comms = split_rank_comms(world, opt.layout);
-    const int tp_rank = world.rank() % opt.layout.tp, pp_rank = world.rank() / opt.layout.tp;
-    auto model = CausalLM::load(spec, weights, opt.layout, tp_rank, pp_rank, *comms.tp, *comms.pp, rank_backend);
+  run_rank_group(opt.layout, opt.device, std::max(1, static_cast<int>(hw) / n_ranks), [&](RankContext& r) {
+    auto model = CausalLM::load(spec, weights, opt.layout, r.tp_rank, r.pp_rank, *r.comms.tp, *r.comms.pp, r.backend);
     KvCache cache = model->make_kv_cache(n_blocks, opt.block_size, opt.kv_dtype);
     std::vector<std::vector<int32_t>> routing;
     if (opt.trace_routing && model->is_driver()) model->trace_routing(&routing);
     auto step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
     GenerateResult local =
-        generate_steps(step, spec.vocab_size, n_blocks, prompt, opt, keep_all_logits, &world, model->is_driver());
+        generate_steps(step, spec.vocab_size, n_blocks, prompt, opt, keep_all_logits, &r.world, model->is_driver());
     if (model->is_driver()) {
       local.weight_bytes_rank0 = model->weight_bytes();
       model->trace_routing(nullptr);

@@ -19,6 +19,7 @@ namespace shardlm {
 
 struct GenerateOptions {
   Layout layout;
+  Device device;                       // cpu, or the GPU every rank (thread) shares (model/rank_group.h)
   int64_t max_tokens = 16;
   std::vector<int64_t> eos_token_ids;  // stop when one is produced (it is kept in the output)
   DType kv_dtype = DType::kF32;
