@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: install, build, run every test; then the same tests
-# again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# again under AddressSanitizer + UndefinedBehaviorSanitizer; then the
+# threaded layers (engine, comm, server, router) under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -38,3 +39,10 @@ BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DSHARDLM_SANITIZE=O
   -DSHARDLM_BENCH=OFF -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 -LE 'slow|reference|integration'
+
+# ThreadSanitizer job: scripts/tsan.sh builds only the CLI and the engine,
+# comm, server and router test binaries (build-tsan/) and runs their tests.
+echo "== TSan pass (scripts/tsan.sh) =="
+tsan_start=$SECONDS
+bash scripts/tsan.sh
+echo "TSan pass: $((SECONDS - tsan_start)) s"

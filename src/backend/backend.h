@@ -111,6 +111,8 @@ class Backend {
   virtual void copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin);
 
   // ---- mixture of experts (backend/moe_ops.h has the contracts) ----
+  // True when moe_route and moe_experts are implemented (a MoE model checks at load).
+  virtual bool has_moe_ops() const { return false; }
   // ids[n, top_k] (i32), weights[n, top_k] (f32): each token's top_k experts by
   // router logit, logits: [n, n_experts]; softmax probabilities, renormalised
   // over the chosen when `renormalize`. The base class throws

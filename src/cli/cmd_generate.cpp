@@ -227,6 +227,7 @@ int run_generate(const GenerateCliOptions& o) {
     po.budget.max_num_seqs = 1;
     po.budget.max_num_batched_tokens = static_cast<int64_t>(prompt.size());
     po.budget.block_size = o.block_size;
+    po.expert_parallel = o.enable_expert_parallel;
     if (!parse_kv_cache_dtype(o.kv_dtype.empty() ? std::string(g.device.is_cpu() ? "f32" : "bf16") : o.kv_dtype,
                               &po.budget.kv_cache_dtype))
       fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");

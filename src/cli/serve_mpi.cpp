@@ -25,6 +25,12 @@ int mpirun_world_size() {
   return n ? std::max(1, std::atoi(n)) : 1;
 }
 
+}  // namespace
+
+#ifdef SHARDLM_HAVE_MPI
+
+namespace {
+
 constexpr size_t kHostBytes = 256;
 
 std::array<char, kHostBytes> this_host() {
@@ -34,8 +40,6 @@ std::array<char, kHostBytes> this_host() {
 }
 
 }  // namespace
-
-#ifdef SHARDLM_HAVE_MPI
 
 ServeMpi::ServeMpi(const std::string& model_dir, const Layout& requested, const std::string& host, int port,
                    const std::function<Layout()>& choose_auto)
@@ -76,6 +80,16 @@ ServeMpi::ServeMpi(const std::string& model_dir, const Layout& requested, const 
 }
 
 #else
+
+}  // namespace shardlm::cli
+
+namespace shardlm {
+// Never created in a build without MPI; complete so that ServeMpi's
+// unique_ptr member can be destroyed.
+class MpiRuntime {};
+}  // namespace shardlm
+
+namespace shardlm::cli {
 
 ServeMpi::ServeMpi(const std::string& model_dir, const Layout& requested, const std::string& host, int port,
                    const std::function<Layout()>& choose_auto)

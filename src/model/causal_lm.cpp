@@ -33,6 +33,9 @@ CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int
   dims_.n_q_local = shard_.q_heads.size();
   dims_.n_kv_local = shard_.kv_heads.size();
   dims_.inter_local = shard_.intermediate.size();
+  if (graph_.moe.enabled && !backend_->has_moe_ops())
+    fail(ErrorCode::kUnsupported, spec.architecture, " is a mixture-of-experts model; the ", backend_->name(),
+         " backend does not implement the MoE ops (moe_route, moe_experts) yet; run it on the CPU backend");
   // Every layer sparse (Mixtral, Qwen3-MoE without mlp_only_layers): no dense
   // MLP buffers.
   if (spec.is_moe() && spec.n_moe_layers() == spec.n_layers) dims_.inter_local = 0;

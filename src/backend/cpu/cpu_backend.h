@@ -42,6 +42,7 @@ class CpuBackend final : public Backend {
   void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                        const AttentionHeads& heads, Tensor& out) override;
   void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) override;
+  bool has_moe_ops() const override { return true; }
   void moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights) override;
   void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
                    int64_t n_experts_local, int64_t expert_begin, Tensor& out) override;
