@@ -217,8 +217,10 @@ void fp8_tile(const float* x, const QuantMatrixView& w, int64_t j0, int64_t t0, 
   __m512 tot[RB][TB];
   for (int r = 0; r < RB; ++r)
     for (int t = 0; t < TB; ++t) tot[r][t] = _mm512_setzero_ps();
-  for (int64_t kb = 0; kb < K; kb += bk) {
-    const int64_t ke = std::min(K, kb + bk);
+  // Scale blocks along k: [kb, ke) is block (kb + col_offset) / bk.
+  for (int64_t kb = 0; kb < K;) {
+    const int64_t blk = (kb + w.col_offset) / bk;
+    const int64_t ke = std::min(K, (blk + 1) * bk - w.col_offset);
     __m512 acc[RB][TB];
     for (int r = 0; r < RB; ++r)
       for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -232,10 +234,11 @@ void fp8_tile(const float* x, const QuantMatrixView& w, int64_t j0, int64_t t0, 
       }
     }
     for (int r = 0; r < RB; ++r) {
-      const int64_t si = ((j0 + r) / w.block_n) * w.scale_cols + kb / bk;
+      const int64_t si = ((j0 + r + w.row_offset) / w.block_n) * w.scale_cols + blk;
       const __m512 s = _mm512_set1_ps(load_as_f32(w.scales, w.scales_dtype, static_cast<size_t>(si)) * kFp8Rebias);
       for (int t = 0; t < TB; ++t) tot[r][t] = _mm512_fmadd_ps(acc[r][t], s, tot[r][t]);
     }
+    kb = ke;
   }
   for (int t = 0; t < TB; ++t)
     for (int r = 0; r < RB; ++r) y[(t0 + t) * N + j0 + r] = _mm512_reduce_add_ps(tot[r][t]);

@@ -5,7 +5,8 @@
 //   AWQ  (GEMM packing)  w[n, k] = (q[k, n] - z[k / g, n]) × s[k / g, n]
 //   GPTQ (4 or 8 bits)   w[n, k] = (q[k, n] - (z[gi, n] + zero_offset)) × s[gi, n],
 //                        gi = g_idx[k] - group_offset (act-order: any group per row)
-//   FP8  (E4M3)          w[n, k] = e4m3(weight[n, k]) × scale_inv[n / block_n, k / block_k]
+//   FP8  (E4M3)          w[n, k] = e4m3(weight[n, k]) × scale_inv[(n + r0) / block_n, (k + c0) / block_k]
+//                        (r0, c0: where a slice starts inside its first scale block)
 // Per group, AWQ and GPTQ accumulate Σ x·q and Σ x and apply the group's
 // scale and zero once (y += s × (Σ x·q − z × Σ x)), which is exact algebra.
 #pragma once
@@ -37,6 +38,8 @@ struct QuantizedWeight {
   Tensor g_idx;              // gptq [n_in] I32
   int64_t block_n = 0;       // fp8: output rows per scale (per tensor: n_out; per channel: 1)
   int64_t block_k = 0;       // fp8: input columns per scale (per tensor or channel: n_in)
+  int64_t row_offset = 0;    // fp8: local row 0 sits this many rows into its first scale block
+  int64_t col_offset = 0;    // fp8: local column 0 sits this many columns into its first scale block
 };
 
 // The same, as plain pointers for the kernels. fp8: `weight` is the
@@ -59,6 +62,8 @@ struct QuantMatrixView {
   const uint8_t* weight = nullptr;  // fp8
   int64_t block_n = 0;
   int64_t block_k = 0;
+  int64_t row_offset = 0;
+  int64_t col_offset = 0;
 };
 
 // The view of a rank's QuantizedWeight (fp8 takes the E4M3 matrix `fp8`).

@@ -36,6 +36,8 @@ QuantMatrixView quant_view(const QuantizedWeight& q, const Tensor& fp8) {
   v.weight = fp8.defined() ? static_cast<const uint8_t*>(fp8.data()) : nullptr;
   v.block_n = q.block_n;
   v.block_k = q.block_k;
+  v.row_offset = q.row_offset;
+  v.col_offset = q.col_offset;
   return v;
 }
 
@@ -70,7 +72,8 @@ float element(const QuantMatrixView& w, int64_t n, int64_t k) {
       return static_cast<float>(q - z) * scale(g, n, w.n_out);
     }
     case WeightScheme::kFp8:
-      return f8e4m3_to_f32(w.weight[n * w.n_in + k]) * scale(n / w.block_n, k / w.block_k, w.scale_cols);
+      return f8e4m3_to_f32(w.weight[n * w.n_in + k]) * scale((n + w.row_offset) / w.block_n,
+                                                         (k + w.col_offset) / w.block_k, w.scale_cols);
     case WeightScheme::kDense: break;
   }
   fail(ErrorCode::kInternal, "ref::dequantize on a dense matrix");

@@ -15,6 +15,7 @@
 #include "engine/tokenizer_detokenizer.h"
 #include "loader/generation_config.h"
 #include "server/structured_output.h"
+#include "model/quantized_linear.h"
 #include "model/weight_source.h"
 
 namespace shardlm::server {
@@ -147,9 +148,9 @@ void EngineBackend::load() {
   ModelSpec spec = load_model_config(dir / "config.json");
   if (!spec.runnable())
     fail(ErrorCode::kUnsupported, "serve: ", spec.architecture, " (mixture of experts) cannot be served by this build; plan supports it");
-  if (spec.quant.enabled())
-    fail(ErrorCode::kUnsupported, "serve: ", spec.quant.source, ": this checkpoint is quantized (", spec.quant.describe(),
-         "); this build's CPU engine has no quantized kernels yet (plan and verify read it)");
+  auto weights = open_checkpoint(dir);
+  // Quantized checkpoints store scales in F16, BF16 or F32: size with what this one holds, as plan does.
+  adopt_checkpoint_scales_dtype(spec, *weights);
   tokenizer_.emplace(Tokenizer::load(dir));
   chat_template_ = chat_template::load_model_chat_template(dir);
   {
@@ -207,7 +208,6 @@ void EngineBackend::load() {
   }
   if (report_.n_kv_blocks > INT32_MAX) report_.n_kv_blocks = INT32_MAX;
 
-  auto weights = open_checkpoint(dir);
   EngineConfig ec;
   ec.scheduler.n_blocks = static_cast<int32_t>(report_.n_kv_blocks);
   ec.scheduler.block_size = static_cast<int32_t>(options_.block_size);

@@ -201,6 +201,57 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"fp8_channel", "fp8-channel", 128, false, true, DType::kBF16, 136, 200}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
+// An FP8 slice that starts inside a [128, 128] scale block (a K/V head range
+// under uneven TP): rows [64, 192) and columns [64, 300) of a 200 × 300 matrix.
+TEST(QuantFp8Slice, ASliceInsideAScaleBlockKeepsThatBlocksScale) {
+  Case c{"fp8", "fp8", 128, false, true, DType::kBF16, 200, 300};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> w(static_cast<size_t>(c.n_out * c.n_in));
+  for (auto& v : w) v = dist(rng);
+  const Packed p = pack(c, w);
+  const std::vector<float> deq = oracle_weight(c, p);
+  const Linear full = linear(c, p);
+  const int64_t r0 = 64, r1 = 192, k0 = 64, K = c.n_in;
+  // Rows: a view of the weight, the scale rows [0, 2) (both blocks the rows touch).
+  Linear rows = full;
+  rows.weight = full.weight.slice_rows(r0, r1);
+  rows.quant.n_out = r1 - r0;
+  rows.quant.row_offset = r0 % 128;
+  // Columns [k0, K): a copy, as the loader makes one; scale columns [0, 3).
+  Linear cols = full;
+  cols.weight = Tensor::host(DType::kF8E4M3, {c.n_out, K - k0});
+  for (int64_t n = 0; n < c.n_out; ++n)
+    std::memcpy(cols.weight.ptr<uint8_t>() + n * (K - k0), full.weight.ptr<uint8_t>() + n * K + k0,
+                static_cast<size_t>(K - k0));
+  cols.quant.n_in = K - k0;
+  cols.quant.col_offset = k0 % 128;
+  auto b = make_backend({Device{}, 2});
+  for (int64_t n : {1, 3}) {
+    std::vector<float> x(static_cast<size_t>(n * K));
+    for (auto& v : x) v = dist(rng) * 20;
+    Tensor xt = b->alloc(DType::kF32, {n, K}), yt = b->alloc(DType::kF32, {n, r1 - r0});
+    b->upload(x.data(), xt);
+    b->matmul(xt, rows, yt);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < r1 - r0; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += double(x[t * K + k]) * deq[(r0 + j) * K + k];
+        ASSERT_NEAR(yt.ptr<float>()[t * (r1 - r0) + j], s, 1e-4 * (1 + std::fabs(s))) << "row slice " << j;
+      }
+    Tensor xc = b->alloc(DType::kF32, {n, K - k0}), yc = b->alloc(DType::kF32, {n, c.n_out});
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(xc.ptr<float>() + t * (K - k0), x.data() + t * K + k0, sizeof(float) * static_cast<size_t>(K - k0));
+    b->matmul(xc, cols, yc);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < c.n_out; ++j) {
+        double s = 0;
+        for (int64_t k = k0; k < K; ++k) s += double(x[t * K + k]) * deq[j * K + k];
+        ASSERT_NEAR(yc.ptr<float>()[t * c.n_out + j], s, 1e-4 * (1 + std::fabs(s))) << "column slice " << j;
+      }
+  }
+}
+
 TEST(QuantBias, AddsTheBiasAfterTheQuantizedProduct) {
   Case c{"awq", "awq", 64};
   std::vector<float> w(static_cast<size_t>(c.n_out * c.n_in), 0.01f);
