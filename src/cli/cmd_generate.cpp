@@ -134,8 +134,10 @@ int run_generate(const GenerateCliOptions& o) {
   g.block_size = o.block_size;
   if (o.kv_dtype == "auto") {
     g.kv_dtype = spec.dtype;
+  } else if (o.kv_dtype == "fp8" || o.kv_dtype == "fp8_e4m3") {
+    g.kv_dtype = DType::kF8E4M3;  // written with scale 1, widened in registers by attention
   } else if (!parse_dtype(o.kv_dtype, &g.kv_dtype)) {
-    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16, f32 or fp8 (E4M3)");
   }
   SamplingParams params;
   params.temperature = o.temperature;
@@ -159,7 +161,7 @@ int run_generate(const GenerateCliOptions& o) {
     po.budget.max_num_batched_tokens = static_cast<int64_t>(prompt.size());
     po.budget.block_size = o.block_size;
     if (!parse_kv_cache_dtype(o.kv_dtype, &po.budget.kv_cache_dtype))
-      fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");
+      fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16, f32 or fp8 (E4M3)");
     const AutoLayoutChoice c = plan_auto_layout(spec, run_ranks(), po, /*max_dp=*/1);
     std::fprintf(stderr, "%s\n", c.reason.c_str());
     return c.layout;
@@ -231,7 +233,7 @@ void setup(CLI::App& app) {
                   "the ranks mpirun started")
       ->capture_default_str();
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads, or processes under mpirun)")->capture_default_str();
-  sub->add_option("--kv-cache-dtype", o->kv_dtype, "f32, bf16, f16, or auto (the weights' dtype)")->capture_default_str();
+  sub->add_option("--kv-cache-dtype", o->kv_dtype, "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype)")->capture_default_str();
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();
   set_command_action(sub, [o] { return run_generate(*o); });
 }

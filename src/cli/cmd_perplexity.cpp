@@ -50,8 +50,10 @@ int run_perplexity(const PerplexityCliOptions& o) {
   p.block_size = o.block_size;
   if (o.kv_dtype == "auto") {
     p.kv_dtype = spec.dtype;
+  } else if (o.kv_dtype == "fp8" || o.kv_dtype == "fp8_e4m3") {
+    p.kv_dtype = DType::kF8E4M3;  // written with scale 1, widened in registers by attention
   } else if (!parse_dtype(o.kv_dtype, &p.kv_dtype)) {
-    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16, f32 or fp8 (E4M3)");
   }
   const PerplexityResult r = perplexity_local(spec, open_checkpoint(dir), ids, p);
   const int64_t context = o.context > 0 ? o.context : spec.max_position_embeddings;
@@ -85,7 +87,7 @@ void setup(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   sub->add_option("--tp,--tensor-parallel-size", o->tp, "Tensor-parallel ranks (threads)")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads)")->capture_default_str()->check(CLI::Range(1, 4096));
-  sub->add_option("--kv-cache-dtype", o->kv_dtype, "f32, bf16, f16, or auto (the weights' dtype)")->capture_default_str();
+  sub->add_option("--kv-cache-dtype", o->kv_dtype, "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype)")->capture_default_str();
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_flag("--json", o->json, "Print one JSON object");
   set_command_action(sub, [o] { return run_perplexity(*o); });

@@ -36,9 +36,9 @@ DType kv_dtype_of(KvCacheDType kv, DType weights) {
     case KvCacheDType::kBF16: return DType::kBF16;
     case KvCacheDType::kF16: return DType::kF16;
     case KvCacheDType::kF32: return DType::kF32;
-    case KvCacheDType::kFp8: break;
+    case KvCacheDType::kFp8: return DType::kF8E4M3;  // E4M3, scale 1 (vLLM's default without calibration)
   }
-  fail(ErrorCode::kUnsupported, "--kv-cache-dtype fp8 is not supported by the CPU backend (use bf16, f16 or f32)");
+  return weights;
 }
 
 // The state of one request shared by the engine thread (callbacks) and the

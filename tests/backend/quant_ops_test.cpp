@@ -32,6 +32,8 @@ struct Case {
   int64_t n_out = 136, n_in = 256;  // 17 words of 8 channels: a partial AWQ block; 8.5 GPTQ blocks of 16
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 struct Packed {
   QuantConfig cfg;
   std::map<QuantPart, std::vector<uint8_t>> bytes;

@@ -34,6 +34,8 @@ struct Format {
   bool desc_act = false, sym = true;
 };
 
+void PrintTo(const Format& c, std::ostream* os) { *os << c.name; }
+
 const std::vector<Format>& formats() {
   static const std::vector<Format> f = {{"awq", "awq"},
                                         {"gptq", "gptq"},
