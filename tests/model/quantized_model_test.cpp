@@ -153,6 +153,51 @@ TEST_P(QuantizedModel, StaysCloseToTheUnquantizedModel) {
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedModel, ::testing::ValuesIn(formats()),
                          [](const ::testing::TestParamInfo<Format>& i) { return i.param.name; });
 
+// modules_to_not_convert names a decoder Linear: it is read as a plain BF16
+// weight beside the FP8 ones (here layer 1's down_proj, stored as the BF16
+// rounding of its dequantized FP8 value), at TP 1 and across ranks.
+TEST(QuantizedModelConfig, ModulesToNotConvertAreReadUnquantized) {
+  const fs::path dir = format_dir(formats()[4]);  // fp8
+  ModelSpec spec = load_model_config(dir / "config.json");
+  const std::string module = "model.layers.1.mlp.down_proj";
+  spec.quant.modules_to_not_convert.push_back(module);
+  auto src = open_checkpoint(dir);
+  auto w = std::make_shared<MemoryWeightSource>();
+  for (const TensorSpec& t : expected_tensors(spec)) {
+    if (t.name == module + ".weight") {
+      const WeightRef* q = src->find(module + ".weight");
+      const WeightRef* s = src->find(module + ".weight_scale_inv");
+      ASSERT_TRUE(q && s);
+      const int64_t n = q->shape[0], k = q->shape[1], kb = s->shape[1];
+      std::vector<uint8_t> bytes(static_cast<size_t>(n * k) * 2);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < k; ++j)
+          store_from_f32(bytes.data(), DType::kBF16, static_cast<size_t>(i * k + j),
+                         f8e4m3_to_f32(static_cast<const uint8_t*>(q->data)[i * k + j]) *
+                             load_as_f32(s->data, s->dtype, static_cast<size_t>((i / 128) * kb + j / 128)));
+      w->add(t.name, DType::kBF16, {n, k}, std::move(bytes));
+      continue;
+    }
+    const WeightRef* r = src->find(t.name);
+    if (!r) continue;
+    w->add(t.name, r->dtype, r->shape,
+           std::vector<uint8_t>(static_cast<const uint8_t*>(r->data),
+                                static_cast<const uint8_t*>(r->data) + shape_numel(r->shape) * dtype_size(r->dtype)));
+  }
+  EXPECT_EQ(w->find(module + ".weight_scale_inv"), nullptr);
+  GenerateOptions opt;
+  opt.max_tokens = 4;
+  opt.block_size = 4;
+  const GenerateResult whole = generate_local(load_model_config(dir / "config.json"), src, kPrompt, opt, true);
+  const GenerateResult mixed = generate_local(spec, w, kPrompt, opt, true);
+  opt.layout.tp = 3;
+  const GenerateResult mixed_tp3 = generate_local(spec, w, kPrompt, opt, true);
+  EXPECT_EQ(mixed.tokens, whole.tokens);
+  EXPECT_EQ(mixed_tp3.tokens, whole.tokens);
+  EXPECT_LT(max_rel_diff(mixed.step_logits, whole.step_logits), 1e-2);  // the BF16 rounding of one Linear
+  EXPECT_LT(max_rel_diff(mixed_tp3.step_logits, mixed.step_logits), 2e-4);
+}
+
 // The checkpoint's tensors in memory, so a test can break one.
 std::shared_ptr<MemoryWeightSource> copy_of(const fs::path& dir, const ModelSpec& spec,
                                             const std::function<bool(const std::string&, WeightRef&,
