@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: install, build, run every test; then the same tests
-# again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# again under AddressSanitizer + UndefinedBehaviorSanitizer; then the
+# threaded layers (engine, comm, server, router) under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -14,14 +15,16 @@ BUILD_DIR=build BUILD_TYPE=Release bash scripts/build.sh -DCMAKE_CXX_FLAGS_RELEA
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 600
 
 # CUDA, compile only (CI has no GPU), so the backend never rots: only the
-# CUDA backend library, the NCCL communicator and the CUDA tests, for one
+# CUDA backend library (CudaBackend included), the NCCL communicator, the
+# model layer (its ranks-on-one-GPU group) and the CUDA tests, for one
 # architecture (sm_90); the host-side tests run, the GPU ones skip. Measured
 # without ccache on a busy 2-core machine: 4-7 min (most of it the .cu files).
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   cuda_start=$SECONDS
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
     -DSHARDLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DSHARDLM_BENCH=OFF
-  cmake --build build-cuda -j"$jobs" --target shardlm_backend_cuda shardlm_comm_nccl cuda_ops_test device_local_comm_test
+  cmake --build build-cuda -j"$jobs" --target shardlm_backend_cuda shardlm_comm_nccl shardlm_model \
+    cuda_ops_test cuda_backend_test cuda_bandwidth device_local_comm_test
   ctest --test-dir build-cuda --output-on-failure -R '^(Cuda|DeviceLocalComm)'
   echo "CUDA compile-only pass: $((SECONDS - cuda_start)) s"
 else
@@ -36,3 +39,10 @@ BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DSHARDLM_SANITIZE=O
   -DSHARDLM_BENCH=OFF -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 -LE 'slow|reference|integration'
+
+# ThreadSanitizer job: scripts/tsan.sh builds only the CLI and the engine,
+# comm, server and router test binaries (build-tsan/) and runs their tests.
+echo "== TSan pass (scripts/tsan.sh) =="
+tsan_start=$SECONDS
+bash scripts/tsan.sh
+echo "TSan pass: $((SECONDS - tsan_start)) s"

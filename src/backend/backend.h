@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/device/memory_accounting.h"
 #include "backend/ops.h"
 #include "backend/quant_ops.h"
 #include "backend/step_metadata.h"
@@ -39,6 +40,12 @@ struct Linear {
   QuantizedWeight quant;
   bool quantized() const { return quant.scheme != WeightScheme::kDense; }
   int64_t out_features() const { return quantized() ? quant.n_out : weight.dim(0); }
+};
+
+// One expert of a MoE layer as a rank holds it (checkpoint dtype): gate, up
+// [inter_local, hidden], down [hidden, inter_local].
+struct ExpertLinears {
+  Tensor gate, up, down;
 };
 
 class Backend {
@@ -112,12 +119,43 @@ class Backend {
                                const AttentionHeads& heads, Tensor& out) = 0;
   // out[n_logits, d] = rows meta.logit_rows() of x[n_tokens, d].
   virtual void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
+  // dst[r, col_begin + j] = src[r, j] for every row r and column j of src:
+  // a rank's vocab slice of the logits placed into full rows after an
+  // all_gather. src: [rows, w], dst: [rows, d] with col_begin + w <= d, same
+  // dtype. The base implementation copies host memory (CPU backends).
+  virtual void copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin);
+
+  // ---- mixture of experts (backend/moe_ops.h has the contracts) ----
+  // True when moe_route and moe_experts are implemented (a MoE model checks at load).
+  virtual bool has_moe_ops() const { return false; }
+  // ids[n, top_k] (i32), weights[n, top_k] (f32): each token's top_k experts by
+  // router logit, logits: [n, n_experts]; softmax probabilities, renormalised
+  // over the chosen when `renormalize`. The base class throws
+  // Error(kUnsupported) naming the device: a backend without it cannot run MoE.
+  virtual void moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights);
+  // out[n, hidden] = Σ over each token's routed experts that this rank holds
+  // (global ids [expert_begin, expert_begin + experts.size())) of
+  // weight × down(silu(gate(x)) × up(x)); tokens grouped by expert, each
+  // active expert's matrices applied once to its rows. x: [n, hidden].
+  // Base class: Error(kUnsupported) naming the device.
+  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
+                           int64_t n_experts_local, int64_t expert_begin, Tensor& out);
 };
 
 struct BackendOptions {
   Device device;            // cpu, or cuda:i
   int n_threads = 0;        // CPU: threads for this rank's ops (0: all cores / ranks sharing them)
 };
+
+// Throws make_backend's Error(kUnsupported) for a cuda device in a build
+// without CUDA (naming -DSHARDLM_CUDA=ON); does nothing otherwise.
+void require_device_support(const Device& device);
+
+// CUDA devices this process sees: 0 in a build without CUDA or without a driver.
+int cuda_device_count();
+// A CUDA device's free and total memory now (cudaMemGetInfo). Throws
+// Error(kUnsupported) for cpu, or in a build without CUDA.
+DeviceMemInfo cuda_device_memory(int device);
 
 // The backend for options.device. Throws Error(kUnsupported) for a device
 // this build cannot drive (cuda without SHARDLM_CUDA), naming the build flag.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "core/error.h"
@@ -19,7 +20,14 @@ namespace shardlm::backend {
 
 void set_num_threads(int n) {
   static const int default_threads = omp_get_max_threads();
-  omp_set_num_threads(n > 0 ? n : default_threads);
+  int threads = n > 0 ? n : default_threads;
+  // A user's OMP_NUM_THREADS (its first number) caps every rank's share.
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    char* end = nullptr;
+    const long cap = std::strtol(env, &end, 10);
+    if (end != env && cap > 0) threads = std::min<long>(threads, cap);
+  }
+  omp_set_num_threads(threads);
 }
 
 int num_threads() { return omp_get_max_threads(); }

@@ -121,7 +121,8 @@ void paged_attention(const float* q, const KvLayerView& cache, const AttentionSe
 }  // namespace ref
 
 // Threads the optimised ops use (OpenMP); a tensor-parallel rank running as a
-// thread sets its share of the cores. n <= 0 restores the default.
+// thread sets its share of the cores. n <= 0 restores the default. When
+// OMP_NUM_THREADS is set, its (first) value caps n.
 void set_num_threads(int n);
 int num_threads();
 

@@ -49,8 +49,8 @@ RunRanks run_ranks() {
 }
 
 Layout agree_on_layout(Communicator& world, const std::function<Layout()>& choose) {
-  // [ok, tp, pp, dp, n_stages, partition...]; at most 4096 stages.
-  std::vector<int64_t> msg(5 + 4096, 0);
+  // [ok, tp, pp, dp, n_stages, expert_parallel, partition...]; at most 4096 stages.
+  std::vector<int64_t> msg(6 + 4096, 0);
   std::exception_ptr error;
   if (world.rank() == 0) {
     try {
@@ -60,7 +60,8 @@ Layout agree_on_layout(Communicator& world, const std::function<Layout()>& choos
       msg[2] = l.pp;
       msg[3] = l.dp;
       msg[4] = static_cast<int64_t>(l.pp_layer_partition.size());
-      std::copy(l.pp_layer_partition.begin(), l.pp_layer_partition.end(), msg.begin() + 5);
+      msg[5] = l.expert_parallel ? 1 : 0;
+      std::copy(l.pp_layer_partition.begin(), l.pp_layer_partition.end(), msg.begin() + 6);
     } catch (...) {
       error = std::current_exception();
     }
@@ -73,7 +74,8 @@ Layout agree_on_layout(Communicator& world, const std::function<Layout()>& choos
   l.tp = static_cast<int>(msg[1]);
   l.pp = static_cast<int>(msg[2]);
   l.dp = static_cast<int>(msg[3]);
-  l.pp_layer_partition.assign(msg.begin() + 5, msg.begin() + 5 + msg[4]);
+  l.expert_parallel = msg[5] != 0;
+  l.pp_layer_partition.assign(msg.begin() + 6, msg.begin() + 6 + msg[4]);
   return l;
 }
 

@@ -18,10 +18,13 @@
 #include "cli/default_model.h"
 #include "loader/generation_config.h"
 #include "cli/auto_layout_flag.h"
+#include "cli/device_flag.h"
+#include "backend/device/device_choice.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "engine/mpi_group_executor.h"
 #include "loader/model_spec.h"
+#include "model/decode_bench.h"
 #include "model/generate.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -47,9 +50,15 @@ struct GenerateCliOptions {
   std::optional<uint64_t> seed;
   bool json = false;
   std::string dump_logits;
+  std::string dump_routing;
+  bool enable_expert_parallel = false;
   std::string tp = "1";  // a degree, or auto
   int pp = 1;
-  std::string kv_dtype = "f32";  // exact; bf16 halves the bytes at ~1e-3 relative logit error
+  std::string kv_dtype;  // "": f32 on cpu (exact), bf16 on cuda; bf16 halves the bytes at ~1e-3 relative logit error
+  std::string device = "cpu";
+  int64_t decode_bench = 0;  // > 0: time decode steps of this many sequences instead of generating
+  int64_t decode_context = 256;
+  int64_t decode_steps = 32;
   int64_t block_size = 16;
 };
 
@@ -98,7 +107,51 @@ int mpi_world_size() {
   return n ? std::max(1, std::atoi(n)) : 1;
 }
 
+// --decode-bench B: decode steps of B sequences, each holding --decode-context
+// cached tokens; one JSON line (with --json) or a sentence.
+int run_decode_bench(const GenerateCliOptions& o) {
+  if (!o.prompt.empty() || !o.prompt_ids.empty() || !o.chat.empty())
+    fail(ErrorCode::kInvalidArgument, "--decode-bench times decode steps on synthetic sequences; give no prompt with it");
+  if (mpi_world_size() > 1) fail(ErrorCode::kUnsupported, "--decode-bench runs its ranks as threads; run it without mpirun");
+  const std::filesystem::path dir(resolve_model_dir(o.model, "generate"));
+  const ModelSpec spec = load_model_config(dir / "config.json");
+  DecodeBenchOptions d;
+  d.layout.tp = parse_tp_flag(o.tp);
+  if (d.layout.tp == kAutoDegree) fail(ErrorCode::kInvalidArgument, "--decode-bench needs an explicit --tp");
+  d.layout.pp = o.pp;
+  d.device = device_for_thread_ranks(o.device, d.layout.tp * d.layout.pp);
+  d.batch = o.decode_bench;
+  d.context = o.decode_context;
+  d.n_steps = o.decode_steps;
+  d.block_size = o.block_size;
+  if (o.kv_dtype.empty()) {
+    d.kv_dtype = default_kv_dtype(d.device);
+  } else if (o.kv_dtype == "auto") {
+    d.kv_dtype = spec.dtype;
+  } else if (o.kv_dtype == "fp8" || o.kv_dtype == "fp8_e4m3") {
+    d.kv_dtype = DType::kF8E4M3;
+  } else if (!parse_dtype(o.kv_dtype, &d.kv_dtype)) {
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16, f32 or fp8 (E4M3)");
+  }
+  const DecodeBenchResult r = decode_bench(spec, open_checkpoint(dir), d);
+  if (o.json) {
+    nlohmann::json j = {{"device", d.device.to_string()}, {"layout", d.layout.to_string()}, {"batch", d.batch},
+                        {"context", d.context},           {"steps", r.n_steps},           {"seconds", r.seconds},
+                        {"tok_per_s", r.tokens_per_second}, {"ms_per_step", 1e3 * r.seconds / r.n_steps},
+                        {"weight_bytes", r.weight_bytes}, {"kv_bytes_read_per_step", r.kv_bytes_read},
+                        {"bytes_per_step", r.bytes_per_step()}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("decode batch %lld at context %lld on %s, %s: %.1f tok/s (%.3f ms/step; %lld bytes read per step)\n",
+                static_cast<long long>(d.batch), static_cast<long long>(d.context), d.device.to_string().c_str(),
+                d.layout.to_string().c_str(), r.tokens_per_second, 1e3 * r.seconds / r.n_steps,
+                static_cast<long long>(r.bytes_per_step()));
+  }
+  return 0;
+}
+
 int run_generate(const GenerateCliOptions& o) {
+  if (o.decode_bench > 0) return run_decode_bench(o);
   const int n_inputs = !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty();
   if (n_inputs != 1)
     fail(ErrorCode::kInvalidArgument, "give exactly one of --prompt TEXT, --prompt-ids 1,2,3 or --chat TEXT");
@@ -127,12 +180,21 @@ int run_generate(const GenerateCliOptions& o) {
   GenerateOptions g;
   g.layout.tp = parse_tp_flag(o.tp);
   g.layout.pp = o.pp;
+  g.layout.expert_parallel = o.enable_expert_parallel;
+  g.trace_routing = !o.dump_routing.empty();
+  if (o.enable_expert_parallel && !spec.is_moe())
+    fail(ErrorCode::kInvalidArgument, "--enable-expert-parallel: ", spec.architecture,
+         " is a dense model without experts; drop the flag (it applies to mixture-of-experts models)");
   const bool tp_auto = g.layout.tp == kAutoDegree;
   check_auto_alone(tp_auto, o.pp, 1, false);
   g.max_tokens = o.max_tokens;
   g.eos_token_ids = load_eos_token_ids(dir, spec);
   g.block_size = o.block_size;
-  if (o.kv_dtype == "auto") {
+  const bool under_mpi = mpi_world_size() > 1;
+  if (!under_mpi) g.device = device_for_thread_ranks(o.device, tp_auto ? 1 : g.layout.tp * g.layout.pp);
+  if (o.kv_dtype.empty()) {
+    g.kv_dtype = default_kv_dtype(g.device);
+  } else if (o.kv_dtype == "auto") {
     g.kv_dtype = spec.dtype;
   } else if (o.kv_dtype == "fp8" || o.kv_dtype == "fp8_e4m3") {
     g.kv_dtype = DType::kF8E4M3;  // written with scale 1, widened in registers by attention
@@ -160,7 +222,9 @@ int run_generate(const GenerateCliOptions& o) {
     po.budget.max_num_seqs = 1;
     po.budget.max_num_batched_tokens = static_cast<int64_t>(prompt.size());
     po.budget.block_size = o.block_size;
-    if (!parse_kv_cache_dtype(o.kv_dtype, &po.budget.kv_cache_dtype))
+    po.expert_parallel = o.enable_expert_parallel;
+    if (!parse_kv_cache_dtype(o.kv_dtype.empty() ? std::string(g.device.is_cpu() ? "f32" : "bf16") : o.kv_dtype,
+                              &po.budget.kv_cache_dtype))
       fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16, f32 or fp8 (E4M3)");
     const AutoLayoutChoice c = plan_auto_layout(spec, run_ranks(), po, /*max_dp=*/1);
     std::fprintf(stderr, "%s\n", c.reason.c_str());
@@ -168,8 +232,12 @@ int run_generate(const GenerateCliOptions& o) {
   };
 
   GenerateResult r;
-  if (mpi_world_size() > 1) {
+  if (under_mpi) {
+    if (g.trace_routing)
+      fail(ErrorCode::kInvalidArgument, "--dump-routing is for the threads path; run without mpirun to record the routing");
 #ifdef SHARDLM_HAVE_MPI
+    g.device = device_for_mpi_process(o.device);  // one GPU per process: local rank % GPUs
+    if (o.kv_dtype.empty()) g.kv_dtype = default_kv_dtype(g.device);
     MpiRuntime runtime(nullptr, nullptr);
     auto world = runtime.world();
     if (tp_auto) g.layout = agree_on_layout(*world, choose_layout);
@@ -190,6 +258,24 @@ int run_generate(const GenerateCliOptions& o) {
     out.write(reinterpret_cast<const char*>(r.prompt_logits.data()),
               static_cast<std::streamsize>(r.prompt_logits.size() * sizeof(float)));
     if (!out) fail(ErrorCode::kIo, "--dump-logits: cannot write ", o.dump_logits);
+  }
+  if (!o.dump_routing.empty()) {
+    // {"top_k": k, "layers": {"L": [[e0, e1, ...] per position]}} for the sparse layers.
+    nlohmann::json j;
+    j["top_k"] = spec.n_experts_per_token;
+    j["layers"] = nlohmann::json::object();
+    const size_t k = static_cast<size_t>(spec.n_experts_per_token);
+    for (size_t l = 0; l < r.routing.size(); ++l) {
+      if (r.routing[l].empty()) continue;
+      nlohmann::json rows = nlohmann::json::array();
+      for (size_t i = 0; i + k <= r.routing[l].size(); i += k)
+        rows.push_back(std::vector<int32_t>(r.routing[l].begin() + static_cast<std::ptrdiff_t>(i),
+                                            r.routing[l].begin() + static_cast<std::ptrdiff_t>(i + k)));
+      j["layers"][std::to_string(l)] = rows;
+    }
+    std::ofstream out(o.dump_routing);
+    out << j.dump() << "\n";
+    if (!out) fail(ErrorCode::kIo, "--dump-routing: cannot write ", o.dump_routing);
   }
   if (o.json) {
     nlohmann::json j;
@@ -232,8 +318,21 @@ void setup(CLI::App& app) {
                   "Tensor-parallel ranks (threads, or processes under mpirun); auto: the layout plan recommends for "
                   "the ranks mpirun started")
       ->capture_default_str();
+  sub->add_option("--dump-routing", o->dump_routing,
+                  "MoE: write the experts chosen per token and layer (JSON) for every position fed");
+  sub->add_flag("--enable-expert-parallel", o->enable_expert_parallel,
+                "MoE: experts go whole to the TP ranks (EP = TP), as vLLM's flag; attention stays tensor-parallel");
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads, or processes under mpirun)")->capture_default_str();
-  sub->add_option("--kv-cache-dtype", o->kv_dtype, "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype)")->capture_default_str();
+  sub->add_option("--kv-cache-dtype", o->kv_dtype,
+                  "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
+  add_device_option(sub, &o->device);
+  sub->add_option("--decode-bench", o->decode_bench,
+                  "Instead of generating: time decode steps of this many sequences (prints tok/s and bytes read per step)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  sub->add_option("--decode-context", o->decode_context, "--decode-bench: cached tokens per sequence")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  sub->add_option("--decode-steps", o->decode_steps, "--decode-bench: timed steps")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();
   set_command_action(sub, [o] { return run_generate(*o); });
 }

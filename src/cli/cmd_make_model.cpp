@@ -21,6 +21,9 @@ struct MakeModelOptions {
   bool asym = false;
   bool tie = false;
   bool no_tie = false;
+  bool no_norm_topk_prob = false;
+  std::vector<int64_t> mlp_only_layers;
+  CLI::Option* mlp_only_option = nullptr;  // given at all (an empty list is allowed)
 };
 
 int run_make_model(MakeModelOptions& o) {
@@ -29,6 +32,8 @@ int run_make_model(MakeModelOptions& o) {
   if (!parse_dtype(o.dtype, &o.synth.dtype))
     fail(ErrorCode::kInvalidArgument, "--dtype \"", o.dtype, "\" is not supported; use bf16, f16 or f32");
   if (o.tie && o.no_tie) fail(ErrorCode::kInvalidArgument, "--tie and --no-tie contradict each other; give one");
+  if (o.mlp_only_option && o.mlp_only_option->count() > 0) o.synth.mlp_only_layers = o.mlp_only_layers;
+  if (o.no_norm_topk_prob) o.synth.norm_topk_prob = false;
   if (o.tie) o.synth.tie_word_embeddings = true;
   if (o.no_tie) o.synth.tie_word_embeddings = false;
   const auto start = std::chrono::steady_clock::now();
@@ -40,6 +45,11 @@ int run_make_model(MakeModelOptions& o) {
               static_cast<long long>(s.hidden_size), static_cast<long long>(s.intermediate_size),
               static_cast<long long>(s.n_heads), static_cast<long long>(s.n_kv_heads), static_cast<long long>(s.head_dim),
               static_cast<long long>(s.vocab_size), s.tie_word_embeddings ? ", tied embeddings" : "");
+  if (s.is_moe())
+    std::printf("  experts: %lld per MoE layer (%lld of %lld layers), top-%lld, %lld columns each%s\n",
+                static_cast<long long>(s.n_experts), static_cast<long long>(s.n_moe_layers()),
+                static_cast<long long>(s.n_layers), static_cast<long long>(s.n_experts_per_token),
+                static_cast<long long>(s.moe_intermediate_size), s.norm_topk_prob ? ", renormalised" : "");
   if (s.quant.enabled()) std::printf("  quantized: %s (round to nearest of the seeded weights)\n", s.quant.describe().c_str());
   std::printf("  weights: %s, %llu bytes in %zu file(s), seed %llu\n", dtype_torch_name(s.dtype),
               static_cast<unsigned long long>(r.total_size), r.weight_files.size(),
@@ -71,6 +81,14 @@ void setup(CLI::App& app) {
   sub->add_option("--heads", o->synth.n_heads, "Override num_attention_heads");
   sub->add_option("--kv-heads", o->synth.n_kv_heads, "Override num_key_value_heads");
   sub->add_option("--head-dim", o->synth.head_dim, "Override head_dim (default hidden/heads when either changes)");
+  sub->add_option("--experts", o->synth.n_experts, "MoE: experts per layer (0: the model's)");
+  sub->add_option("--experts-per-token", o->synth.n_experts_per_token, "MoE: experts routed per token (0: the model's)");
+  sub->add_option("--moe-intermediate", o->synth.moe_intermediate_size, "MoE: each expert's intermediate size (0: the model's)");
+  sub->add_option("--decoder-sparse-step", o->synth.decoder_sparse_step, "Qwen3-MoE: experts on every Nth layer (0: the model's)");
+  o->mlp_only_option = sub->add_option("--mlp-only-layers", o->mlp_only_layers, "Qwen3-MoE: layers with a dense MLP instead of experts")
+                  ->delimiter(',');
+  sub->add_flag("--no-norm-topk-prob", o->no_norm_topk_prob,
+                "Qwen3-MoE: norm_topk_prob false (routing weights stay softmax probabilities)");
   sub->add_flag("--tie", o->tie, "Tie lm_head to the embedding");
   sub->add_flag("--no-tie", o->no_tie, "Write a separate lm_head");
   set_command_action(sub, [o] { return run_make_model(*o); });

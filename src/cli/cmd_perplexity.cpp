@@ -17,6 +17,8 @@
 #include "model/perplexity.h"
 #include "tokenizer/tokenizer.h"
 
+#include "cli/device_flag.h"
+
 namespace shardlm::cli {
 namespace {
 
@@ -26,7 +28,8 @@ struct PerplexityCliOptions {
   int64_t max_tokens = 0;
   int tp = 1;
   int pp = 1;
-  std::string kv_dtype = "f32";
+  std::string kv_dtype;  // "": f32 on cpu, bf16 on cuda
+  std::string device = "cpu";
   int64_t block_size = 16;
   bool json = false;
   std::string dump_top1;
@@ -49,7 +52,11 @@ int run_perplexity(const PerplexityCliOptions& o) {
   p.context = o.context;
   p.max_scored = o.max_tokens;
   p.block_size = o.block_size;
-  if (o.kv_dtype == "auto") {
+  p.device = device_for_thread_ranks(o.device, o.tp * o.pp);
+  const std::string kv_name = o.kv_dtype.empty() ? (p.device.is_cpu() ? "f32" : "bf16") : o.kv_dtype;
+  if (o.kv_dtype.empty()) {
+    p.kv_dtype = default_kv_dtype(p.device);
+  } else if (o.kv_dtype == "auto") {
     p.kv_dtype = spec.dtype;
   } else if (o.kv_dtype == "fp8" || o.kv_dtype == "fp8_e4m3") {
     p.kv_dtype = DType::kF8E4M3;  // written with scale 1, widened in registers by attention
@@ -68,7 +75,8 @@ int run_perplexity(const PerplexityCliOptions& o) {
     nlohmann::json j = {{"model", model},           {"file", file},
                         {"tokens", ids.size()},     {"scored", r.n_scored},
                         {"windows", r.n_windows},   {"context", context},
-                        {"layout", p.layout.to_string()}, {"kv_cache_dtype", o.kv_dtype},
+                        {"layout", p.layout.to_string()}, {"kv_cache_dtype", kv_name},
+                        {"device", p.device.to_string()},
                         {"mean_nll", r.mean_nll()}, {"perplexity", r.perplexity()},
                         {"seconds", r.seconds}};
     std::printf("%s\n", j.dump().c_str());
@@ -76,7 +84,7 @@ int run_perplexity(const PerplexityCliOptions& o) {
     std::printf("perplexity: %.4f\nmean_nll: %.6f nats/token\nscored: %lld of %zu tokens in %lld windows of %lld\n",
                 r.perplexity(), r.mean_nll(), static_cast<long long>(r.n_scored), ids.size(),
                 static_cast<long long>(r.n_windows), static_cast<long long>(context));
-    std::fprintf(stderr, "%s, kv %s: %.1f s (%.0f tokens/s)\n", p.layout.to_string().c_str(), o.kv_dtype.c_str(),
+    std::fprintf(stderr, "%s, kv %s: %.1f s (%.0f tokens/s)\n", p.layout.to_string().c_str(), kv_name.c_str(),
                  r.seconds, r.n_scored / std::max(r.seconds, 1e-9));
   }
   return 0;
@@ -96,7 +104,9 @@ void setup(CLI::App& app) {
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads)")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_option("--dump-top1", o->dump_top1,
                   "Write the argmax token of every scored position here (int32 LE): top-1 agreement between models");
-  sub->add_option("--kv-cache-dtype", o->kv_dtype, "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype)")->capture_default_str();
+  sub->add_option("--kv-cache-dtype", o->kv_dtype,
+                  "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
+  add_device_option(sub, &o->device);
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_flag("--json", o->json, "Print one JSON object");
   set_command_action(sub, [o] { return run_perplexity(*o); });

@@ -7,7 +7,9 @@
 #include <iostream>
 #include <thread>
 
+#include "backend/device/device_choice.h"
 #include "cli/auto_layout_flag.h"
+#include "cli/device_flag.h"
 #include "cli/command.h"
 #include "cli/default_model.h"
 #include "cli/serve_mpi.h"
@@ -34,10 +36,12 @@ struct ServeOptions {
   bool enable_prefix_caching = true;
   std::string tp = "1";  // a degree, or auto
   int pp = 1;
+  bool enable_expert_parallel = false;
   int dp = 1;
   std::vector<int64_t> pp_layer_partition;
   int64_t block_size = 16;
   std::string kv_cache_dtype = "auto";
+  std::string device = "cpu";
   int64_t max_pending_requests = 1024;
   int64_t max_waiting_requests = -1;  // >= 0: live bound = max_num_seqs + this
   int max_executor_restarts = 3;
@@ -73,12 +77,27 @@ int run_serve(const ServeOptions& given) {
     po.budget.block_size = o.block_size;
     if (!parse_kv_cache_dtype(o.kv_cache_dtype, &po.budget.kv_cache_dtype))
       fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype '", o.kv_cache_dtype, "': use auto, bf16, f16, f32 or fp8");
+    po.expert_parallel = o.enable_expert_parallel;
     const AutoLayoutChoice c = plan_auto_layout(spec, run_ranks(), po, /*max_dp=*/1024);
     std::cerr << "shardlm serve: " << c.reason << std::endl;
     return c.layout;
   };
+  backend::parse_device_flag(o.device);  // a bad --device fails before anything starts
   // Under mpirun the ranks are processes: only each replica's driver serves.
-  ServeMpi mpi(o.model, Layout{tp, o.pp, o.dp, o.pp_layer_partition}, o.host, o.port, choose_layout);
+  if (o.enable_expert_parallel) {
+    const ModelSpec spec = load_model_config(std::filesystem::path(o.model) / "config.json");
+    if (!spec.is_moe())
+      fail(ErrorCode::kInvalidArgument, "--enable-expert-parallel: ", spec.architecture,
+           " is a dense model without experts; drop the flag (it applies to mixture-of-experts models)");
+  }
+  ServeMpi mpi(o.model, Layout{tp, o.pp, o.dp, o.pp_layer_partition, o.enable_expert_parallel}, o.host, o.port,
+               choose_layout);
+  // Under mpirun each process drives one GPU (local rank % GPUs); without
+  // it, every rank of every replica is a thread sharing one GPU.
+  const Device device = mpi.active() ? device_for_mpi_process(o.device)
+                                     : device_for_thread_ranks(o.device, mpi.layout().tp * mpi.layout().pp *
+                                                                             std::max(1, mpi.layout().dp));
+  mpi.set_device(device);
   if (!mpi.is_driver()) return mpi.run_worker();
   server::EngineBackendOptions bo;
   bo.model_dir = o.model;
@@ -86,6 +105,8 @@ int run_serve(const ServeOptions& given) {
   if (names.empty()) names.push_back(o.model);
   bo.model_name = names[0];
   bo.layout = mpi.layout();
+  bo.device = device;
+  bo.ranks_share_device = !mpi.active();
   bo.max_model_len = o.max_model_len;
   bo.max_num_seqs = o.max_num_seqs;
   bo.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -204,7 +225,8 @@ void setup(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(1, 1 << 24));
   auto* kvm = sub->add_option("--kv-cache-memory", o->kv_cache_memory, "KV cache per rank, e.g. 4GiB (default: 4 GiB over all ranks)");
   auto* gmu = sub->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
-                              "Fraction of memory (system RAM on CPU) for weights + workspace + KV cache")
+                              "Fraction of memory for weights + activations + KV cache: of each GPU's total memory "
+                              "(as in vLLM; default 0.9 there), of system RAM on the CPU")
                   ->check(CLI::Range(0.01, 1.0));
   kvm->excludes(gmu);
   sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
@@ -215,10 +237,13 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--pipeline-parallel-size,--pp", o->pp, "Pipeline stages, any layer split (also -pp)")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_option("--data-parallel-size,--dp", o->dp, "Replicas behind the built-in router (also -dp)")->capture_default_str()->check(CLI::Range(1, 1024));
+  sub->add_flag("--enable-expert-parallel", o->enable_expert_parallel,
+                "MoE: experts go whole to the TP ranks of each stage (EP = TP), as vLLM's flag; attention stays tensor-parallel");
   sub->add_option("--pp-layer-partition", o->pp_layer_partition, "Layers per stage, e.g. 10,9,9 (default: balanced by bytes)")
       ->delimiter(',');
   sub->add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str()->check(CLI::IsMember({8, 16, 32, 64, 128}));
   sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (the weights' dtype), bf16, f16, f32, fp8 (E4M3)")->capture_default_str();
+  add_device_option(sub, &o->device);
   auto* pending = sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
                       ->capture_default_str()->check(CLI::Range(1, 1 << 24));
   sub->add_option("--max-waiting-requests", o->max_waiting_requests,

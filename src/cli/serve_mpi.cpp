@@ -25,6 +25,12 @@ int mpirun_world_size() {
   return n ? std::max(1, std::atoi(n)) : 1;
 }
 
+}  // namespace
+
+#ifdef SHARDLM_HAVE_MPI
+
+namespace {
+
 constexpr size_t kHostBytes = 256;
 
 std::array<char, kHostBytes> this_host() {
@@ -34,8 +40,6 @@ std::array<char, kHostBytes> this_host() {
 }
 
 }  // namespace
-
-#ifdef SHARDLM_HAVE_MPI
 
 ServeMpi::ServeMpi(const std::string& model_dir, const Layout& requested, const std::string& host, int port,
                    const std::function<Layout()>& choose_auto)
@@ -77,6 +81,16 @@ ServeMpi::ServeMpi(const std::string& model_dir, const Layout& requested, const 
 
 #else
 
+}  // namespace shardlm::cli
+
+namespace shardlm {
+// Never created in a build without MPI; complete so that ServeMpi's
+// unique_ptr member can be destroyed.
+class MpiRuntime {};
+}  // namespace shardlm
+
+namespace shardlm::cli {
+
 ServeMpi::ServeMpi(const std::string& model_dir, const Layout& requested, const std::string& host, int port,
                    const std::function<Layout()>& choose_auto)
     : model_dir_(model_dir), layout_(requested), host_(host), port_(port) {
@@ -109,6 +123,7 @@ int ServeMpi::run_worker() {
   MpiGroupOptions mo;
   mo.model_dir = model_dir_;
   mo.layout = layout_;
+  mo.device = device_;
   MpiGroupExecutor executor(*world_, mo);  // KV geometry comes from the driver
   executor.run_worker();
   return 0;
@@ -120,7 +135,8 @@ void ServeMpi::attach(server::EngineBackendOptions* options) {
   Communicator* world = world_.get();
   const Layout layout = layout_;
   const std::filesystem::path dir = model_dir_;
-  options->make_executor = [world, layout, dir](const ModelSpec&, const LocalGroupOptions& lo,
+  const Device device = device_;
+  options->make_executor = [world, layout, dir, device](const ModelSpec&, const LocalGroupOptions& lo,
                                                std::vector<LocalGroupExecutor::RankMemory>* allocated) {
     MpiGroupOptions mo;
     mo.model_dir = dir;
@@ -129,6 +145,7 @@ void ServeMpi::attach(server::EngineBackendOptions* options) {
     mo.n_blocks = lo.n_blocks;
     mo.block_size = lo.block_size;
     mo.kv_dtype = lo.kv_dtype;
+    mo.device = device;
     auto executor = std::make_unique<MpiGroupExecutor>(*world, mo);
     allocated->clear();
     for (const RankBytes& b : executor->rank_bytes())

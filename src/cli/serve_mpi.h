@@ -32,6 +32,8 @@ class ServeMpi {
   ~ServeMpi();
 
   bool active() const { return world_ != nullptr; }
+  // This process's device (cpu, or its GPU); call before run_worker/attach.
+  void set_device(const Device& device) { device_ = device; }
   const Layout& layout() const { return layout_; }  // resolved (never auto)
   bool is_driver() const;
   // Non-driver ranks: load the shard, run batches until the driver stops.
@@ -47,6 +49,7 @@ class ServeMpi {
   std::string host_;
   int port_;
   int dp_rank_ = 0;
+  Device device_;
   std::unique_ptr<MpiRuntime> runtime_;
   std::unique_ptr<Communicator> world_;
 };

@@ -213,7 +213,10 @@ void LocalComm::abort(const char* what) noexcept { world_->abort(rank_, what); }
 void run_local_ranks(int n_ranks, const std::function<void(Communicator&)>& body) {
   auto comms = LocalComm::create_world(n_ranks);
   std::vector<std::string> errors(n_ranks);
-  std::vector<bool> primary(n_ranks, false);  // failed on its own, not because a peer did
+  // Failed on its own, not because a peer did. One byte per rank: ranks
+  // write their own entry at once, and vector<bool> packs them into shared
+  // words (a data race that can lose a rank's failure; TSan found it).
+  std::vector<char> primary(n_ranks, 0);
   std::vector<std::thread> threads;
   for (int r = 0; r < n_ranks; ++r) {
     threads.emplace_back([&, r] {

@@ -308,6 +308,7 @@ void Engine::executor_failed(const StepPlan& plan, const std::exception& e) {
   const auto t0 = Clock::now();
   const std::string what = e.what();
   bool fatal = false;
+  int32_t n_failures = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     fatal = health_.fatal;
@@ -317,7 +318,13 @@ void Engine::executor_failed(const StepPlan& plan, const std::exception& e) {
       ++health_.n_failures;
       fatal = health_.n_restarts >= config_.max_executor_restarts;
     }
+    n_failures = health_.n_failures;
   }
+  metrics_.update([&](MetricsSnapshot& m) {
+    m.executor_failures_total = n_failures;
+    m.executor_up = false;
+    m.executor_last_failure = what;
+  });
   std::fprintf(stderr, "shardlm engine: the model executor failed: %s\n", what.c_str());
   // Nothing in flight will land: release every plan so that ending the
   // requests frees their blocks now, then fail all of them with the error.
@@ -336,6 +343,11 @@ void Engine::executor_failed(const StepPlan& plan, const std::exception& e) {
         health_.error.clear();
         ++health_.n_restarts;
         health_.last_recovery_s = recovery;
+        metrics_.update([&](MetricsSnapshot& m) {
+          ++m.executor_restarts_total;
+          m.executor_up = true;
+          m.executor_last_recovery_seconds = recovery;
+        });
         return;
       }
       reason = "its ranks are other processes and cannot be restarted in place";

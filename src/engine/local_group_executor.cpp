@@ -1,17 +1,21 @@
 #include "engine/local_group_executor.h"
 
 #include <algorithm>
+#include <optional>
+#include <thread>
 
 #include "backend/backend.h"
 #include "comm/local_comm.h"
 #include "core/error.h"
 #include "model/causal_lm.h"
+#include "model/rank_group.h"
 
 namespace shardlm {
 
 namespace {
 struct World {
   std::vector<std::unique_ptr<LocalComm>> comms;
+  std::unique_ptr<RankGroupFactory> ranks;
 };
 }  // namespace
 
@@ -30,6 +34,10 @@ LocalGroupExecutor::LocalGroupExecutor(const ModelSpec& spec, std::shared_ptr<co
 void LocalGroupExecutor::start_ranks() {
   auto world = std::make_shared<World>();
   world->comms = LocalComm::create_world(n_ranks_);
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  world->ranks = std::make_unique<RankGroupFactory>(
+      options_.layout, options_.device,
+      options_.n_threads_per_rank > 0 ? options_.n_threads_per_rank : std::max(1, int(hw) / n_ranks_));
   world_ = world;
   for (int r = 0; r < n_ranks_; ++r) threads_.emplace_back([this, r] { run_rank(r); });
   std::unique_lock<std::mutex> lock(mutex_);
@@ -93,13 +101,11 @@ void LocalGroupExecutor::run_rank(int rank) {
   Communicator& comm = *world.comms[rank];
   const Layout& layout = options_.layout;
   const int tp_rank = rank % layout.tp, pp_rank = rank / layout.tp;
-  RankComms comms;
+  std::optional<RankContext> ctx;
   try {
-    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    auto rank_backend = backend::make_backend(
-        {Device{}, options_.n_threads_per_rank > 0 ? options_.n_threads_per_rank : std::max(1, int(hw) / n_ranks_)});
-    comms = split_rank_comms(comm, layout);
-    auto model = CausalLM::load(spec_, weights_, layout, tp_rank, pp_rank, *comms.tp, *comms.pp, rank_backend);
+    ctx.emplace(world.ranks->make(comm));
+    RankComms& comms = ctx->comms;
+    auto model = CausalLM::load(spec_, weights_, layout, tp_rank, pp_rank, *comms.tp, *comms.pp, ctx->backend);
     KvCache cache = model->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -158,8 +164,7 @@ void LocalGroupExecutor::run_rank(int rank) {
     // Peers blocked in a collective stop too: the TP and PP groups are
     // worlds of their own, so each is aborted (a peer that fails in turn
     // aborts its groups, and so on).
-    if (comms.tp) comms.tp->abort("a rank of the local group failed");
-    if (comms.pp) comms.pp->abort("a rank of the local group failed");
+    if (ctx) ctx->abort("a rank of the local group failed");
     comm.abort("a rank of the local group failed");
     cv_.notify_all();
   }

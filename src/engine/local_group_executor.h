@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 #include "engine/model_executor.h"
 #include "loader/model_spec.h"
 #include "model/weight_source.h"
@@ -31,6 +32,7 @@ struct LocalGroupOptions {
   int64_t block_size = 16;         // must equal SchedulerConfig::block_size
   DType kv_dtype = DType::kBF16;
   int n_threads_per_rank = 0;      // backend threads; 0: hardware threads / ranks
+  Device device;                   // cpu, or the GPU every rank (thread) shares (model/rank_group.h)
   // Test hook: rank `fail_rank` throws when it reaches batch `fail_at_batch`
   // (0-based, counted from load), once: a restarted group runs clean.
   int fail_rank = -1;

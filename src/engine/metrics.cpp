@@ -104,6 +104,25 @@ std::string Metrics::render_prometheus(const std::string& model_name) const {
   w.counter("shardlm:pipeline_overlapped_batches_total",
             "Micro-batches submitted while an earlier one was still in the pipeline (PP stages kept busy).",
             double(m.pipeline_overlapped_batches_total));
+  w.counter("shardlm:executor_failures_total", "Model executor failures that broke the rank group.",
+            double(m.executor_failures_total));
+  w.counter("shardlm:executor_restarts_total", "In-place restarts of the model executor after a failure.",
+            double(m.executor_restarts_total));
+  w.gauge("shardlm:executor_up", "1 while the model executor serves, 0 while it is down or restarting.",
+          m.executor_up ? 1.0 : 0.0);
+  w.gauge("shardlm:executor_last_recovery_seconds", "Failure seen to executor serving again, of the last restart.",
+          m.executor_last_recovery_seconds);
+  if (!m.executor_last_failure.empty()) {
+    // An info-style gauge: the reason is a label (cut to keep series small).
+    constexpr size_t kMaxReason = 200;
+    size_t cut = std::min(kMaxReason, m.executor_last_failure.size());
+    while (cut > 0 && cut < m.executor_last_failure.size() &&
+           (static_cast<unsigned char>(m.executor_last_failure[cut]) & 0xC0) == 0x80)
+      --cut;  // never split a UTF-8 sequence
+    std::string reason = m.executor_last_failure.substr(0, cut);
+    w.head("shardlm:executor_last_failure_info", "gauge", "The last model executor failure; the reason names the rank.");
+    w.sample("shardlm:executor_last_failure_info", 1.0, "reason=\"" + escape_label(reason) + "\"");
+  }
   w.head("vllm:request_success_total", "counter", "Count of successfully processed requests.");
   for (const char* reason : {"stop", "length", "abort"}) {
     auto it = m.request_success_total.find(reason);

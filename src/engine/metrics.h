@@ -31,6 +31,14 @@ struct MetricsSnapshot {
   int64_t prefix_cache_hits_total = 0;     // tokens
   int64_t pipeline_overlapped_batches_total = 0;  // submitted while an earlier batch was in the pipeline
   std::map<std::string, int64_t> request_success_total;  // by finished_reason: stop, length, abort
+  // The model executor (rank group): failures that broke it, in-place
+  // restarts that brought it back, whether it serves now, and the last
+  // failure's message (names the rank) and recovery time.
+  int64_t executor_failures_total = 0;
+  int64_t executor_restarts_total = 0;
+  bool executor_up = true;                       // gauge: 1 serving, 0 down or restarting
+  double executor_last_recovery_seconds = 0.0;   // failure seen -> serving again (0: never restarted)
+  std::string executor_last_failure;             // empty: never failed
   Histogram time_to_first_token_seconds;
   Histogram inter_token_latency_seconds;
   Histogram e2e_request_latency_seconds;

@@ -9,6 +9,10 @@
 #include "core/error.h"
 #include "loader/model_spec.h"
 #include "model/generate.h"
+#if defined(SHARDLM_HAVE_NCCL)
+#include "backend/cuda/cuda_backend.h"
+#include "comm/nccl/nccl_comm.h"
+#endif
 
 namespace shardlm {
 
@@ -112,19 +116,25 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
     const int tp_rank = replica_->rank() % layout.tp, pp_rank = replica_->rank() / layout.tp;
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     auto rank_backend = backend::make_backend(
-        {Device{}, options.n_threads_per_rank > 0 ? options.n_threads_per_rank
-                                                  : std::max(1, static_cast<int>(hw) / local_ranks(replica_->size()))});
+        {options.device, options.n_threads_per_rank > 0
+                             ? options.n_threads_per_rank
+                             : std::max(1, static_cast<int>(hw) / local_ranks(replica_->size()))});
+    RankComms* model_comms = &comms_;
+    if (!options.device.is_cpu()) {
+      make_device_comms(*rank_backend, world.rank());
+      model_comms = &device_comms_;
+    }
     if (const char* s = std::getenv("SHARDLM_TEST_FAIL_RANK"); s && std::atoi(s) == world.rank())
       fail(ErrorCode::kInternal, "SHARDLM_TEST_FAIL_RANK=", s, ": this rank fails its load on purpose");
-    model_ = CausalLM::load(spec, open_checkpoint(options.model_dir), replica_layout, tp_rank, pp_rank, *comms_.tp,
-                            *comms_.pp, std::move(rank_backend));
+    model_ = CausalLM::load(spec, open_checkpoint(options.model_dir), replica_layout, tp_rank, pp_rank,
+                            *model_comms->tp, *model_comms->pp, std::move(rank_backend));
     cache_ = model_->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype);
     RankBytes mine;
     mine.world_rank = world.rank();
     mine.tp_rank = tp_rank;
     mine.pp_rank = pp_rank;
     mine.weight_bytes = model_->weight_bytes();
-    mine.kv_bytes = model_->kv_block_bytes(options_.block_size, options_.kv_dtype) * options_.n_blocks;
+    mine.kv_bytes = cache_.bytes();  // what the allocator obtained, not the formula
     // Every rank reports to its driver; the driver keeps them in replica rank order.
     rank_bytes_.assign(1, mine);
     if (is_driver()) {
@@ -136,6 +146,31 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
   } catch (const std::exception& e) {
     abort_world("loading the model", e);
   }
+}
+
+void MpiGroupExecutor::make_device_comms(backend::Backend& rank_backend, int world_rank) {
+  if (options_.layout.pp > 1)
+    fail(ErrorCode::kUnsupported, "--device ", options_.device.to_string(), " with --pp ", options_.layout.pp,
+         ": pipeline stages on GPUs are not implemented yet (their activations and logits cross over host MPI "
+         "messages); use --pp 1");
+#if defined(SHARDLM_HAVE_NCCL)
+  auto* cuda_backend = dynamic_cast<backend::cuda::CudaBackend*>(&rank_backend);
+  SHARDLM_CHECK(cuda_backend != nullptr, "a ", options_.device.to_string(), " backend that is not CudaBackend");
+  // Collective over the whole MPI world, as the MPI splits above were.
+  auto nccl_world = NcclComm::create(MPI_COMM_WORLD, options_.device.index);
+  device_replica_ = nccl_world->split(dp_rank_, world_rank);
+  device_world_ = std::move(nccl_world);
+  Layout replica_layout = options_.layout;
+  replica_layout.dp = 1;
+  device_comms_ = split_rank_comms(*device_replica_, replica_layout);
+  static_cast<NcclComm&>(*device_comms_.tp).use_stream(cuda_backend->stream());
+  static_cast<NcclComm&>(*device_comms_.pp).use_stream(cuda_backend->stream());
+#else
+  (void)rank_backend;
+  (void)world_rank;
+  fail(ErrorCode::kUnsupported, "--device ", options_.device.to_string(), " under mpirun needs NCCL: build with ",
+       "-DSHARDLM_CUDA=ON and -DSHARDLM_MPI=ON");
+#endif
 }
 
 MpiGroupExecutor::~MpiGroupExecutor() {
@@ -156,6 +191,10 @@ void MpiGroupExecutor::abort_world(const char* where, const std::exception& e) {
   // MPI: the first call is MPI_Abort on the world and does not return. Over
   // LocalComm each communicator is aborted, so a peer blocked in any of them
   // (replica broadcast, TP all-reduce, PP send) throws instead of waiting.
+  if (device_comms_.tp) device_comms_.tp->abort(what.c_str());
+  if (device_comms_.pp) device_comms_.pp->abort(what.c_str());
+  if (device_replica_) device_replica_->abort(what.c_str());
+  if (device_world_) device_world_->abort(what.c_str());
   if (comms_.tp) comms_.tp->abort(what.c_str());
   if (comms_.pp) comms_.pp->abort(what.c_str());
   if (replica_) replica_->abort(what.c_str());
@@ -274,6 +313,7 @@ GenerateResult generate_mpi(Communicator& world, const std::filesystem::path& mo
   mo.n_blocks = generate_kv_blocks(prompt, opt);
   mo.block_size = opt.block_size;
   mo.kv_dtype = opt.kv_dtype;
+  mo.device = opt.device;
   MpiGroupExecutor executor(world, mo);
   if (!executor.is_driver()) {
     executor.run_worker();

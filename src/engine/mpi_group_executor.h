@@ -48,6 +48,11 @@ struct MpiGroupOptions {
   int64_t block_size = 16;          // must equal SchedulerConfig::block_size
   DType kv_dtype = DType::kBF16;
   int n_threads_per_rank = 0;       // backend threads; 0: hardware threads / ranks on this host
+  // cpu, or this process's GPU (one per process: cli/device_flag.h). On a GPU
+  // the model's collectives go over NCCL communicators made from the MPI
+  // world (unique id broadcast over MPI), on the backend's stream; the
+  // driver's control messages stay on MPI.
+  Device device;
 };
 
 // What one rank of a replica holds, as reported to the driver.
@@ -56,7 +61,7 @@ struct RankBytes {
   int tp_rank = 0;
   int pp_rank = 0;
   int64_t weight_bytes = 0;  // CausalLM::weight_bytes
-  int64_t kv_bytes = 0;      // kv_block_bytes × n_blocks
+  int64_t kv_bytes = 0;      // KvCache::bytes(): measured by the rank's allocator
 };
 
 class MpiGroupExecutor final : public ModelExecutor {
@@ -96,6 +101,8 @@ class MpiGroupExecutor final : public ModelExecutor {
   // Stage 0 receives the driver's message over its TP group; later stages
   // from the previous stage. Either way it is passed on to the next stage.
   void pass_message(std::vector<int32_t>& message);
+  // GPU ranks: NCCL world, replica and tp/pp groups, bound to the backend's stream.
+  void make_device_comms(backend::Backend& rank_backend, int world_rank);
   [[noreturn]] void abort_world(const char* where, const std::exception& e);
 
   // A batch the driver submitted and has not collected.
@@ -110,7 +117,10 @@ class MpiGroupExecutor final : public ModelExecutor {
   int dp_rank_ = 0;
   int64_t vocab_size_ = 0;
   std::unique_ptr<Communicator> replica_;
-  RankComms comms_;
+  RankComms comms_;  // MPI: the driver's messages (host memory)
+  // GPU ranks: NCCL over the same ranks, for the model's tensors (device memory).
+  std::unique_ptr<Communicator> device_world_, device_replica_;
+  RankComms device_comms_;
   std::unique_ptr<CausalLM> model_;
   KvCache cache_;
   std::vector<RankBytes> rank_bytes_;

@@ -149,6 +149,12 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
          spec.architecture, "; shardlm runs these models without attention biases (every released Llama 3, Mistral and Qwen3 config sets false)");
   check_sliding_window(config, spec, source);
   spec.qk_norm = spec.family == Family::kQwen3 || spec.family == Family::kQwen3Moe;
+  // Every family's MLP (dense and each expert) is SwiGLU: silu(gate) × up.
+  if (auto act = config.find("hidden_act"); act != config.end() && !act->is_null()) {
+    if (!act->is_string() || act->get<std::string>() != "silu")
+      fail(ErrorCode::kUnsupported, source, ": hidden_act ", act->dump(), " is not supported; shardlm's MLPs and experts are "
+           "SwiGLU with silu (every Qwen, Llama, Mistral and Mixtral config says \"silu\")");
+  }
   if (optional_bool(config, "mlp_bias", false, source))
     fail(ErrorCode::kUnsupported, source, ": mlp_bias=true is not supported");
 

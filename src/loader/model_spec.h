@@ -19,8 +19,8 @@ enum class Family {
   kQwen3,    // Qwen3ForCausalLM: q_norm/k_norm per head, explicit head_dim
   kLlama,    // LlamaForCausalLM (Llama 3.x, rope_scaling llama3)
   kMistral,  // MistralForCausalLM: the Llama graph
-  kMixtral,  // MixtralForCausalLM: sparse MoE, softmax over the top-k logits (plan only)
-  kQwen3Moe, // Qwen3MoeForCausalLM: sparse MoE, top-k of the softmax, norm_topk_prob (plan only)
+  kMixtral,  // MixtralForCausalLM: sparse MoE, softmax over the top-k logits
+  kQwen3Moe, // Qwen3MoeForCausalLM: sparse MoE, top-k of the softmax, norm_topk_prob
 };
 
 const char* family_name(Family family);
@@ -51,7 +51,7 @@ struct ModelSpec {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: biases on q/k/v projections
   bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k
-  // Mixture of experts (plan accounting only; the CPU engine runs dense models).
+  // Mixture of experts (model/moe_block.h runs them; plan/moe_accounting.h sizes them).
   int64_t n_experts = 0;              // num_experts (Qwen3-MoE) / num_local_experts (Mixtral)
   int64_t n_experts_per_token = 0;    // num_experts_per_tok (top-k)
   int64_t moe_intermediate_size = 0;  // each expert's MLP width (Mixtral: intermediate_size)
@@ -72,8 +72,6 @@ struct ModelSpec {
   bool is_moe_layer(int64_t layer) const;
   // Decoder layers that hold experts.
   int64_t n_moe_layers() const;
-  // Families the engine can execute (dense ones).
-  bool runnable() const { return !is_moe(); }
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   int64_t group_size() const { return n_heads / n_kv_heads; }  // Q heads per KV head

@@ -78,8 +78,19 @@ float synthetic_weight_value(uint64_t seed, const std::string& tensor_name, int6
 
 ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
   ModelSpec spec = catalog_model_spec(o.like);
-  if (spec.is_moe())
-    fail(ErrorCode::kUnsupported, "make-model: ", o.like, " is a mixture-of-experts model; synthetic checkpoints are written for dense families only (qwen2.5-*, qwen3-* dense, llama-*, mistral-*)");
+  const bool moe_option = o.n_experts > 0 || o.n_experts_per_token > 0 || o.moe_intermediate_size > 0 ||
+                          o.decoder_sparse_step > 0 || o.mlp_only_layers.has_value() ||
+                          o.norm_topk_prob.has_value();
+  if (moe_option && !spec.is_moe())
+    fail(ErrorCode::kInvalidArgument, "make-model: --experts, --experts-per-token, --moe-intermediate, --decoder-sparse-step and "
+         "--mlp-only-layers apply to mixture-of-experts models; ", o.like, " is dense");
+  if ((o.decoder_sparse_step > 0 || o.mlp_only_layers || o.norm_topk_prob) && spec.family != Family::kQwen3Moe)
+    fail(ErrorCode::kInvalidArgument, "make-model: --decoder-sparse-step, --mlp-only-layers and --no-norm-topk-prob are "
+         "Qwen3-MoE fields; ", o.like, " puts experts on every layer and always renormalises");
+  check_positive(o.n_experts, "--experts");
+  check_positive(o.n_experts_per_token, "--experts-per-token");
+  check_positive(o.moe_intermediate_size, "--moe-intermediate");
+  check_positive(o.decoder_sparse_step, "--decoder-sparse-step");
   check_positive(o.n_layers, "--layers");
   check_positive(o.vocab_size, "--vocab");
   check_positive(o.hidden_size, "--hidden");
@@ -108,6 +119,30 @@ ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
   if (spec.head_dim % 2 != 0)
     fail(ErrorCode::kInvalidArgument, "--head-dim must be even (rotary embeddings rotate pairs), found ", spec.head_dim);
   if (o.tie_word_embeddings) spec.tie_word_embeddings = *o.tie_word_embeddings;
+  if (spec.is_moe()) {
+    if (o.n_experts > 0) spec.n_experts = o.n_experts;
+    if (o.n_experts_per_token > 0) spec.n_experts_per_token = o.n_experts_per_token;
+    if (spec.n_experts_per_token > spec.n_experts)
+      fail(ErrorCode::kInvalidArgument, "--experts-per-token (", spec.n_experts_per_token, ") exceeds --experts (",
+           spec.n_experts, ")");
+    if (spec.family == Family::kMixtral) {
+      if (o.moe_intermediate_size > 0 && o.intermediate_size > 0 && o.moe_intermediate_size != o.intermediate_size)
+        fail(ErrorCode::kInvalidArgument, "--moe-intermediate and --intermediate differ, but Mixtral's experts are "
+             "intermediate_size wide; give one");
+      if (o.moe_intermediate_size > 0) spec.intermediate_size = o.moe_intermediate_size;
+      spec.moe_intermediate_size = spec.intermediate_size;
+    } else {
+      if (o.moe_intermediate_size > 0) spec.moe_intermediate_size = o.moe_intermediate_size;
+      if (o.decoder_sparse_step > 0) spec.decoder_sparse_step = o.decoder_sparse_step;
+      if (o.norm_topk_prob) spec.norm_topk_prob = *o.norm_topk_prob;
+      if (o.mlp_only_layers) {
+        for (int64_t l : *o.mlp_only_layers)
+          if (l < 0 || l >= spec.n_layers)
+            fail(ErrorCode::kInvalidArgument, "--mlp-only-layers: layer ", l, " is outside [0, ", spec.n_layers, ")");
+        spec.mlp_only_layers = *o.mlp_only_layers;
+      }
+    }
+  }
   spec.dtype = o.dtype;
   spec.quant = synthetic_quant_config(o);
   if (o.n_shards < 1) fail(ErrorCode::kInvalidArgument, "--shards must be at least 1, found ", o.n_shards);

@@ -57,6 +57,15 @@ struct SyntheticModelOptions {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   std::optional<bool> tie_word_embeddings;  // unset: the catalog's
+  // MoE reductions (0 / unset keeps the catalog value): experts per layer,
+  // experts per token, each expert's width (Mixtral: intermediate_size, which
+  // --intermediate also sets), and Qwen3-MoE's dense-layer placement.
+  int64_t n_experts = 0;
+  int64_t n_experts_per_token = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t decoder_sparse_step = 0;
+  std::optional<std::vector<int64_t>> mlp_only_layers;
+  std::optional<bool> norm_topk_prob;  // Qwen3-MoE only (Mixtral always renormalises)
   // Quantized checkpoint in a published layout (loader/quant_config.h), made
   // by round-to-nearest of the same seeded weights (loader/quant_pack.h):
   // "" (none), "awq", "gptq" (4-bit), "gptq-int8", "fp8". Unquantized
@@ -76,7 +85,7 @@ QuantConfig synthetic_quant_config(const SyntheticModelOptions& options);
 // synthetic tokenizer's <|endoftext|> / <|im_end|> ids. Throws
 // Error(kInvalidArgument) naming the option (--heads, --vocab, ...) when a
 // value is out of range, Error(kNotFound) for an unknown catalog name,
-// Error(kUnsupported) for MoE families.
+// Error(kInvalidArgument) for an MoE option on a dense model.
 ModelSpec synthetic_model_spec(const SyntheticModelOptions& options);
 
 // The tensors written, in expected_tensors order (lm_head omitted when tied).

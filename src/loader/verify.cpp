@@ -63,9 +63,10 @@ void check_config(const fs::path& dir, VerifyReport* report) {
   if (report->spec->quant.enabled())
     report->notes.push_back(str_cat("quantized: ", report->spec->quant.describe(), " (", report->spec->quant.source,
                                     "); `shardlm plan` sizes it exactly, this build's engine does not run it yet"));
-  if (!report->spec->runnable())
-    report->notes.push_back(str_cat(report->spec->architecture,
-                                    " is a mixture-of-experts model: `shardlm plan` sizes it, `shardlm serve` cannot run it"));
+  if (report->spec->is_moe())
+    report->notes.push_back(str_cat(report->spec->architecture, " is a mixture-of-experts model (", report->spec->n_experts,
+                                    " experts, top-", report->spec->n_experts_per_token,
+                                    "); serve runs it with experts split over TP ranks, or whole with --enable-expert-parallel"));
 }
 
 void check_tokenizer(const fs::path& dir, VerifyReport* report) {

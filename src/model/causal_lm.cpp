@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "model/moe_block.h"
 #include "model/quantized_linear.h"
 
 namespace shardlm {
@@ -34,6 +35,17 @@ CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int
   dims_.n_q_local = shard_.q_heads.size();
   dims_.n_kv_local = shard_.kv_heads.size();
   dims_.inter_local = shard_.intermediate.size();
+  if (graph_.moe.enabled && !backend_->has_moe_ops())
+    fail(ErrorCode::kUnsupported, spec.architecture, " is a mixture-of-experts model; the ", backend_->name(),
+         " backend does not implement the MoE ops (moe_route, moe_experts) yet; run it on the CPU backend");
+  // Every layer sparse (Mixtral, Qwen3-MoE without mlp_only_layers): no dense
+  // MLP buffers.
+  if (spec.is_moe() && spec.n_moe_layers() == spec.n_layers) dims_.inter_local = 0;
+  if (graph_.moe.enabled) {
+    dims_.n_experts = graph_.moe.n_experts;
+    dims_.top_k = graph_.moe.top_k;
+    dims_.renormalize = graph_.moe.renormalize;
+  }
   dims_.eps = static_cast<float>(spec.rms_norm_eps);
   dims_.heads = {shard_.q_heads.size(), shard_.q_heads.begin, shard_.kv_heads.begin, spec.group_size()};
   std::vector<float> inv_freq(static_cast<size_t>(spec.head_dim / 2));
@@ -134,6 +146,7 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
     return it->second.tensor;
   };
   auto vec = [&](const std::string& name) { return get(name); };
+  auto weight = [&](const std::string& name) { return get(name); };
   auto linear = [&](const std::string& module) { return assemble_linear(spec_, module, held, weights_->describe()); };
   for (int64_t l = shard_.layers.begin; l < shard_.layers.end; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -154,9 +167,27 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
       w.k_norm = vec(p + "self_attn.k_norm.weight");
     }
     w.o = linear(p + "self_attn.o_proj");
-    w.gate = linear(p + "mlp.gate_proj");
-    w.up = linear(p + "mlp.up_proj");
-    w.down = linear(p + "mlp.down_proj");
+    if (graph_.moe.enabled && spec_.is_moe_layer(l)) {
+      const MoeGraph& m = graph_.moe;
+      const std::string block = p + m.block + ".";
+      if (spec_.quant.quantizes(block + "gate"))
+        fail(ErrorCode::kUnsupported, weights_->describe(), ": the router ", block, "gate is quantized (",
+             spec_.quant.describe(), "); published checkpoints keep it unquantized (modules_to_not_convert)");
+      w.router.weight = weight(block + "gate.weight");
+      w.expert_begin = shard_.experts.begin;
+      for (int64_t e = shard_.experts.begin; e < shard_.experts.end; ++e) {
+        const std::string ep = block + "experts." + std::to_string(e) + ".";
+        for (const std::string& part : {m.gate, m.up, m.down})
+          if (spec_.quant.quantizes(ep + part))
+            fail(ErrorCode::kUnsupported, weights_->describe(), ": ", ep, part, " is quantized (",
+                 spec_.quant.describe(), "); shardlm runs quantized dense Linears, not quantized MoE experts yet");
+        w.experts.push_back({weight(ep + m.gate + ".weight"), weight(ep + m.up + ".weight"), weight(ep + m.down + ".weight")});
+      }
+    } else {
+      w.gate = linear(p + "mlp.gate_proj");
+      w.up = linear(p + "mlp.up_proj");
+      w.down = linear(p + "mlp.down_proj");
+    }
     layers_.push_back(w);
   }
   if (shard_.first_stage) embed_ = get("model.embed_tokens.weight");
@@ -234,8 +265,14 @@ void CausalLM::run_stage(const ForwardBatch& batch, KvCache& cache, float* logit
   }
   const StepContext step{meta_, inv_freq_};
   for (size_t i = 0; i < layers_.size(); ++i) {
-    attention_block(b, dims_, layers_[i], cache.layer(static_cast<int64_t>(i)), step, hidden, tp_, workspace_);
-    mlp_block(b, dims_, layers_[i], step, hidden, tp_, workspace_);
+    const DecoderLayerWeights& w = layers_[i];
+    attention_block(b, dims_, w, cache.layer(static_cast<int64_t>(i)), step, hidden, tp_, workspace_);
+    if (w.sparse()) {
+      std::vector<int32_t>* trace = routing_trace_ ? &(*routing_trace_)[static_cast<size_t>(w.layer)] : nullptr;
+      moe_block(b, dims_, w, step, hidden, tp_, workspace_, trace);
+    } else {
+      mlp_block(b, dims_, w, step, hidden, tp_, workspace_);
+    }
   }
   if (!shard_.last_stage) {
     b.synchronize();

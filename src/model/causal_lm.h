@@ -87,6 +87,13 @@ class CausalLM {
   int64_t weight_bytes() const { return weight_bytes_; }
   // Bytes the backend's allocator obtained for weight copies (measured).
   int64_t copied_bytes() const { return copied_bytes_; }
+  // MoE: from now on, the experts each forward routes every token to are
+  // appended to (*trace)[layer] ([tokens × top_k] ids, best first) for the
+  // sparse layers this rank runs; nullptr stops. trace must outlive the calls.
+  void trace_routing(std::vector<std::vector<int32_t>>* trace) {
+    routing_trace_ = trace;
+    if (trace) trace->resize(static_cast<size_t>(spec_.n_layers));
+  }
 
  private:
   CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank, Communicator& tp, Communicator& pp,
@@ -118,6 +125,7 @@ class CausalLM {
   Tensor last_hidden_;                         // [n_logits capacity, hidden]
   Tensor logits_local_, logits_gathered_, logits_out_;  // [n_logits capacity, vocab_local / vocab / vocab]
   int64_t hidden_capacity_ = 0, logits_capacity_ = 0;
+  std::vector<std::vector<int32_t>>* routing_trace_ = nullptr;  // [layer][tokens × top_k]
 };
 
 }  // namespace shardlm

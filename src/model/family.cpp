@@ -33,14 +33,13 @@ backend::RopeConfig rope_config(const ModelSpec& spec) {
 }
 
 FamilyGraph family_graph(const ModelSpec& spec) {
-  if (!spec.runnable())
-    fail(ErrorCode::kUnsupported, spec.architecture,
-         " is a mixture-of-experts model: shardlm plans it but the CPU engine runs dense models only");
   switch (spec.family) {
     case Family::kQwen2: return qwen2_graph(spec);
     case Family::kQwen3: return qwen3_graph(spec);
     case Family::kLlama:
     case Family::kMistral: return llama_graph(spec);
+    case Family::kQwen3Moe: return qwen3_moe_graph(spec);
+    case Family::kMixtral: return mixtral_graph(spec);
     default: break;
   }
   fail(ErrorCode::kUnsupported, "architecture ", spec.architecture, " has no CPU model graph");

@@ -9,6 +9,7 @@
 #include "comm/local_comm.h"
 #include "core/error.h"
 #include "model/causal_lm.h"
+#include "model/rank_group.h"
 
 namespace shardlm {
 
@@ -24,6 +25,11 @@ void validate_generate(const ModelSpec& spec, const std::vector<int32_t>& prompt
   if (opt.max_tokens < 1) fail(ErrorCode::kInvalidArgument, "generate: --max-tokens must be at least 1, got ", opt.max_tokens);
   validate_layout(spec, opt.layout);
   if (opt.layout.dp != 1) fail(ErrorCode::kInvalidArgument, "generate runs one replica; data parallelism is for serve");
+  if (opt.trace_routing && !spec.is_moe())
+    fail(ErrorCode::kInvalidArgument, "--dump-routing: ", spec.architecture, " is a dense model; it has no experts to route to");
+  if (opt.trace_routing && opt.layout.pp != 1)
+    fail(ErrorCode::kInvalidArgument, "--dump-routing needs --pipeline-parallel-size 1 (the driver records the layers it runs), got ",
+         opt.layout.pp);
 }
 
 int64_t generate_kv_blocks(const std::vector<int32_t>& prompt, const GenerateOptions& opt) {
@@ -98,17 +104,18 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   GenerateResult result;
   std::mutex mu;
-  run_local_ranks(n_ranks, [&](Communicator& world) {
-    auto rank_backend = backend::make_backend({Device{}, std::max(1, static_cast<int>(hw) / n_ranks)});
-    RankComms comms = split_rank_comms(world, opt.layout);
-    const int tp_rank = world.rank() % opt.layout.tp, pp_rank = world.rank() / opt.layout.tp;
-    auto model = CausalLM::load(spec, weights, opt.layout, tp_rank, pp_rank, *comms.tp, *comms.pp, rank_backend);
+  run_rank_group(opt.layout, opt.device, std::max(1, static_cast<int>(hw) / n_ranks), [&](RankContext& r) {
+    auto model = CausalLM::load(spec, weights, opt.layout, r.tp_rank, r.pp_rank, *r.comms.tp, *r.comms.pp, r.backend);
     KvCache cache = model->make_kv_cache(n_blocks, opt.block_size, opt.kv_dtype);
+    std::vector<std::vector<int32_t>> routing;
+    if (opt.trace_routing && model->is_driver()) model->trace_routing(&routing);
     auto step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
     GenerateResult local =
-        generate_steps(step, spec.vocab_size, n_blocks, prompt, opt, keep_all_logits, &world, model->is_driver());
+        generate_steps(step, spec.vocab_size, n_blocks, prompt, opt, keep_all_logits, &r.world, model->is_driver());
     if (model->is_driver()) {
       local.weight_bytes_rank0 = model->weight_bytes();
+      model->trace_routing(nullptr);
+      local.routing = std::move(routing);
       std::lock_guard<std::mutex> lock(mu);
       result = std::move(local);
     }

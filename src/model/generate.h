@@ -19,11 +19,16 @@ namespace shardlm {
 
 struct GenerateOptions {
   Layout layout;
+  Device device;                       // cpu, or the GPU every rank (thread) shares (model/rank_group.h)
   int64_t max_tokens = 16;
   std::vector<int64_t> eos_token_ids;  // stop when one is produced (it is kept in the output)
   DType kv_dtype = DType::kF32;
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;  // > 0: prefill the prompt in chunks of this many tokens
+  // MoE: record the experts chosen for every token fed (prompt, then each
+  // generated token but the last) in GenerateResult::routing. Needs pp == 1
+  // (the driver runs every layer); kInvalidArgument otherwise.
+  bool trace_routing = false;
   // Picks the next token from logits [vocab_size] on the driver; nullptr = greedy.
   std::function<int32_t(const float* logits, int64_t vocab_size, const std::vector<int32_t>& generated)> pick;
 };
@@ -36,6 +41,8 @@ struct GenerateResult {
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;        // all steps after the first token
   int64_t weight_bytes_rank0 = 0;     // bytes held by the driver rank
+  // trace_routing: [layer][positions × top_k] expert ids, best first (empty for dense layers).
+  std::vector<std::vector<int32_t>> routing;
 };
 
 // Greedy with the lowest id on ties.

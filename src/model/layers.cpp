@@ -1,7 +1,5 @@
 #include "model/layers.h"
 
-#include <cstring>
-
 #include "core/error.h"
 
 namespace shardlm {
@@ -18,6 +16,11 @@ void Workspace::reserve(backend::Backend& b, const RankDims& d, int64_t n_tokens
   proj_ = b.alloc(a, {n, d.hidden});
   gate_ = b.alloc(a, {n, d.inter_local});
   up_ = b.alloc(a, {n, d.inter_local});
+  if (d.n_experts > 0) {
+    router_logits_ = b.alloc(a, {n, d.n_experts});
+    route_ids_ = b.alloc(DType::kI32, {n, d.top_k});
+    route_weights_ = b.alloc(DType::kF32, {n, d.top_k});
+  }
   capacity_ = n_tokens;
 }
 
@@ -66,8 +69,9 @@ void embed_tokens(backend::Backend& b, const Tensor& emb, Range vocab, int64_t v
 void lm_head_logits(backend::Backend& b, const Tensor& x, const Linear& head, const std::vector<Range>& vocab_ranges,
                     Tensor& logits, Tensor& local, Tensor& gathered, Communicator& tp) {
   const int n_ranks = static_cast<int>(vocab_ranges.size());
-  const int64_t vocab_size = vocab_ranges.back().end, n = x.dim(0);
-  SHARDLM_CHECK(n_ranks == tp.size() && head.weight.dim(0) == vocab_ranges[tp.rank()].size());
+  const int64_t n = x.dim(0);
+  SHARDLM_CHECK(n_ranks == tp.size() && head.weight.dim(0) == vocab_ranges[tp.rank()].size() &&
+                logits.rank() == 2 && logits.dim(1) == vocab_ranges.back().end);
   if (n_ranks == 1) {
     b.matmul(x, head, logits);
     return;
@@ -76,18 +80,14 @@ void lm_head_logits(backend::Backend& b, const Tensor& x, const Linear& head, co
   std::vector<size_t> counts(n_ranks);
   for (int r = 0; r < n_ranks; ++r) counts[r] = static_cast<size_t>(n * vocab_ranges[r].size());
   tp.all_gather(local.data(), gathered.data(), counts, local.dtype());  // per rank r: [n, vocab_r]
-  // Rank-major slices → [n, vocab_size] rows. Host memory on CPU; a device
-  // backend gathers into device memory and this copy becomes its op.
-  SHARDLM_CHECK(logits.device().is_cpu() && logits.dtype() == DType::kF32, "logits on ", logits.describe());
-  const float* g = static_cast<const float*>(gathered.data());
-  float* out = static_cast<float*>(logits.data());
-  size_t offset = 0;
+  // Rank-major slices → [n, vocab_size] rows, on the backend's device.
+  const Tensor flat = gathered.reshape({gathered.numel()});
+  int64_t offset = 0;
   for (int r = 0; r < n_ranks; ++r) {
     const Range vr = vocab_ranges[r];
-    for (int64_t t = 0; t < n; ++t)
-      std::memcpy(out + t * vocab_size + vr.begin, g + offset + t * vr.size(),
-                  static_cast<size_t>(vr.size()) * sizeof(float));
-    offset += counts[r];
+    const int64_t count = n * vr.size();
+    b.copy_columns(flat.slice_rows(offset, offset + count).reshape({n, vr.size()}), logits, vr.begin);
+    offset += count;
   }
 }
 

@@ -13,6 +13,7 @@
 
 namespace shardlm {
 
+using backend::ExpertLinears;
 using backend::Linear;
 
 // One decoder layer as held by a rank (local slices, checkpoint dtype).
@@ -23,8 +24,14 @@ struct DecoderLayerWeights {
   Linear q, k, v;                // q: [n_q_local × head_dim, hidden]; k, v: [n_kv_local × head_dim, hidden]
   Tensor q_norm, k_norm;         // Qwen3: [head_dim]; undefined otherwise
   Linear o;                      // [hidden, n_q_local × head_dim] (column slice)
-  Linear gate, up;               // [inter_local, hidden]
-  Linear down;                   // [hidden, inter_local] (column slice)
+  Linear gate, up;               // dense MLP: [inter_local, hidden]
+  Linear down;                   // dense MLP: [hidden, inter_local] (column slice)
+  // Sparse (MoE) layers instead of gate/up/down: the router, replicated on
+  // every rank, and the experts this rank holds (model/moe_block.h).
+  Linear router;                       // [n_experts, hidden]; undefined on a dense layer
+  std::vector<ExpertLinears> experts;  // [n_experts_local]: global ids expert_begin ..
+  int64_t expert_begin = 0;
+  bool sparse() const { return router.weight.defined(); }
 };
 
 // Sizes on this rank, fixed at load.
@@ -34,6 +41,9 @@ struct RankDims {
   int64_t n_q_local = 0;
   int64_t n_kv_local = 0;
   int64_t inter_local = 0;
+  int64_t n_experts = 0;  // MoE: router width (0 for a dense model)
+  int64_t top_k = 0;      // MoE: experts per token
+  bool renormalize = false;
   float eps = 1e-6f;
   backend::AttentionHeads heads;
 };
@@ -54,11 +64,15 @@ class Workspace {
   Tensor proj(int64_t n) const { return rows(proj_, n); }       // [n, hidden], this rank's partial sum
   Tensor gate(int64_t n) const { return rows(gate_, n); }       // [n, inter_local]
   Tensor up(int64_t n) const { return rows(up_, n); }           // [n, inter_local]
+  Tensor router_logits(int64_t n) const { return rows(router_logits_, n); }  // [n, n_experts]
+  Tensor route_ids(int64_t n) const { return rows(route_ids_, n); }          // [n, top_k] i32
+  Tensor route_weights(int64_t n) const { return rows(route_weights_, n); }  // [n, top_k] f32
 
  private:
   static Tensor rows(const Tensor& t, int64_t n) { return t.slice_rows(0, n); }
   int64_t capacity_ = 0;
   Tensor normed_, q_, k_, v_, attn_, proj_, gate_, up_;
+  Tensor router_logits_, route_ids_, route_weights_;  // MoE models only
 };
 
 // The step every layer sees: the packed metadata and the rope table.

@@ -10,6 +10,7 @@
 #include "comm/local_comm.h"
 #include "core/error.h"
 #include "model/causal_lm.h"
+#include "model/rank_group.h"
 #include "model/generate.h"
 
 namespace shardlm {
@@ -63,11 +64,9 @@ PerplexityResult perplexity_local(const ModelSpec& spec, std::shared_ptr<const W
   PerplexityResult result;
   std::mutex mu;
   const auto t0 = std::chrono::steady_clock::now();
-  run_local_ranks(n_ranks, [&](Communicator& world) {
-    auto rank_backend = backend::make_backend({Device{}, std::max(1, static_cast<int>(hw) / n_ranks)});
-    RankComms comms = split_rank_comms(world, opt.layout);
-    const int tp_rank = world.rank() % opt.layout.tp, pp_rank = world.rank() / opt.layout.tp;
-    auto model = CausalLM::load(spec, weights, opt.layout, tp_rank, pp_rank, *comms.tp, *comms.pp, rank_backend);
+  run_rank_group(opt.layout, opt.device, std::max(1, static_cast<int>(hw) / n_ranks), [&](RankContext& r) {
+    Communicator& world = r.world;
+    auto model = CausalLM::load(spec, weights, opt.layout, r.tp_rank, r.pp_rank, *r.comms.tp, *r.comms.pp, r.backend);
     KvCache cache = model->make_kv_cache(n_blocks, opt.block_size, opt.kv_dtype);
     auto step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
     double nll = 0.0;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 #include "model/weight_source.h"
 #include "plan/sharding.h"
 
@@ -22,6 +23,7 @@ namespace shardlm {
 
 struct PerplexityOptions {
   Layout layout;
+  Device device;              // cpu, or the GPU every rank (thread) shares
   int64_t context = 0;        // tokens fed per window; 0: max_position_embeddings
   int64_t max_scored = 0;     // > 0: stop after scoring this many tokens
   DType kv_dtype = DType::kF32;

@@ -172,10 +172,28 @@ void render_moe(const Plan& plan, std::ostringstream& out) {
     out << "; TP (each expert's " << s.moe_intermediate_size << " columns split) " << with_commas(*tp_max)
         << (*tp_max != *tp_min ? " / " + with_commas(*tp_min) : std::string()) << " bytes\n";
   }
-  out << "  tokens to experts: attention is tensor-parallel, so every rank already holds every token; each rank runs "
-         "its experts (EP) or expert slices (TP) and one all-reduce of B × hidden per layer combines them — an "
-         "all_to_all dispatch + combine would move "
-      << s.n_experts_per_token << "× that payload each way for nothing\n";
+  if (tp >= 2) {
+    // At a decode step of max-num-seqs tokens and a full prefill step.
+    const int64_t a = static_cast<int64_t>(dtype_size(s.dtype));
+    const MemoryBudgetOptions& bo = plan.options.budget;
+    const MoeCommCost decode = moe_comm_cost(s, tp, bo.max_num_seqs, a);
+    const MoeCommCost prefill = moe_comm_cost(s, tp, bo.max_num_batched_tokens, a);
+    out << "  tokens to experts over " << tp << " ranks: attention is tensor-parallel, so every rank holds every token; "
+        << "shardlm has each rank run its experts (EP) or expert slices (TP) for all tokens and the all-reduce after the "
+        << "MLP combines them: per rank per layer, attention + MoE all-reduces move "
+        << with_commas(decode.all_reduce_bytes) << " bytes at a decode step of " << bo.max_num_seqs << " tokens ("
+        << with_commas(prefill.all_reduce_bytes) << " at " << bo.max_num_batched_tokens
+        << "); all_to_all dispatch + combine (with the reduce-scatter and all-gather attention then needs) would move "
+        << with_commas(decode.all_to_all_bytes) << " (" << with_commas(prefill.all_to_all_bytes) << "): "
+        << (decode.all_reduce_cheaper()
+                ? str_cat("the all-reduce moves no more, since k = ", s.n_experts_per_token, " ≥ t = ", tp,
+                          " (all_to_all sends each token k(t−1)/t times each way)")
+                : str_cat("all_to_all would be cheaper by ",
+                          with_commas(decode.all_to_all_bytes > 0 ? decode.all_reduce_bytes - decode.all_to_all_bytes : 0),
+                          " bytes (k = ", s.n_experts_per_token, " < t = ", tp,
+                          "), but shardlm implements only the all-reduce path"))
+        << "\n";
+  }
 }
 
 // "Verdict: ..." with the exact bytes of the tightest rank.

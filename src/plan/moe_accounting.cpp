@@ -61,7 +61,19 @@ ExpertShare expert_share(const ModelSpec& spec, int tp, bool expert_parallel) {
   return share;
 }
 
-nlohmann::json moe_json(const ModelSpec& spec, KvCacheDType kv, int tp) {
+MoeCommCost moe_comm_cost(const ModelSpec& spec, int tp, int64_t batch_tokens, int64_t act_bytes) {
+  SHARDLM_CHECK(spec.is_moe() && tp >= 1 && batch_tokens >= 0 && act_bytes > 0);
+  MoeCommCost c;
+  c.tp = tp;
+  c.batch_tokens = batch_tokens;
+  const double t = tp, k = static_cast<double>(spec.n_experts_per_token);
+  const double row = static_cast<double>(batch_tokens) * static_cast<double>(spec.hidden_size) * act_bytes;
+  c.all_reduce_bytes = static_cast<int64_t>(4.0 * (t - 1) / t * row + 0.5);
+  c.all_to_all_bytes = static_cast<int64_t>((t - 1) / t * row * (2.0 + 2.0 * k / t) + 0.5);
+  return c;
+}
+
+nlohmann::json moe_json(const ModelSpec& spec, KvCacheDType kv, int tp, int64_t batch_tokens) {
   const MoeAccounting m = moe_accounting(spec, kv);
   nlohmann::json j = {{"n_experts", spec.n_experts},
                       {"n_experts_per_token", spec.n_experts_per_token},
@@ -82,6 +94,15 @@ nlohmann::json moe_json(const ModelSpec& spec, KvCacheDType kv, int tp) {
                                                       {"experts_per_rank", s.experts_per_rank},
                                                       {"expert_bytes_per_rank", s.bytes_per_rank},
                                                       {"imbalance_percent", s.imbalance_percent()}};
+  }
+  if (batch_tokens > 0 && tp > 1) {
+    const MoeCommCost c = moe_comm_cost(spec, tp, batch_tokens, static_cast<int64_t>(dtype_size(spec.dtype)));
+    j["token_exchange"] = {{"tp", tp},
+                           {"batch_tokens", batch_tokens},
+                           {"all_reduce_bytes_per_rank_per_layer", c.all_reduce_bytes},
+                           {"all_to_all_bytes_per_rank_per_layer", c.all_to_all_bytes},
+                           {"cheaper", c.all_reduce_cheaper() ? "all_reduce" : "all_to_all"},
+                           {"used", "all_reduce"}};
   }
   return j;
 }

@@ -44,6 +44,28 @@ struct ExpertShare {
 };
 ExpertShare expert_share(const ModelSpec& spec, int tp, bool expert_parallel);
 
-nlohmann::json moe_json(const ModelSpec& spec, KvCacheDType kv, int tp);
+// How tokens reach their experts, in bytes per rank per MoE layer at a step
+// of `batch_tokens`, on `tp` ranks of a stage whose attention is tensor-
+// parallel (every rank holds every token), activations of `act_bytes`:
+//   all-reduce (what shardlm runs): each rank computes its experts' partial
+//     output for all tokens; the ring all-reduce after the MLP moves
+//     2(t−1)/t × B × hidden × act_bytes, as after attention;
+//   all_to_all: attention's all-reduce becomes a reduce-scatter (each rank
+//     keeps B/t tokens), each token is dispatched to the ranks of its k
+//     experts and combined back (k(t−1)/t copies per token each way, no
+//     dedupe), and an all-gather rebuilds every token for the next attention:
+//     (t−1)/t × B × hidden × act_bytes × (2 + 2k/t) counting both collectives
+//     of the layer, against 4(t−1)/t × B × hidden × act_bytes for the two all-reduces.
+// The all-reduce moves no more bytes exactly when k ≥ t.
+struct MoeCommCost {
+  int tp = 1;
+  int64_t batch_tokens = 0;
+  int64_t all_reduce_bytes = 0;  // per rank per layer: attention + MoE all-reduces
+  int64_t all_to_all_bytes = 0;  // per rank per layer: reduce-scatter + dispatch + combine + all-gather
+  bool all_reduce_cheaper() const { return all_reduce_bytes <= all_to_all_bytes; }
+};
+MoeCommCost moe_comm_cost(const ModelSpec& spec, int tp, int64_t batch_tokens, int64_t act_bytes);
+
+nlohmann::json moe_json(const ModelSpec& spec, KvCacheDType kv, int tp, int64_t batch_tokens = 0);
 
 }  // namespace shardlm

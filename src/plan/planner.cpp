@@ -510,7 +510,7 @@ nlohmann::json plan_json(const Plan& plan) {
   if (s.is_moe()) {
     const int tp = plan.recommended >= 0 ? plan.layouts[plan.recommended].layout.tp
                                          : static_cast<int>(std::min<int64_t>(plan.devices.n_devices(), s.n_heads));
-    j["moe"] = moe_json(s, b.kv_cache_dtype, tp);
+    j["moe"] = moe_json(s, b.kv_cache_dtype, tp, b.max_num_seqs);
   }
   return j;
 }

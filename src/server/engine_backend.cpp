@@ -10,6 +10,8 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
+#include "backend/device/memory_accounting.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "engine/tokenizer_detokenizer.h"
@@ -131,10 +133,17 @@ std::string LoadReport::text() const {
         << b.block_size << " tokens, " << with_commas(b.kv_bytes_per_token) << " B/token), workspace "
         << format_gib(static_cast<double>(b.workspace_bytes), 3) << "\n";
     if (r < allocated.size()) {
+      // Measured by the rank's allocator (on a GPU: cudaMemGetInfo deltas,
+      // which round to the driver's pages, hence the tolerance there).
       const auto& a = allocated[r];
-      const bool same = a.weight_bytes == b.weight_bytes && a.kv_cache_bytes == b.kv_cache_bytes;
-      out << "    allocated: weights " << with_commas(a.weight_bytes) << " B, KV cache " << with_commas(a.kv_cache_bytes)
-          << " B" << (same ? " (as planned)" : " (DIFFERS from plan)") << "\n";
+      const double tol = measured_tolerance;
+      const auto u = [](int64_t v) { return static_cast<uint64_t>(std::max<int64_t>(v, 0)); };
+      out << "    allocated (measured): weights " << with_commas(a.weight_bytes) << " B ("
+          << backend::plan_agreement_text(u(b.weight_bytes), u(a.weight_bytes), tol) << "), KV cache "
+          << with_commas(a.kv_cache_bytes) << " B ("
+          << backend::plan_agreement_text(u(b.kv_cache_bytes), u(a.kv_cache_bytes), tol) << "); weights + KV "
+          << backend::plan_agreement_text(u(b.weight_bytes + b.kv_cache_bytes), u(a.weight_bytes + a.kv_cache_bytes), tol)
+          << "\n";
     }
   }
   out << "KV cache holds " << with_commas(kv_tokens) << " tokens per replica (" << with_commas(per_token)
@@ -146,8 +155,6 @@ std::string LoadReport::text() const {
 void EngineBackend::load() {
   const auto& dir = options_.model_dir;
   ModelSpec spec = load_model_config(dir / "config.json");
-  if (!spec.runnable())
-    fail(ErrorCode::kUnsupported, "serve: ", spec.architecture, " (mixture of experts) cannot be served by this build; plan supports it");
   auto weights = open_checkpoint(dir);
   // Quantized checkpoints store scales in F16, BF16 or F32: size with what this one holds, as plan does.
   adopt_checkpoint_scales_dtype(spec, *weights);
@@ -172,11 +179,28 @@ void EngineBackend::load() {
   mo.max_num_seqs = options_.max_num_seqs;
   mo.kv_cache_dtype = options_.kv_cache_dtype;
   mo.block_size = options_.block_size;
-  mo.reserve_bytes = 0;  // CPU: no CUDA context or NCCL buffers
+  mo.reserve_bytes = 0;  // CPU: no CUDA context or NCCL buffers (a GPU sets its reserve below)
   const DType kv_dtype = kv_dtype_of(options_.kv_cache_dtype, spec.dtype);
   std::vector<MemoryBudget> fixed = compute_replica_budgets(spec, replica, {0}, mo);
   std::vector<int64_t> memory(fixed.size());
-  if (options_.memory_utilization > 0.0) {
+  const bool on_gpu = !options_.device.is_cpu();
+  if (on_gpu) {
+    // vLLM's --gpu-memory-utilization: the fraction of the device's total
+    // memory for everything; every rank of every replica shares this one GPU.
+    mo.reserve_bytes = kDefaultGpuReserveBytes;  // CUDA context, cuBLASLt workspace, scratch
+    fixed = compute_replica_budgets(spec, replica, {0}, mo);
+    if (options_.kv_cache_memory_bytes > 0) {
+      for (size_t r = 0; r < fixed.size(); ++r)
+        memory[r] = fixed[r].weight_bytes + fixed[r].workspace_bytes + mo.reserve_bytes + options_.kv_cache_memory_bytes;
+    } else {
+      const double u = options_.memory_utilization > 0.0 ? options_.memory_utilization : 0.9;
+      const backend::DeviceMemInfo info = backend::cuda_device_memory(options_.device.index);
+      std::fill(memory.begin(), memory.end(),
+                static_cast<int64_t>(backend::gpu_rank_memory_bytes(
+                    u, info, options_.ranks_share_device ? n_ranks_total : 1, options_.device.index)));
+    }
+    report_.measured_tolerance = 0.01;
+  } else if (options_.memory_utilization > 0.0) {
     mo.gpu_memory_utilization = options_.memory_utilization;
     std::fill(memory.begin(), memory.end(), system_memory_bytes() / n_ranks_total);
   } else {
@@ -228,6 +252,7 @@ void EngineBackend::load() {
     lo.block_size = options_.block_size;
     lo.kv_dtype = kv_dtype;
     lo.n_threads_per_rank = std::max(1, static_cast<int>(hw) / n_ranks_total);
+    lo.device = options_.device;
     if (d == 0) {
       lo.fail_rank = options_.fail_rank;
       lo.fail_at_batch = options_.fail_at_batch;

@@ -37,7 +37,11 @@ struct EngineBackendOptions {
   // KV cache sizing, per rank: either explicit bytes, or a fraction of this
   // machine's memory minus the weights (as plan computes for a device).
   int64_t kv_cache_memory_bytes = 0;     // > 0: exactly this much KV cache per rank
-  double memory_utilization = 0.0;       // > 0: fraction of system RAM (like --gpu-memory-utilization)
+  double memory_utilization = 0.0;       // > 0: fraction of system RAM (like --gpu-memory-utilization);
+                                         // on a GPU: of the device's total memory (vLLM's meaning, default 0.9)
+  Device device;                         // cpu, or this process's GPU
+  bool ranks_share_device = true;        // GPU: every rank of every replica is a thread on `device`
+                                         // (false under mpirun: one process per GPU)
   int64_t max_waiting_requests = 1024;   // more live requests than this: 429
   int32_t max_executor_restarts = 3;     // per replica; then fatal() (serve exits non-zero)
   // Test hook (--debug-fail-rank-at-batch): rank fail_rank of replica 0
@@ -60,6 +64,7 @@ struct LoadReport {
   int64_t n_kv_blocks = 0;
   int64_t kv_tokens = 0;               // per replica
   int64_t max_model_len = 0;
+  double measured_tolerance = 0.0;     // allowed |measured − plan| / plan: 0 on the CPU, 1% on a GPU
   std::string text() const;            // the startup log
 };
 

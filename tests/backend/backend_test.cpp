@@ -3,11 +3,13 @@
 // build has is an instance (CPU always; CUDA adds itself when built).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/moe_ops.h"
 #include "core/error.h"
 
 namespace shardlm::backend {
@@ -182,6 +184,95 @@ TEST_P(BackendTest, AllocatedBytesAreCountedAndReturned) {
     EXPECT_GE(b_->allocated_bytes() - before, 2000000 + 12 + 128);
   }
   EXPECT_EQ(b_->allocated_bytes(), before);
+}
+
+// A device backend may not have the MoE ops yet: it must say so by name
+// (kUnsupported), and the CPU backend must have them.
+#define SHARDLM_SKIP_UNLESS_MOE(call)                                                              \
+  try {                                                                                            \
+    call;                                                                                          \
+  } catch (const Error& e) {                                                                       \
+    if (GetParam().is_cpu() || e.code() != ErrorCode::kUnsupported) throw;                         \
+    EXPECT_NE(std::string(e.what()).find("not supported on"), std::string::npos) << e.what();      \
+    GTEST_SKIP() << e.what();                                                                      \
+  }
+
+TEST_P(BackendTest, MoeRouteTakesTopKOfTheSoftmax) {
+  // Row 0 by hand: logits 1, 3, 2, 3 -> experts 1 and 3 (the tie goes to the lower id first),
+  // each e^3 / (e + 2e^3 + e^2); renormalised, 1/2 each. Row 1: random, against ref.
+  std::mt19937 rng(7);
+  const int64_t n_experts = 4, k = 2;
+  std::vector<float> lv{1, 3, 2, 3};
+  auto r1 = random_f32(n_experts, rng);
+  lv.insert(lv.end(), r1.begin(), r1.end());
+  for (bool renorm : {false, true}) {
+    Tensor logits = on_device(lv, {2, n_experts});
+    Tensor ids = b_->alloc(DType::kI32, {2, k}), w = b_->alloc(DType::kF32, {2, k});
+    SHARDLM_SKIP_UNLESS_MOE(b_->moe_route(logits, k, renorm, ids, w));
+    std::vector<int32_t> got_ids(4);
+    b_->download(ids, got_ids.data());
+    auto got_w = to_host(w);
+    EXPECT_EQ(got_ids[0], 1);
+    EXPECT_EQ(got_ids[1], 3);
+    const double p = std::exp(3.0) / (std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0));
+    EXPECT_NEAR(got_w[0], renorm ? 0.5 : p, 1e-6);
+    EXPECT_NEAR(got_w[1], renorm ? 0.5 : p, 1e-6);
+    std::vector<int32_t> want_ids(4);
+    std::vector<float> want_w(4);
+    ref::moe_route(lv.data(), 2, n_experts, k, renorm, want_ids.data(), want_w.data());
+    EXPECT_EQ(got_ids, want_ids);
+    expect_close(got_w, want_w, 1e-6f);
+    EXPECT_GT(lv[4 + got_ids[2]], lv[4 + got_ids[3]]);
+  }
+}
+
+TEST_P(BackendTest, MoeExpertsGroupedMatchTokenByTokenReference) {
+  // 9 tokens, top-3 of 8 experts; the rank holds experts [2, 7) (uneven EP),
+  // BF16 and F32 weights. Token 0 routes only to experts it does not hold.
+  std::mt19937 rng(8);
+  const int64_t n = 9, hidden = 32, inter = 24, k = 3, n_experts = 8, begin = 2, n_local = 5;
+  auto xv = random_f32(n * hidden, rng);
+  std::vector<int32_t> idv(static_cast<size_t>(n * k));
+  std::vector<float> wv(static_cast<size_t>(n * k));
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int32_t> perm(n_experts);
+    for (int32_t e = 0; e < n_experts; ++e) perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    if (t == 0) perm = {0, 1, 7};
+    for (int64_t j = 0; j < k; ++j) {
+      idv[t * k + j] = perm[j];
+      wv[t * k + j] = std::uniform_real_distribution<float>(0.1f, 1.0f)(rng);
+    }
+  }
+  for (DType wd : {DType::kBF16, DType::kF32}) {
+    std::vector<ExpertLinears> experts;
+    std::vector<Tensor> host;  // ref's copies, same rounding
+    std::vector<ExpertMatrices> views;
+    for (int64_t e = 0; e < n_local; ++e) {
+      auto g = random_f32(inter * hidden, rng), u = random_f32(inter * hidden, rng), d = random_f32(hidden * inter, rng);
+      experts.push_back({b_->adopt_weight(host_tensor(wd, {inter, hidden}, g)),
+                         b_->adopt_weight(host_tensor(wd, {inter, hidden}, u)),
+                         b_->adopt_weight(host_tensor(wd, {hidden, inter}, d))});
+      host.push_back(host_tensor(wd, {inter, hidden}, g));
+      host.push_back(host_tensor(wd, {inter, hidden}, u));
+      host.push_back(host_tensor(wd, {hidden, inter}, d));
+      const size_t i = host.size() - 3;
+      views.push_back({{host[i].data(), wd, inter, hidden}, {host[i + 1].data(), wd, inter, hidden},
+                       {host[i + 2].data(), wd, hidden, inter}});
+    }
+    Tensor x = on_device(xv, {n, hidden}), w = on_device(wv, {n, k}), out = b_->alloc(DType::kF32, {n, hidden});
+    Tensor ids = b_->alloc(DType::kI32, {n, k});
+    b_->upload(idv.data(), ids);
+    SHARDLM_SKIP_UNLESS_MOE(b_->moe_experts(x, ids, w, experts.data(), n_local, begin, out));
+    std::vector<float> want(static_cast<size_t>(n * hidden));
+    ref::moe_experts(xv.data(), n, hidden, idv.data(), wv.data(), k, views.data(), begin, n_local, want.data());
+    auto got = to_host(out);
+    expect_close(got, want, 1e-4f);
+    for (int64_t i = 0; i < hidden; ++i) ASSERT_EQ(got[i], 0.0f) << "token 0 has no expert here";
+    float norm = 0;
+    for (float v : want) norm += std::fabs(v);
+    EXPECT_GT(norm, 1.0f);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendTest, ::testing::Values(Device{}),

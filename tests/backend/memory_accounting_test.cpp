@@ -85,5 +85,35 @@ TEST(UtilizationBudget, PlanDisagreement) {
   EXPECT_GT(plan_disagreement(0, 1), 1.0);
 }
 
+TEST(UtilizationBudget, RankMemoryIsTotalTimesUtilizationSplitAmongTheRanksOnTheDevice) {
+  const DeviceMemInfo h200{.free_bytes = 140 * kGiB, .total_bytes = 140 * kGiB};
+  // One process per GPU: the whole 0.9 × 140 GiB.
+  EXPECT_EQ(gpu_rank_memory_bytes(0.9, h200, 1, 0), 126 * kGiB);
+  // Six TP ranks as threads sharing the GPU: a sixth each.
+  EXPECT_EQ(gpu_rank_memory_bytes(0.9, h200, 6, 0), 21 * kGiB);
+  // Of TOTAL memory, not of what is free: 0.5 of 140 GiB with 100 GiB free is 70 GiB.
+  EXPECT_EQ(gpu_rank_memory_bytes(0.5, {.free_bytes = 100 * kGiB, .total_bytes = 140 * kGiB}, 1, 0), 70 * kGiB);
+  try {
+    gpu_rank_memory_bytes(0.9, {.free_bytes = 100 * kGiB, .total_bytes = 140 * kGiB}, 1, 3);
+    FAIL() << "0.9 of a device with 100 of 140 GiB free was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("device 3: free memory at startup (100.00 GiB"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(gpu_rank_memory_bytes(0.9, h200, 0, 0), Error);
+  EXPECT_THROW(gpu_rank_memory_bytes(1.01, h200, 1, 0), Error);
+}
+
+TEST(UtilizationBudget, PlanAgreementTextHasATolerance) {
+  EXPECT_EQ(plan_agreement_text(1000, 1000, 0.01), "as planned");
+  EXPECT_EQ(plan_agreement_text(100000, 100070, 0.01), "within 1.0% of plan (+0.07%)");
+  EXPECT_EQ(plan_agreement_text(100000, 99000, 0.01), "within 1.0% of plan (-1.00%)");
+  EXPECT_EQ(plan_agreement_text(100000, 103200, 0.01), "DIFFERS from plan by +3.20%");
+  EXPECT_EQ(plan_agreement_text(100000, 98900, 0.01), "DIFFERS from plan by -1.10%");
+  EXPECT_EQ(plan_agreement_text(0, 5, 0.01), "DIFFERS from plan (planned 0)");
+  // The CPU's exact check: any difference at all is reported.
+  EXPECT_EQ(plan_agreement_text(1000, 1001, 0.0), "DIFFERS from plan by +0.10%");
+}
+
 }  // namespace
 }  // namespace shardlm::backend

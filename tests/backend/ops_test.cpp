@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -201,6 +203,26 @@ TEST(Ops, SiluMulAndSoftmaxMatchReference) {
   double sum = 0;
   for (int i = 0; i < 333; ++i) sum += s[i];
   EXPECT_NEAR(sum, 1.0, 1e-5);
+}
+
+// OMP_NUM_THREADS, when set, caps what a rank asks for (so that the TSan
+// pass, and a user who sets it, run the kernels on that many threads).
+TEST(OpsThreads, OmpNumThreadsCapsTheRankShare) {
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::string restore = saved ? saved : "";
+  setenv("OMP_NUM_THREADS", "1", 1);
+  set_num_threads(3);
+  EXPECT_EQ(num_threads(), 1);
+  setenv("OMP_NUM_THREADS", "2,1", 1);  // nested form: the first number counts
+  set_num_threads(3);
+  EXPECT_EQ(num_threads(), 2);
+  set_num_threads(1);
+  EXPECT_EQ(num_threads(), 1);
+  unsetenv("OMP_NUM_THREADS");
+  set_num_threads(3);
+  EXPECT_EQ(num_threads(), 3);
+  if (saved) setenv("OMP_NUM_THREADS", restore.c_str(), 1);
+  set_num_threads(0);
 }
 
 }  // namespace

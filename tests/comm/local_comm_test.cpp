@@ -98,5 +98,21 @@ TEST(LocalComm, AFailingRankStopsTheOthersWithItsName) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+// Every rank fails on its own at once: each records its failure in its own
+// slot concurrently (a vector<bool> there packed the slots into one word,
+// a data race the TSan pass of scripts/test.sh reports), and the error
+// names the first of them.
+TEST(LocalComm, RanksFailingAtOnceAreEachRecorded) {
+  for (int round = 0; round < 20; ++round) {
+    try {
+      run_local_ranks(8, [](Communicator& comm) { fail(ErrorCode::kInvalidArgument, "bad shard ", comm.rank()); });
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kDistributed);
+      EXPECT_NE(std::string(e.what()).find("rank 0 failed: bad shard 0"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -268,6 +268,15 @@ TEST(EngineFaults, BrokenExecutorFailsEverythingTurnsUnhealthyRestartsAndServesA
     EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
   }
   EXPECT_DOUBLE_EQ(engine.metrics().snapshot().kv_cache_usage_perc, 0.0);  // every block returned
+  // /metrics while it restarts: down, one failure naming the rank, no restart yet.
+  std::string text = engine.render_metrics("m");
+  EXPECT_NE(text.find("shardlm:executor_up{model_name=\"m\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("shardlm:executor_failures_total{model_name=\"m\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("shardlm:executor_restarts_total{model_name=\"m\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("shardlm:executor_last_failure_info{model_name=\"m\",reason=\"rank 1 (tp 1, pp 0) failed: "
+                      "injected\"} 1\n"),
+            std::string::npos)
+      << text;
   model.release_restart();
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!engine.health().ok && std::chrono::steady_clock::now() < deadline)
@@ -277,6 +286,14 @@ TEST(EngineFaults, BrokenExecutorFailsEverythingTurnsUnhealthyRestartsAndServesA
   EXPECT_EQ(h.n_failures, 1);
   EXPECT_EQ(h.n_restarts, 1);
   EXPECT_GT(h.last_recovery_s, 0.0);
+  const MetricsSnapshot m = engine.metrics().snapshot();
+  EXPECT_EQ(m.executor_restarts_total, 1);
+  EXPECT_EQ(m.executor_failures_total, 1);
+  EXPECT_TRUE(m.executor_up);
+  EXPECT_DOUBLE_EQ(m.executor_last_recovery_seconds, h.last_recovery_s);
+  text = engine.render_metrics("m");
+  EXPECT_NE(text.find("shardlm:executor_restarts_total{model_name=\"m\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("shardlm:executor_up{model_name=\"m\"} 1\n"), std::string::npos) << text;
   engine.submit(greedy("after", prompt(7, 5), 8), out.callbacks());
   ASSERT_TRUE(out.wait({"after"}));
   EXPECT_EQ(out.get("after").tokens, reference_greedy(prompt(7, 5), 8, kVocab));
@@ -300,6 +317,10 @@ TEST(EngineFaults, AnExecutorThatCannotRestartLeavesTheEngineDownForGood) {
   EXPECT_TRUE(h.fatal);
   EXPECT_NE(h.error.find("rank 1 (tp 1, pp 0) failed"), std::string::npos) << h.error;
   EXPECT_NE(h.error.find("cannot be restarted"), std::string::npos) << h.error;
+  const MetricsSnapshot m = engine.metrics().snapshot();
+  EXPECT_EQ(m.executor_failures_total, 1);
+  EXPECT_EQ(m.executor_restarts_total, 0);
+  EXPECT_FALSE(m.executor_up);
   EXPECT_THROW(engine.submit(greedy("b", prompt(6, 2), 4), out.callbacks()), Error);
   EXPECT_EQ(engine.scheduler().pool().n_used(), 0);
 }

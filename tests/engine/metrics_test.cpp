@@ -33,5 +33,32 @@ TEST(Metrics, PrometheusTextWithVllmNames) {
   EXPECT_NE(plain.find("vllm:num_preemptions_total 0\n"), std::string::npos);
 }
 
+TEST(Metrics, ExecutorRestartsAndTheLastFailure) {
+  Metrics m;
+  std::string plain = m.render_prometheus();
+  EXPECT_NE(plain.find("# TYPE shardlm:executor_restarts_total counter\nshardlm:executor_restarts_total 0\n"),
+            std::string::npos) << plain;
+  EXPECT_NE(plain.find("shardlm:executor_up 1\n"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("executor_last_failure_info"), std::string::npos) << "no failure yet, no reason";
+  // A reason with quotes and a newline, longer than the 200-byte cut, with
+  // a two-byte UTF-8 character straddling the cut.
+  std::string reason = "rank 2 (tp 0, pp 1) failed: \"boom\"\n" + std::string(200 - 36, 'x') + "\xC3\xA9tail";
+  m.update([&](MetricsSnapshot& s) {
+    s.executor_failures_total = 2;
+    s.executor_restarts_total = 1;
+    s.executor_up = false;
+    s.executor_last_recovery_seconds = 0.125;
+    s.executor_last_failure = reason;
+  });
+  std::string t = m.render_prometheus("m");
+  EXPECT_NE(t.find("shardlm:executor_failures_total{model_name=\"m\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("shardlm:executor_restarts_total{model_name=\"m\"} 1\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("shardlm:executor_up{model_name=\"m\"} 0\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("shardlm:executor_last_recovery_seconds{model_name=\"m\"} 0.125\n"), std::string::npos) << t;
+  const std::string want = "shardlm:executor_last_failure_info{model_name=\"m\",reason=\"rank 2 (tp 0, pp 1) failed: "
+                           "\\\"boom\\\"\\n" + std::string(200 - 36, 'x') + "\"} 1\n";
+  EXPECT_NE(t.find(want), std::string::npos) << t;
+}
+
 }  // namespace
 }  // namespace shardlm

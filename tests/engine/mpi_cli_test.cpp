@@ -63,6 +63,14 @@ class MpiGenerate : public ::testing::Test {
     m14_ = root_ + "/mpi_q14";
     make(m7_, "--like qwen2.5-7b --layers 3 --vocab 512 --hidden 448 --intermediate 512 --seed 7");
     make(m14_, "--like qwen2.5-14b --layers 5 --vocab 512 --hidden 640 --intermediate 384 --seed 14");
+    // Mixture of experts: Qwen3-30B-A3B's routing (128 experts, top-8) and
+    // heads (32 Q / 4 KV); Mixtral's (8 experts, top-2), 3 layers for PP.
+    moe_ = root_ + "/mpi_qwen3_moe";
+    mixtral_ = root_ + "/mpi_mixtral";
+    make(moe_, "--like qwen3-30b-a3b --layers 2 --vocab 512 --hidden 256 --heads 32 --kv-heads 4 --head-dim 32 "
+               "--moe-intermediate 64 --seed 3");
+    make(mixtral_, "--like mixtral-8x7b --layers 3 --vocab 512 --hidden 256 --heads 32 --kv-heads 8 --head-dim 16 "
+                   "--intermediate 128 --seed 5");
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(root_); }
   static void make(const std::string& dir, const std::string& args) {
@@ -80,14 +88,15 @@ class MpiGenerate : public ::testing::Test {
   }
 
   // The mpirun run of tp x pp equals the single-process TP=1 run.
-  void expect_same_as_tp1(const std::string& dir, int tp, int pp) {
+  void expect_same_as_tp1(const std::string& dir, int tp, int pp, bool ep = false) {
     const std::string name = std::filesystem::path(dir).filename().string();
     Proc one = run_command(generate(dir, name + "_tp1"));
     ASSERT_EQ(one.rc, 0) << one.out << one.err;
     const auto j1 = nlohmann::json::parse(one.out);
     ASSERT_EQ(j1["token_ids"].size(), 6u);
-    const std::string tag = name + "_tp" + std::to_string(tp) + "pp" + std::to_string(pp);
-    Proc r = run_command(mpirun(tp * pp) + generate(dir, tag) + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp));
+    const std::string tag = name + "_tp" + std::to_string(tp) + "pp" + std::to_string(pp) + (ep ? "ep" : "");
+    Proc r = run_command(mpirun(tp * pp) + generate(dir, tag) + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp) +
+                         (ep ? " --enable-expert-parallel" : ""));
     ASSERT_EQ(r.rc, 0) << r.out << r.err;
     // Only rank 0 prints: exactly one JSON object.
     const auto j = nlohmann::json::parse(r.out);
@@ -107,6 +116,7 @@ class MpiGenerate : public ::testing::Test {
     shardlm::Layout layout;
     layout.tp = tp;
     layout.pp = pp;
+    layout.expert_parallel = ep;
     std::regex line(R"(rank (\d+) \(tp (\d+), pp (\d+)\): weights (\d+) bytes, kv (\d+) bytes)");
     int n_lines = 0;
     for (std::sregex_iterator it(r.err.begin(), r.err.end(), line), end; it != end; ++it, ++n_lines) {
@@ -118,9 +128,10 @@ class MpiGenerate : public ::testing::Test {
     EXPECT_EQ(n_lines, tp * pp) << r.err;
   }
 
-  static std::string cli_, root_, m7_, m14_;
+  static std::string cli_, root_, m7_, m14_, moe_, mixtral_;
 };
-std::string MpiGenerate::cli_, MpiGenerate::root_, MpiGenerate::m7_, MpiGenerate::m14_;
+std::string MpiGenerate::cli_, MpiGenerate::root_, MpiGenerate::m7_, MpiGenerate::m14_, MpiGenerate::moe_,
+    MpiGenerate::mixtral_;
 
 TEST_F(MpiGenerate, Tp2) { expect_same_as_tp1(m7_, 2, 1); }
 TEST_F(MpiGenerate, Tp3) { expect_same_as_tp1(m7_, 3, 1); }
@@ -130,6 +141,13 @@ TEST_F(MpiGenerate, Tp5Heads40) { expect_same_as_tp1(m14_, 5, 1); }
 TEST_F(MpiGenerate, Pp2Of5Layers) { expect_same_as_tp1(m14_, 1, 2); }
 TEST_F(MpiGenerate, Pp3Of5Layers) { expect_same_as_tp1(m14_, 1, 3); }
 TEST_F(MpiGenerate, Tp2Pp3) { expect_same_as_tp1(m14_, 2, 3); }
+// Experts whole over the processes (128 over 3 = 43, 43, 42; 8 over 4 = 2 each),
+// with PP; and without EP, every expert's columns split over 3 processes.
+TEST_F(MpiGenerate, Qwen3MoeEp3) { expect_same_as_tp1(moe_, 3, 1, true); }
+TEST_F(MpiGenerate, Qwen3MoeEp2Pp2) { expect_same_as_tp1(moe_, 2, 2, true); }
+TEST_F(MpiGenerate, Qwen3MoeTp3WithoutEp) { expect_same_as_tp1(moe_, 3, 1); }
+TEST_F(MpiGenerate, MixtralEp4) { expect_same_as_tp1(mixtral_, 4, 1, true); }
+TEST_F(MpiGenerate, MixtralEp2Pp3) { expect_same_as_tp1(mixtral_, 2, 3, true); }
 
 // -tp auto under mpirun: rank 0 asks plan for the best layout of exactly the
 // processes started (one stream: latency, no replicas), every rank runs it,

@@ -204,6 +204,37 @@ TEST(ModelSpec, NoConfigIsSilentlyMisread) {
   q25["sliding_window"] = 131072;
   q25["use_sliding_window"] = false;
   EXPECT_NO_THROW(parse_model_config(q25, "config.json"));
+  // Every MLP is SwiGLU: another activation is refused, naming the field.
+  for (const char* name : {"qwen3-30b-a3b", "mixtral-8x7b", "qwen2.5-7b"}) {
+    auto c = config(name);
+    c["hidden_act"] = "gelu";
+    expect_error(c, "hidden_act");
+  }
+  auto expect_invalid = [](const nlohmann::json& c, const std::string& needle) {
+    try {
+      parse_model_config(c, "config.json");
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  for (const char* field : {"num_experts", "num_experts_per_tok", "moe_intermediate_size"}) {
+    auto c = config("qwen3-30b-a3b");
+    c[field] = 0;
+    expect_invalid(c, field);
+    c.erase(field);
+    expect_invalid(c, field);
+  }
+  auto top = config("mixtral-8x7b");
+  top["num_experts_per_tok"] = 9;
+  expect_invalid(top, "num_experts_per_tok");
+  auto local = config("mixtral-8x7b");
+  local.erase("num_local_experts");
+  expect_invalid(local, "num_local_experts");
+  auto step = config("qwen3-30b-a3b");
+  step["decoder_sparse_step"] = 0;
+  expect_invalid(step, "decoder_sparse_step");
   // Bad values name the field.
   auto q3 = config("qwen3-30b-a3b");
   q3["mlp_only_layers"] = {99};

@@ -125,6 +125,34 @@ PlanOptions ep_options() {
 }
 
 // The three verdicts of the issue, each with exact bytes.
+// The speed model's choice between the all-reduce shardlm runs and an
+// all_to_all dispatch + combine, in exact bytes per rank per layer.
+TEST(MoePlan, TokenExchangeBytesAllReduceAgainstAllToAll) {
+  const ModelSpec q30 = catalog_model_spec("qwen3-30b-a3b");  // hidden 2048, top-8, bf16
+  // 8 tokens × 2048 × 2 B = 32,768 B; all-reduces 4 × 5/6 of it; all_to_all 5/6 × (2 + 16/6) of it.
+  MoeCommCost c = moe_comm_cost(q30, 6, 8, 2);
+  EXPECT_EQ(c.all_reduce_bytes, 109227);
+  EXPECT_EQ(c.all_to_all_bytes, 127431);
+  EXPECT_TRUE(c.all_reduce_cheaper());
+  c = moe_comm_cost(q30, 8, 8, 2);  // k == t: equal
+  EXPECT_EQ(c.all_reduce_bytes, c.all_to_all_bytes);
+  const ModelSpec mix = catalog_model_spec("mixtral-8x7b");  // hidden 4096, top-2
+  c = moe_comm_cost(mix, 8, 8, 2);
+  EXPECT_EQ(c.all_reduce_bytes, 229376);   // 4 × 7/8 × 65,536
+  EXPECT_EQ(c.all_to_all_bytes, 143360);   // 7/8 × 65,536 × 2.5
+  EXPECT_FALSE(c.all_reduce_cheaper());
+  // plan says which it uses, and where all_to_all would move fewer bytes, that it is not implemented.
+  const std::string text =
+      render_plan_text(make_plan(mix, parse_device_inventory("8xH200"), ep_options(), "mixtral-8x7b"));
+  EXPECT_TRUE(contains(text, "all_to_all would be cheaper by 86,016 bytes")) << text;
+  EXPECT_TRUE(contains(text, "shardlm implements only the all-reduce path")) << text;
+  const nlohmann::json j =
+      plan_json(make_plan(q30, parse_device_inventory("6x24GiB"), ep_options(), "qwen3-30b-a3b"));
+  EXPECT_EQ(j["moe"]["token_exchange"]["all_reduce_bytes_per_rank_per_layer"], 109227);
+  EXPECT_EQ(j["moe"]["token_exchange"]["cheaper"], "all_reduce");
+  EXPECT_EQ(j["moe"]["token_exchange"]["used"], "all_reduce");
+}
+
 TEST(MoePlan, VerdictsForTheIssuesThreeCases) {
   {  // Qwen3-30B-A3B on 6 × 24 GiB: 61 GB of weights over 6 ranks.
     Plan plan = make_plan(catalog_model_spec("qwen3-30b-a3b"), parse_device_inventory("6x24GiB"), ep_options(),

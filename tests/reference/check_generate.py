@@ -13,6 +13,11 @@ measured max |diff| ~4e-6, i.e. the bound leaves a 100x margin yet still
 catches a wrong eps, a bf16 round trip of activations or a RoPE slip. A bf16
 KV cache needs ~1e-2 (--rtol or SHARDLM_REFERENCE_RTOL). Fails (never
 skips) when `shardlm generate` is missing.
+
+MoE checkpoints: the experts chosen per token and layer, for every position
+fed (prompt and generated), must equal reference.py's, in order (shardlm's
+--dump-routing; skipped only for a layout with --pp > 1, where no one rank
+runs every layer, so it is checked on the same checkpoint at pp 1).
 """
 import argparse
 import json
@@ -61,6 +66,12 @@ def main():
     our_logits = os.path.join(a.work, "ours.logits")
     cmd = [a.cli, "generate", model, "--prompt-ids", a.prompt_ids, "--max-tokens", str(a.max_tokens),
            "--temperature", "0", "--json", "--dump-logits", our_logits] + shlex.split(a.generate_args)
+    gen_args = shlex.split(a.generate_args)
+    pp = next((gen_args[i + 1] for i, x in enumerate(gen_args[:-1]) if x in ("--pp", "--pipeline-parallel-size")), "1")
+    our_routing = os.path.join(a.work, "ours.routing.json")
+    check_routing = "routing" in ref and pp == "1"
+    if check_routing:
+        cmd += ["--dump-routing", our_routing]
     out = run(cmd, "shardlm generate")
     try:
         ours = json.loads(out.strip().splitlines()[-1])
@@ -76,6 +87,25 @@ def main():
                 step = next((i for i, (x, y) in enumerate(zip(ours[key], ref[key])) if x != y), None)
                 if step is not None:
                     print(f"  first difference at step {step}; reference top-1 margin there {ref['margins'][step]:.5f}")
+    if check_routing:
+        with open(our_routing) as f:
+            ours_routing = json.load(f)["layers"]
+        if ours_routing != ref["routing"]:
+            ok = False
+            for l in sorted(set(ref["routing"]) | set(ours_routing), key=int):
+                a_r, b_r = ours_routing.get(l, []), ref["routing"].get(l, [])
+                pos = next((i for i, (x, y) in enumerate(zip(a_r, b_r)) if x != y), None)
+                if pos is None and len(a_r) != len(b_r):
+                    pos = min(len(a_r), len(b_r))
+                if pos is not None:
+                    print(f"MISMATCH routing layer {l} position {pos}: shardlm {a_r[pos] if pos < len(a_r) else None}, "
+                          f"reference {b_r[pos] if pos < len(b_r) else None} (reference router margin {ref['routing_margins'].get(l)})")
+        else:
+            n = sum(len(r) for r in ref["routing"].values())
+            print(f"routing: {n} (position, layer) choices equal the reference's; smallest k-th/(k+1)-th router logit "
+                  f"gap {min(ref['routing_margins'].values(), default=float('nan')):.5f}")
+    elif "routing" in ref:
+        print("routing: not compared at --pp > 1 (checked at pp 1 by the other cases)")
     r = np.fromfile(ref_logits, dtype="<f4").astype(np.float64)
     o = np.fromfile(our_logits, dtype="<f4").astype(np.float64)
     if r.shape != o.shape:

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent numpy reference for Qwen2 / Qwen3 / Llama-3 checkpoints.
+"""Independent numpy reference for Qwen2 / Qwen3 / Llama-3 / Qwen3-MoE / Mixtral checkpoints.
 
 Shares no code with shardlm: it parses safetensors itself (struct + json),
 reads config.json / generation_config.json and runs the Hugging Face
@@ -18,6 +18,16 @@ transformers forward (Qwen2Model, Qwen3Model, LlamaModel) in float64:
     SwiGLU MLP down(silu(gate(x)) * up(x)); Qwen2 q/k/v biases; Qwen3
     q_norm/k_norm over each head before RoPE; tied embeddings when
     tie_word_embeddings (or when lm_head.weight is absent).
+  * mixture of experts, as transformers' Qwen3MoeSparseMoeBlock and
+    MixtralSparseMoeBlock: router logits h @ gate.T; Qwen3-MoE takes the
+    softmax over all experts, the top num_experts_per_tok, and divides by
+    their sum when norm_topk_prob; Mixtral takes the top-k logits and a
+    softmax over those alone (written separately on purpose: shardlm uses one
+    routine for both, and this checks they agree). Each token's output is the
+    weighted sum of its experts' SwiGLU MLPs. Qwen3-MoE layers outside the
+    sparse set ((l + 1) % decoder_sparse_step != 0, or in mlp_only_layers)
+    keep the dense MLP. The experts chosen for every position fed are
+    recorded (best first) and printed as "routing".
 
 Quantized checkpoints (config.json quantization_config: AWQ, GPTQ, FP8) are
 unpacked by quantized.py, with its own code, and the forward runs on the
@@ -29,7 +39,10 @@ generation_config.json eos_token_id, unless --ignore-eos).
 
 usage: reference.py DIR --prompt-ids 1,2,3 --max-tokens 32 [--dump-logits F]
 prints JSON {"prompt_token_ids", "token_ids", "finish_reason", "margins"} (margins:
-top-1 minus top-2 logit at each generated step); --dump-logits
+top-1 minus top-2 logit at each generated step), plus for MoE models
+"routing": {layer: [[expert ids, best first] per position fed]} and
+"routing_margins": the smallest gap between the k-th and (k+1)-th router
+logit of any position, per layer; --dump-logits
 writes the logits of the last prompt position as little-endian f32 [vocab].
 """
 import argparse
@@ -124,7 +137,8 @@ class Model:
         with open(os.path.join(model_dir, "config.json")) as f:
             self.config = c = json.load(f)
         self.arch = c["architectures"][0]
-        if self.arch not in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"):
+        if self.arch not in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
+                             "Qwen3MoeForCausalLM", "MixtralForCausalLM"):
             raise SystemExit(f"reference: architecture {self.arch} not supported")
         self.w = load_weights(model_dir)
         self.hidden = c["hidden_size"]
@@ -158,6 +172,8 @@ class Model:
                     self.eos.add(e)
                 elif isinstance(e, list):
                     self.eos.update(e)
+        self.routing = {}  # layer -> [[expert ids] per position]
+        self.routing_margin = {}  # layer -> smallest k-th vs (k+1)-th router logit gap
         self.k_cache = [np.zeros((self.n_kv, 0, d)) for _ in range(self.n_layers)]
         self.v_cache = [np.zeros((self.n_kv, 0, d)) for _ in range(self.n_layers)]
 
@@ -178,6 +194,55 @@ class Model:
         if bias and (name + ".bias") in self.w:
             y = y + self.w[name + ".bias"]
         return y
+
+    def sparse_layer(self, l):
+        c = self.config
+        if self.arch == "MixtralForCausalLM":
+            return True
+        if self.arch != "Qwen3MoeForCausalLM":
+            return False
+        return l not in (c.get("mlp_only_layers") or []) and (l + 1) % c.get("decoder_sparse_step", 1) == 0
+
+    def mlp(self, h, l):
+        p = f"model.layers.{l}."
+        if not self.sparse_layer(l):
+            gate = self.linear(h, p + "mlp.gate_proj")
+            up = self.linear(h, p + "mlp.up_proj")
+            return (gate / (1 + np.exp(-gate)) * up) @ self.w[p + "mlp.down_proj.weight"].T
+        c = self.config
+        k = c["num_experts_per_tok"]
+        if self.arch == "MixtralForCausalLM":
+            block, names = p + "block_sparse_moe.", ("w1", "w3", "w2")
+        else:
+            block, names = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
+        logits = h @ self.w[block + "gate.weight"].T  # [n, n_experts]
+        order = np.argsort(-logits, axis=1, kind="stable")  # best first, lower id on ties
+        chosen = order[:, :k]
+        if self.arch == "MixtralForCausalLM":
+            top = np.take_along_axis(logits, chosen, axis=1)
+            e = np.exp(top - top.max(axis=1, keepdims=True))
+            weights = e / e.sum(axis=1, keepdims=True)  # softmax over the selected logits
+        else:
+            e = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probs = e / e.sum(axis=1, keepdims=True)  # softmax over every expert
+            weights = np.take_along_axis(probs, chosen, axis=1)
+            if c.get("norm_topk_prob", False):
+                weights = weights / weights.sum(axis=1, keepdims=True)
+        if logits.shape[1] > k:
+            kth = np.take_along_axis(logits, order[:, k - 1 : k], axis=1)
+            nxt = np.take_along_axis(logits, order[:, k : k + 1], axis=1)
+            gap = float((kth - nxt).min())
+            self.routing_margin[l] = min(self.routing_margin.get(l, gap), gap)
+        self.routing.setdefault(l, []).extend(chosen.tolist())
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            for j in range(k):
+                ep = block + f"experts.{int(chosen[t, j])}."
+                x = h[t : t + 1]
+                gate = x @ self.w[ep + names[0] + ".weight"].T
+                up = x @ self.w[ep + names[1] + ".weight"].T
+                out[t] += weights[t, j] * ((gate / (1 + np.exp(-gate)) * up) @ self.w[ep + names[2] + ".weight"].T)[0]
+        return out
 
     def forward(self, token_ids, start):
         """Appends token_ids at positions start.. to the cache; returns logits [n, vocab]."""
@@ -210,9 +275,7 @@ class Model:
             attn = (probs @ V).transpose(1, 0, 2).reshape(n, self.n_heads * d)
             x = x + self.linear(attn, p + "self_attn.o_proj")
             h = self.rms_norm(x, self.w[p + "post_attention_layernorm.weight"])
-            gate = self.linear(h, p + "mlp.gate_proj")
-            up = self.linear(h, p + "mlp.up_proj")
-            x = x + (gate / (1 + np.exp(-gate)) * up) @ self.w[p + "mlp.down_proj.weight"].T
+            x = x + self.mlp(h, l)
         x = self.rms_norm(x, self.w["model.norm.weight"])
         return x @ self.lm_head.T
 
@@ -256,8 +319,12 @@ def main():
     first_logits, out, reason, margins = generate(model, prompt, args.max_tokens, args.ignore_eos)
     if args.dump_logits:
         first_logits.astype("<f4").tofile(args.dump_logits)
-    json.dump({"prompt_token_ids": prompt, "token_ids": out, "finish_reason": reason,
-               "margins": [round(m, 6) for m in margins]}, sys.stdout)
+    result = {"prompt_token_ids": prompt, "token_ids": out, "finish_reason": reason,
+              "margins": [round(m, 6) for m in margins]}
+    if model.routing:
+        result["routing"] = {str(l): r for l, r in sorted(model.routing.items())}
+        result["routing_margins"] = {str(l): round(m, 6) for l, m in sorted(model.routing_margin.items())}
+    json.dump(result, sys.stdout)
     print()
 
 

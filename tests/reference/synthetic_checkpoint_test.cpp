@@ -223,10 +223,68 @@ TEST(SyntheticCheckpoint, OptionErrorsNameTheOption) {
   o.head_dim = 63;
   EXPECT_NE(message(o).find("--head-dim"), std::string::npos);
   o = {};
-  o.like = "qwen3-235b-a22b";
-  EXPECT_NE(message(o).find("mixture-of-experts"), std::string::npos);
+  o.n_experts = 4;  // an MoE option on the dense default
+  EXPECT_NE(message(o).find("--experts"), std::string::npos);
+  o = {};
   o.like = "no-such-model";
   EXPECT_NE(message(o).find("qwen2.5-7b"), std::string::npos);
+}
+
+// MoE shapes: the catalog's routing, reduced where asked, and the expert
+// tensors under the family's HF names.
+TEST(SyntheticCheckpoint, MoeSpecsKeepRoutingAndTakeReductions) {
+  SyntheticModelOptions o;
+  o.like = "qwen3-235b-a22b";
+  o.n_layers = 4;
+  o.hidden_size = 256;
+  o.n_heads = 8;
+  o.n_kv_heads = 4;
+  o.head_dim = 32;
+  o.n_experts = 16;
+  o.moe_intermediate_size = 64;
+  o.decoder_sparse_step = 2;
+  o.mlp_only_layers = std::vector<int64_t>{3};
+  ModelSpec s = synthetic_model_spec(o);
+  EXPECT_EQ(s.family, Family::kQwen3Moe);
+  EXPECT_EQ(s.n_experts, 16);
+  EXPECT_EQ(s.n_experts_per_token, 8);  // the catalog's top-8
+  EXPECT_TRUE(s.norm_topk_prob);
+  EXPECT_EQ(s.moe_intermediate_size, 64);
+  std::vector<bool> sparse;
+  for (int64_t l = 0; l < s.n_layers; ++l) sparse.push_back(s.is_moe_layer(l));
+  EXPECT_EQ(sparse, (std::vector<bool>{false, true, false, false}));
+  int64_t experts = 0;
+  for (const auto& t : synthetic_tensor_list(s)) {
+    if (t.name == "model.layers.1.mlp.experts.15.down_proj.weight") EXPECT_EQ(t.shape, (std::vector<int64_t>{256, 64}));
+    if (t.name == "model.layers.1.mlp.gate.weight") EXPECT_EQ(t.shape, (std::vector<int64_t>{16, 256}));
+    experts += t.name.find(".experts.") != std::string::npos;
+  }
+  EXPECT_EQ(experts, 16 * 3);
+
+  o = {};
+  o.like = "mixtral-8x7b";
+  o.n_layers = 1;
+  o.hidden_size = 128;
+  o.n_heads = 4;
+  o.n_kv_heads = 2;
+  o.moe_intermediate_size = 96;  // Mixtral: the experts are intermediate_size wide
+  s = synthetic_model_spec(o);
+  EXPECT_EQ(s.intermediate_size, 96);
+  EXPECT_EQ(s.moe_intermediate_size, 96);
+  bool w2 = false;
+  for (const auto& t : synthetic_tensor_list(s))
+    if (t.name == "model.layers.0.block_sparse_moe.experts.7.w2.weight") {
+      w2 = true;
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{128, 96}));
+    }
+  EXPECT_TRUE(w2);
+  o.mlp_only_layers = std::vector<int64_t>{0};
+  try {
+    synthetic_model_spec(o);
+    ADD_FAILURE() << "--mlp-only-layers accepted for Mixtral";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Qwen3-MoE"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

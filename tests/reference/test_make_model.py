@@ -211,7 +211,10 @@ def main():
         (["--like", "qwen2.5-0.5b", "--heads", "7", "--kv-heads", "2"], "--kv-heads"),
         (["--like", "qwen2.5-0.5b", "--dtype", "int8"], "--dtype"),
         (["--like", "gpt-5"], "qwen2.5-7b"),
-        (["--like", "qwen3-30b-a3b"], "mixture-of-experts"),
+        (["--like", "qwen2.5-0.5b", "--experts", "4"], "--experts"),
+        (["--like", "qwen3-30b-a3b", "--layers", "1", "--experts", "4", "--experts-per-token", "5"], "--experts-per-token"),
+        (["--like", "mixtral-8x7b", "--layers", "1", "--decoder-sparse-step", "2"], "Qwen3-MoE"),
+        (["--like", "qwen3-30b-a3b", "--layers", "2", "--mlp-only-layers", "5"], "--mlp-only-layers"),
         (["--like", "qwen2.5-0.5b", "--layers", "1", "--shards", "99"], "shards"),
     ]:
         r = make(a.cli, f"{w}/bad", *args, expect_rc=1)

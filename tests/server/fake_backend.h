@@ -120,7 +120,7 @@ class FakeBackend : public ServingBackend {
   std::atomic<bool> is_ready{true};
   std::atomic<int> cancelled{0};
   std::atomic<int> live{0};
-  int max_live = 1000;  // more concurrent requests than this: 429
+  std::atomic<int> max_live{1000};  // more concurrent requests than this: 429 (tests change it while serving)
   std::chrono::milliseconds pace{5};
   int64_t max_len = 256;
   std::string script;                 // what every choice generates (empty: "abcd...")

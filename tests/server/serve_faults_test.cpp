@@ -13,7 +13,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -109,10 +111,41 @@ class ServeFaults : public ::testing::Test {
 };
 std::string ServeFaults::cli_, ServeFaults::dir_;
 
+// A gauge's value in Prometheus text ("name{labels} value").
+double gauge(const std::string& text, const std::string& name) {
+  size_t at = text.find("\n" + name + "{");
+  if (at == std::string::npos) return -1;
+  size_t end = text.find('\n', at + 1);
+  std::string line = text.substr(at + 1, end - at - 1);
+  return std::stod(line.substr(line.rfind(' ') + 1));
+}
+
 TEST_F(ServeFaults, ARankFailureIsNamedThenTheExecutorRestartsAndServes) {
   auto s = start({"-tp", "2", "--debug-fail-rank-at-batch", "1:3"});
   ASSERT_GT(s->pid, 0);
+  // /health is polled every 2 ms while the failing request runs: the first
+  // 503 and the first 200 after it are the figures the issue asks for.
+  std::atomic<bool> polling{true};
+  std::atomic<int64_t> first_503_us{-1}, back_200_us{-1};
+  const auto t_send = Clock::now();
+  auto us_since = [](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
+  };
+  std::thread poller([&] {
+    httplib::Client hc("127.0.0.1", s->port);
+    hc.set_read_timeout(2, 0);
+    while (polling && us_since(t_send) < 20'000'000) {
+      auto h = hc.Get("/health");
+      if (h && h->status == 503 && first_503_us < 0) first_503_us = us_since(t_send);
+      if (h && h->status == 200 && first_503_us >= 0) {
+        back_200_us = us_since(t_send);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
   auto r = complete(s->port, 12);
+  const int64_t answered_us = us_since(t_send);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 500) << r->body;
   const std::string message = json::parse(r->body)["error"]["message"].get<std::string>();
@@ -126,6 +159,24 @@ TEST_F(ServeFaults, ARankFailureIsNamedThenTheExecutorRestartsAndServes) {
     if (h && h->status == 200) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  polling = false;
+  poller.join();
+  // /metrics counts the failure and the restart, and says why it failed.
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(gauge(m->body, "shardlm:executor_failures_total"), 1) << m->body;
+  EXPECT_EQ(gauge(m->body, "shardlm:executor_restarts_total"), 1) << m->body;
+  EXPECT_EQ(gauge(m->body, "shardlm:executor_up"), 1) << m->body;
+  const double recovery_s = gauge(m->body, "shardlm:executor_last_recovery_seconds");
+  EXPECT_GT(recovery_s, 0) << m->body;
+  EXPECT_NE(m->body.find("shardlm:executor_last_failure_info{model_name=\"m\",reason=\"rank 1 (tp 1, pp 0) failed"),
+            std::string::npos) << m->body;
+  // The figures (from the send of the failing request): a 503 is only seen
+  // when the restart outlasts a 2 ms poll.
+  std::printf("recovery: 500 answered at %.1f ms; /health first 503 at %s, 200 again at %s; "
+              "executor_last_recovery_seconds %.4f\n",
+              answered_us / 1e3, first_503_us < 0 ? "(not seen)" : std::to_string(first_503_us / 1e3).c_str(),
+              back_200_us < 0 ? "(n/a)" : std::to_string(back_200_us / 1e3).c_str(), recovery_s);
   auto ok = complete(s->port, 12);
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
@@ -147,15 +198,6 @@ TEST_F(ServeFaults, WithNoRestartLeftServeExitsNonZeroWithTheReason) {
   const std::string log = s->log();
   EXPECT_NE(log.find("rank 0 (tp 0, pp 0) failed"), std::string::npos) << log;
   EXPECT_NE(log.find("max_executor_restarts"), std::string::npos) << log;
-}
-
-// A gauge's value in Prometheus text ("name{labels} value").
-double gauge(const std::string& text, const std::string& name) {
-  size_t at = text.find("\n" + name + "{");
-  if (at == std::string::npos) return -1;
-  size_t end = text.find('\n', at + 1);
-  std::string line = text.substr(at + 1, end - at - 1);
-  return std::stod(line.substr(line.rfind(' ') + 1));
 }
 
 // A raw client that sends a request and later hangs up without reading.

@@ -203,4 +203,26 @@ void CpuBackend::gather_logit_rows(const Tensor& x, const StepMetadata& meta, Te
     std::memcpy(dst + i * d, src + static_cast<int64_t>(meta.logit_rows()[i]) * d, static_cast<size_t>(d) * sizeof(float));
 }
 
+void CpuBackend::moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights) {
+  const int64_t n = rows_of(logits), n_experts = cols_of(logits);
+  SHARDLM_CHECK(ids.dtype() == DType::kI32 && ids.numel() == n * top_k && weights.numel() == n * top_k,
+                "moe_route: logits ", logits.describe(), ", ids ", ids.describe(), ", weights ", weights.describe());
+  backend::moe_route(f32(logits, "router logits"), n, n_experts, top_k, renormalize, static_cast<int32_t*>(ids.data()),
+                     f32_mut(weights, "routing weights"));
+}
+
+void CpuBackend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
+                             int64_t n_experts_local, int64_t expert_begin, Tensor& out) {
+  const int64_t n = rows_of(x), hidden = cols_of(x), top_k = n > 0 ? ids.numel() / n : 0;
+  SHARDLM_CHECK(ids.dtype() == DType::kI32 && ids.numel() == n * top_k && weights.numel() == ids.numel() &&
+                    out.numel() == x.numel(),
+                "moe_experts: x ", x.describe(), ", ids ", ids.describe(), ", weights ", weights.describe(), ", out ",
+                out.describe());
+  moe_views_.resize(static_cast<size_t>(n_experts_local));
+  for (int64_t e = 0; e < n_experts_local; ++e)
+    moe_views_[e] = {matrix(experts[e].gate), matrix(experts[e].up), matrix(experts[e].down)};
+  backend::moe_experts(f32(x, "moe x"), n, hidden, static_cast<const int32_t*>(ids.data()), f32(weights, "weights"),
+                       top_k, moe_views_.data(), expert_begin, n_experts_local, f32_mut(out, "moe out"), moe_scratch_);
+}
+
 }  // namespace shardlm::backend

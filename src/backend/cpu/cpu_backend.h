@@ -5,8 +5,10 @@
 
 #include <atomic>
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
+#include "backend/moe_ops.h"
 
 namespace shardlm::backend {
 
@@ -42,6 +44,10 @@ class CpuBackend final : public Backend {
   void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                        const AttentionHeads& heads, Tensor& out) override;
   void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) override;
+  bool has_moe_ops() const override { return true; }
+  void moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights) override;
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
+                   int64_t n_experts_local, int64_t expert_begin, Tensor& out) override;
 
  private:
   // Shared with the storage deleters, so a tensor may outlive its backend.
@@ -50,6 +56,8 @@ class CpuBackend final : public Backend {
   };
   std::shared_ptr<Counter> counter_ = std::make_shared<Counter>();
   int n_threads_;
+  MoeScratch moe_scratch_;                 // grouped-expert buffers, grown, reused
+  std::vector<ExpertMatrices> moe_views_;  // [n_experts_local] of the current call
 };
 
 }  // namespace shardlm::backend

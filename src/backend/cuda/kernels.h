@@ -110,6 +110,13 @@ constexpr int kPrefillQueryTile = 8;
 void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
                              const DeviceSeqs& seqs, int64_t max_tokens_per_seq, bf16* out, cudaStream_t stream);
 
+// y[i] += x[i] for i < count, both f32 (the residual add of the Backend interface).
+void add_f32(float* y, const float* x, int64_t count, cudaStream_t stream);
+
+// out[i, :] = x[rows[i], :] for i < n_rows; x: [*, dim] f32, rows: [n_rows]
+// (device indices, e.g. StepMetadata's logit rows), out: [n_rows, dim] f32.
+void gather_rows_f32(const float* x, int64_t dim, const int32_t* rows, int64_t n_rows, float* out, cudaStream_t stream);
+
 // f32 ⇄ bf16 conversion (round to nearest even), count elements.
 void f32_to_bf16(const float* in, int64_t count, bf16* out, cudaStream_t stream);
 void bf16_to_f32(const bf16* in, int64_t count, float* out, cudaStream_t stream);

@@ -106,6 +106,33 @@ uint64_t kv_cache_budget_bytes(const UtilizationBudgetInput& in) {
   return allowed - in.held_bytes;
 }
 
+uint64_t gpu_rank_memory_bytes(double u, const DeviceMemInfo& at_startup, int n_ranks_on_device, int device) {
+  if (n_ranks_on_device < 1)
+    fail(ErrorCode::kInvalidArgument, "device ", device, ": ", n_ranks_on_device, " ranks on it; at least 1");
+  UtilizationBudgetInput in;
+  in.gpu_memory_utilization = u;
+  in.at_startup = at_startup;
+  in.held_bytes = 0;
+  in.device = device;
+  // The checks of the rule (u in (0, 1], free >= total × u) and floor(total × u).
+  const uint64_t allowed = kv_cache_budget_bytes(in);
+  return allowed / static_cast<uint64_t>(n_ranks_on_device);
+}
+
+std::string plan_agreement_text(uint64_t predicted, uint64_t measured, double tolerance) {
+  if (predicted == measured) return "as planned";
+  const double d = plan_disagreement(predicted, measured);
+  const double sign = measured >= predicted ? 1.0 : -1.0;
+  char buf[96];
+  if (d <= tolerance)
+    std::snprintf(buf, sizeof buf, "within %.1f%% of plan (%+.2f%%)", tolerance * 100.0, sign * d * 100.0);
+  else if (predicted == 0)
+    std::snprintf(buf, sizeof buf, "DIFFERS from plan (planned 0)");
+  else
+    std::snprintf(buf, sizeof buf, "DIFFERS from plan by %+.2f%%", sign * d * 100.0);
+  return buf;
+}
+
 double plan_disagreement(uint64_t predicted, uint64_t measured) {
   if (predicted == 0) return measured == 0 ? 0.0 : INFINITY;
   const double diff = std::fabs(static_cast<double>(measured) - static_cast<double>(predicted));

@@ -84,8 +84,24 @@ struct UtilizationBudgetInput {
 // figures and the flag to change.
 uint64_t kv_cache_budget_bytes(const UtilizationBudgetInput& input);
 
+// The memory one rank may plan with on a GPU under --gpu-memory-utilization u
+// (vLLM's meaning: the fraction of the device's TOTAL memory this instance
+// may use, for everything): floor(total × u) split evenly among the ranks
+// sharing the device (threads on one GPU; 1 for one process per GPU). The
+// KV cache then gets what is left of it after weights, activations and the
+// runtime reserve (plan/memory_budget.h). Throws Error(kInvalidArgument) for
+// u outside (0, 1] or n_ranks_on_device < 1, Error(kOutOfMemory) when free
+// memory at startup is below total × u, with the GiB figures.
+uint64_t gpu_rank_memory_bytes(double gpu_memory_utilization, const DeviceMemInfo& at_startup, int n_ranks_on_device,
+                               int device);
+
 // How far measured bytes are from plan's prediction, as a fraction of the
 // prediction (|measured − predicted| / predicted; 0 when both are 0).
 double plan_disagreement(uint64_t predicted, uint64_t measured);
+
+// The verdict serve prints beside a measured figure: "as planned" when equal,
+// "within 1.0% of plan (+0.07%)" when plan_disagreement <= tolerance, else
+// "DIFFERS from plan by +3.20%" (the sign is measured − predicted).
+std::string plan_agreement_text(uint64_t predicted, uint64_t measured, double tolerance);
 
 }  // namespace shardlm::backend

@@ -98,15 +98,22 @@ void DeviceLocalGroup::arrive(int rank, const std::string& what) {
 DeviceLocalComm::DeviceLocalComm(std::shared_ptr<DeviceLocalGroup> group, int rank)
     : group_(std::move(group)), rank_(rank) {
   cuda_ok(cudaSetDevice(group_->device_), rank_, "device-local communicator", "cudaSetDevice");
-  cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), rank_, "device-local communicator",
+  cuda_ok(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), rank_, "device-local communicator",
           "cudaStreamCreate");
+  stream_ = own_stream_;
 }
 
 DeviceLocalComm::~DeviceLocalComm() {
-  if (stream_) {
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
+  if (own_stream_) {
+    cudaStreamSynchronize(own_stream_);
+    cudaStreamDestroy(own_stream_);
   }
+}
+
+void DeviceLocalComm::use_stream(cudaStream_t stream) {
+  // Work already enqueued on the old stream comes first.
+  cuda_ok(cudaStreamSynchronize(stream_), rank_, "use_stream", "cudaStreamSynchronize");
+  stream_ = stream;
 }
 
 int DeviceLocalComm::size() const { return group_->n_; }

@@ -47,6 +47,11 @@ class DeviceLocalComm final : public Communicator {
   void abort(const char* what) noexcept override;
 
   cudaStream_t stream() const { return stream_; }
+  // Enqueues this rank's collectives on `stream` (not owned; it must outlive
+  // this communicator) instead of its own: a rank's backend passes its
+  // stream, so each collective is ordered after the ops that wrote its
+  // buffer and before those that read it, with no host wait.
+  void use_stream(cudaStream_t stream);
 
  private:
   friend class DeviceLocalGroup;
@@ -59,7 +64,8 @@ class DeviceLocalComm final : public Communicator {
 
   std::shared_ptr<DeviceLocalGroup> group_;
   int rank_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;      // where collectives are enqueued
+  cudaStream_t own_stream_ = nullptr;  // created here; destroyed with the communicator
 };
 
 // The shared state of one group; make() returns rank r's communicator (call

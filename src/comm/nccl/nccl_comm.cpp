@@ -61,7 +61,8 @@ struct RankPlace {
 NcclComm::NcclComm(ncclComm_t comm, int rank, int size, int device)
     : comm_(comm), rank_(rank), size_(size), device_(device), timeout_(collective_timeout_from_env()) {
   cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
-  cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_ok(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  stream_ = own_stream_;
   cuda_ok(cudaStreamCreateWithFlags(&send_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   cuda_ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
   cuda_ok(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
@@ -78,7 +79,13 @@ NcclComm::~NcclComm() {
   if (scratch_) cudaFree(scratch_);
   if (done_) cudaEventDestroy(done_);
   if (send_stream_) cudaStreamDestroy(send_stream_);
-  if (stream_) cudaStreamDestroy(stream_);
+  if (own_stream_) cudaStreamDestroy(own_stream_);
+}
+
+void NcclComm::use_stream(cudaStream_t stream) {
+  cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+  cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // what was enqueued on the old one comes first
+  stream_ = stream;
 }
 
 std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm mpi_comm, int device) {

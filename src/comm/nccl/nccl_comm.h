@@ -53,6 +53,11 @@ class NcclComm final : public Communicator {
   void abort(const char* what) noexcept override;
 
   cudaStream_t stream() const { return stream_; }
+  // Enqueues this rank's collectives and receives on `stream` (not owned; it
+  // must outlive this communicator) instead of its own: the rank's backend
+  // passes its stream, so each collective starts after the ops that wrote its
+  // buffer (and wait() then covers them too).
+  void use_stream(cudaStream_t stream);
   // "rank 0 ↔ rank 1: same host, P2P (cudaDeviceCanAccessPeer)" lines, made at create().
   const std::vector<std::string>& links() const { return links_; }
 
@@ -66,7 +71,8 @@ class NcclComm final : public Communicator {
 
   ncclComm_t comm_ = nullptr;
   int rank_ = 0, size_ = 1, device_ = 0;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;      // where collectives are enqueued
+  cudaStream_t own_stream_ = nullptr;  // created here, destroyed with the communicator
   cudaStream_t send_stream_ = nullptr;  // send_async: its own stream, so order per destination holds
   cudaEvent_t done_ = nullptr;
   float* scratch_ = nullptr;  // one float for barrier()

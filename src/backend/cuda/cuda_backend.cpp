@@ -1,0 +1,384 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_memory.h"
+#include "core/error.h"
+
+namespace shardlm::backend::cuda {
+
+// Allocations of every backend in this process are measured one at a time:
+// two ranks (threads) sharing a GPU would otherwise each see the other's
+// cudaMalloc in their cudaMemGetInfo delta.
+namespace {
+std::mutex& measure_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+struct CudaAllocState {
+  explicit CudaAllocState(int device) : info(device), accounting(info) {}
+  CudaMemInfo info;
+  DeviceMemoryAccounting accounting;
+};
+
+namespace {
+
+constexpr size_t kScratchGranule = size_t{1} << 20;  // scratch grows in MiB steps, so regrowth is rare
+
+int64_t rows_of(const Tensor& t) { return t.rank() <= 1 ? 1 : t.numel() / t.dim(t.rank() - 1); }
+int64_t cols_of(const Tensor& t) { return t.rank() == 0 ? 0 : t.dim(t.rank() - 1); }
+
+void check_on_cuda(const Tensor& t, const char* what) {
+  SHARDLM_CHECK(t.defined() && t.device().kind == DeviceKind::kCuda, what, ": expected a tensor on a CUDA device, got ",
+                t.describe());
+}
+const float* f32(const Tensor& t, const char* what) {
+  check_on_cuda(t, what);
+  SHARDLM_CHECK(t.dtype() == DType::kF32, what, ": expected f32, got ", t.describe());
+  return static_cast<const float*>(t.data());
+}
+float* f32_mut(Tensor& t, const char* what) { return const_cast<float*>(f32(t, what)); }
+const bf16* bf16_of(const Tensor& t, const char* what) {
+  check_on_cuda(t, what);
+  SHARDLM_CHECK(t.dtype() == DType::kBF16, what, ": the CUDA backend holds weights in bf16, got ", t.describe());
+  return static_cast<const bf16*>(t.data());
+}
+
+DeviceKvLayer device_kv(const KvLayerView& c, const char* op) {
+  if (c.dtype != DType::kBF16)
+    fail(ErrorCode::kUnsupported, op, ": the CUDA KV cache is bf16, this one is ", dtype_safetensors_name(c.dtype),
+         "; use --kv-cache-dtype bf16 (or auto on a bf16 checkpoint) with --device cuda");
+  return {static_cast<bf16*>(c.k), static_cast<bf16*>(c.v), c.n_blocks, c.block_size, c.n_kv_heads, c.head_dim};
+}
+
+// Device memory charged to category, released (and the release measured) when the last owner goes.
+std::shared_ptr<void> measured_alloc(const std::shared_ptr<CudaAllocState>& state, int device, MemCategory category,
+                                     size_t bytes) {
+  const size_t asked = std::max<size_t>(bytes, 256);
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(measure_mutex());
+    SHARDLM_CUDA_CHECK(cudaSetDevice(device));
+    state->accounting.measure(category, asked, [&] {
+      const cudaError_t st = cudaMalloc(&p, asked);
+      if (st != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        fail(ErrorCode::kOutOfMemory, "GPU ", device, ": cannot allocate ", asked, " bytes for ",
+             mem_category_name(category), " (", cudaGetErrorName(st), "; ", free_b, " of ", total_b,
+             " bytes free); lower --gpu-memory-utilization or --max-num-seqs, or use more -tp ranks");
+      }
+    });
+  }
+  return std::shared_ptr<void>(p, [state, device, category, asked](void* q) {
+    std::lock_guard<std::mutex> lock(measure_mutex());
+    try {
+      cudaSetDevice(device);
+      state->accounting.measure_release(category, asked, [&] { cudaFree(q); });
+    } catch (...) {
+      cudaFree(q);  // a deleter never throws; the figure is off only when the device already failed
+    }
+  });
+}
+
+}  // namespace
+
+int visible_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+DeviceMemInfo device_memory_info(int device) {
+  const int n = visible_device_count();
+  if (device < 0 || device >= n)
+    fail(ErrorCode::kInvalidArgument, "cuda:", device, ": this process sees ", n, " CUDA device(s)");
+  SHARDLM_CUDA_CHECK(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  SHARDLM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return {.free_bytes = free_b, .total_bytes = total_b};
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  int n = 0;
+  const cudaError_t st = cudaGetDeviceCount(&n);
+  if (st != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    fail(ErrorCode::kUnsupported, "--device cuda:", device, ": no usable CUDA device (",
+         st != cudaSuccess ? cudaGetErrorString(st) : "the driver reports none",
+         "); `shardlm doctor` shows the driver and devices, --device cpu runs without one");
+  }
+  if (device < 0 || device >= n)
+    fail(ErrorCode::kInvalidArgument, "--device cuda:", device, ": this machine has ", n, " CUDA device(s), cuda:0 to cuda:",
+         n - 1, " (CUDA_VISIBLE_DEVICES changes which)");
+  SHARDLM_CUDA_CHECK(cudaSetDevice(device_));
+  SHARDLM_CUDA_CHECK(cudaFree(nullptr));  // the context exists before the baseline
+  cudaDeviceProp prop{};
+  SHARDLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  name_ = str_cat("cuda:", device_, " (", prop.name, ", sm_", prop.major, prop.minor, ")");
+  SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  {
+    std::lock_guard<std::mutex> lock(measure_mutex());
+    alloc_ = std::make_shared<CudaAllocState>(device_);
+    // cuBLASLt's handle and workspace are the rank's too: measured as workspace.
+    alloc_->accounting.measure(MemCategory::kWorkspace, size_t{32} << 20, [&] { gemm_ = std::make_unique<LtGemm>(); });
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (Scratch* s : {&meta_dev_, &x_bf16_, &out_bf16_, &attn_ws_}) free_scratch(*s);
+  {
+    std::lock_guard<std::mutex> lock(measure_mutex());
+    gemm_.reset();
+  }
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+// ---- memory ------------------------------------------------------------------
+
+int64_t CudaBackend::allocated_bytes() const {
+  std::lock_guard<std::mutex> lock(measure_mutex());
+  return static_cast<int64_t>(alloc_->accounting.measured_total());
+}
+
+uint64_t CudaBackend::measured_bytes(MemCategory category) const {
+  std::lock_guard<std::mutex> lock(measure_mutex());
+  return alloc_->accounting.measured(category);
+}
+
+std::string CudaBackend::memory_summary() const {
+  std::lock_guard<std::mutex> lock(measure_mutex());
+  return alloc_->accounting.summary();
+}
+
+Tensor CudaBackend::alloc(DType dtype, TensorShape shape) {
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  std::shared_ptr<void> storage = measured_alloc(alloc_, device_, MemCategory::kWorkspace, bytes);
+  SHARDLM_CUDA_CHECK(cudaMemsetAsync(storage.get(), 0, std::max<size_t>(bytes, 1), stream_));
+  void* p = storage.get();
+  return Tensor::owning(std::move(storage), p, dtype, shape, device());
+}
+
+Tensor CudaBackend::adopt_weight(Tensor host) {
+  SHARDLM_CHECK(host.device().is_cpu(), "adopt_weight takes a host tensor, got ", host.describe());
+  if (host.dtype() != DType::kBF16)
+    fail(ErrorCode::kUnsupported, "the CUDA backend keeps weights in bf16 as stored and has no kernels for a ",
+         host.describe(), " weight; use a bf16 checkpoint (make-model --dtype bf16), or --device cpu for f32, f16 "
+         "and quantized weights");
+  SHARDLM_CUDA_CHECK(cudaSetDevice(device_));
+  std::shared_ptr<void> storage = measured_alloc(alloc_, device_, MemCategory::kWeights, host.nbytes());
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(storage.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream_));
+  SHARDLM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` may be a temporary slice
+  void* p = storage.get();
+  return Tensor::owning(std::move(storage), p, host.dtype(), host.shape(), device());
+}
+
+void CudaBackend::upload(const void* host, Tensor& dst) {
+  check_on_cuda(dst, "upload");
+  // From pageable memory the copy is staged before this returns, so `host` may be reused.
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dst.data(), host, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::download(const Tensor& src, void* host) {
+  check_on_cuda(src, "download");
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(host, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  SHARDLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::synchronize() { SHARDLM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void* CudaBackend::scratch(Scratch& s, size_t bytes) {
+  if (bytes <= s.bytes) return s.data;
+  free_scratch(s);
+  const size_t want = (bytes + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
+  std::lock_guard<std::mutex> lock(measure_mutex());
+  alloc_->accounting.measure(MemCategory::kWorkspace, want, [&] { SHARDLM_CUDA_CHECK(cudaMalloc(&s.data, want)); });
+  s.bytes = want;
+  return s.data;
+}
+
+void CudaBackend::free_scratch(Scratch& s) {
+  if (!s.data) return;
+  cudaStreamSynchronize(stream_);  // no enqueued op still reads it
+  std::lock_guard<std::mutex> lock(measure_mutex());
+  try {
+    alloc_->accounting.measure_release(MemCategory::kWorkspace, s.bytes, [&] { cudaFree(s.data); });
+  } catch (...) {
+    cudaFree(s.data);
+  }
+  s = Scratch{};
+}
+
+// ---- one step ----------------------------------------------------------------
+
+void CudaBackend::begin_step(const StepMetadata& meta) {
+  SHARDLM_CUDA_CHECK(cudaSetDevice(device_));
+  const std::span<const int32_t> packed = meta.packed();
+  void* dst = scratch(meta_dev_, std::max<size_t>(packed.size_bytes(), 4));
+  if (!packed.empty())
+    SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dst, packed.data(), packed.size_bytes(), cudaMemcpyHostToDevice, stream_));
+  step_ = &meta;
+  step_n_tokens_ = meta.n_tokens();
+  step_n_seqs_ = meta.n_seqs();
+  step_n_logits_ = meta.n_logits();
+  step_max_context_ = step_max_chunk_ = 0;
+  step_all_decode_ = step_n_seqs_ > 0;
+  for (int64_t s = 0; s < step_n_seqs_; ++s) {
+    const AttentionSeq& q = meta.seqs()[s];
+    step_max_context_ = std::max(step_max_context_, q.n_past + q.n_tokens);
+    step_max_chunk_ = std::max(step_max_chunk_, q.n_tokens);
+    step_all_decode_ = step_all_decode_ && q.n_tokens == 1;
+  }
+}
+
+void CudaBackend::check_step(const StepMetadata& meta, const char* op) const {
+  SHARDLM_CHECK(&meta == step_ && meta.n_tokens() == step_n_tokens_ && meta.n_seqs() == step_n_seqs_, op,
+                ": its StepMetadata is not the one begin_step uploaded");
+}
+
+DeviceSeqs CudaBackend::device_seqs() const {
+  const int32_t* base = static_cast<const int32_t*>(meta_dev_.data);
+  return {base + step_->seq_records_offset(), base + step_->block_tables_offset(), step_n_seqs_};
+}
+
+void CudaBackend::embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
+                        const StepMetadata& meta, Tensor& out) {
+  check_step(meta, "embed");
+  const int64_t n = meta.n_tokens(), h = cols_of(table);
+  SHARDLM_CHECK(table.rank() == 2 && table.dim(0) == vocab_end - vocab_begin && out.numel() == n * h,
+                "embed: table ", table.describe(), ", vocab [", vocab_begin, ", ", vocab_end, "), out ", out.describe());
+  for (int64_t t = 0; t < n; ++t) {  // the ids are on the host too: checked before any launch
+    const int64_t id = meta.token_ids()[t];
+    if (id < 0 || id >= vocab_size)
+      fail(ErrorCode::kInvalidArgument, "token id ", id, " at position ", t, " is outside the vocabulary [0, ",
+           vocab_size, ")");
+  }
+  embedding_gather(bf16_of(table, "embed table"), vocab_end - vocab_begin, h, vocab_begin,
+                   static_cast<const int32_t*>(meta_dev_.data), n, f32_mut(out, "embed out"), stream_);
+}
+
+void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& y) {
+  SHARDLM_CHECK(w.weight.rank() == 2, "a weight matrix must be 2-D, got ", w.weight.describe());
+  const int64_t n = rows_of(x), m = w.weight.dim(0), k = w.weight.dim(1);
+  SHARDLM_CHECK(cols_of(x) == k && y.numel() == n * m, "matmul: x ", x.describe(), ", weight ", w.weight.describe(),
+                ", y ", y.describe());
+  auto* xb = static_cast<bf16*>(scratch(x_bf16_, static_cast<size_t>(n * k) * sizeof(bf16)));
+  f32_to_bf16(f32(x, "matmul x"), n * k, xb, stream_);
+  float* out = f32_mut(y, "matmul y");
+  gemm_->matmul(xb, n, bf16_of(w.weight, "matmul weight"), m, k, out, stream_);
+  if (w.bias.defined()) {
+    SHARDLM_CHECK(w.bias.numel() == m, "matmul: bias ", w.bias.describe(), " for ", m, " outputs");
+    add_bias(out, bf16_of(w.bias, "matmul bias"), n, m, stream_);
+  }
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  SHARDLM_CHECK(cols_of(x) == weight.numel() && out.numel() == x.numel(), "rms_norm: x ", x.describe(), ", weight ",
+                weight.describe(), ", out ", out.describe());
+  rms_norm_f32(f32(x, "rms_norm x"), rows_of(x), cols_of(x), bf16_of(weight, "rms_norm weight"), eps,
+               f32_mut(out, "rms_norm out"), stream_);
+}
+
+void CudaBackend::add_rms_norm(Tensor& hidden, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) {
+  SHARDLM_CHECK(hidden.numel() == delta.numel() && out.numel() == hidden.numel() && cols_of(hidden) == weight.numel(),
+                "add_rms_norm: hidden ", hidden.describe(), ", delta ", delta.describe(), ", weight ",
+                weight.describe(), ", out ", out.describe());
+  auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(out.numel()) * sizeof(bf16)));
+  rms_norm_residual(f32_mut(hidden, "add_rms_norm hidden"), f32(delta, "add_rms_norm delta"), rows_of(hidden),
+                    cols_of(hidden), bf16_of(weight, "add_rms_norm weight"), eps, ob, stream_);
+  bf16_to_f32(ob, out.numel(), f32_mut(out, "add_rms_norm out"), stream_);
+}
+
+void CudaBackend::add(Tensor& y, const Tensor& x) {
+  SHARDLM_CHECK(y.numel() == x.numel(), "add: y ", y.describe(), ", x ", x.describe());
+  add_f32(f32_mut(y, "add y"), f32(x, "add x"), y.numel(), stream_);
+}
+
+void CudaBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) {
+  check_step(meta, "rope");
+  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && inv_freq.numel() * 2 == x.dim(2), "rope: x ",
+                x.describe(), ", inv_freq ", inv_freq.describe(), ", ", meta.n_tokens(), " tokens");
+  const int32_t* positions = static_cast<const int32_t*>(meta_dev_.data) + step_n_tokens_;
+  backend::cuda::rope(f32_mut(x, "rope x"), x.dim(0), x.dim(1), x.dim(2), x.dim(1) * x.dim(2), positions,
+                      f32(inv_freq, "rope inv_freq"), stream_);
+}
+
+void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  SHARDLM_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "silu_mul: gate ", gate.describe(),
+                ", up ", up.describe(), ", out ", out.describe());
+  auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(out.numel()) * sizeof(bf16)));
+  backend::cuda::silu_mul(f32(gate, "silu_mul gate"), f32(up, "silu_mul up"), rows_of(gate), cols_of(gate),
+                          cols_of(gate), ob, stream_);
+  bf16_to_f32(ob, out.numel(), f32_mut(out, "silu_mul out"), stream_);
+}
+
+void CudaBackend::kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
+                                 const Tensor& v) {
+  check_step(meta, "kv_cache_write");
+  const int64_t row = cache.n_kv_heads * cache.head_dim;
+  SHARDLM_CHECK(k.numel() == meta.n_tokens() * row && v.numel() == k.numel(), "kv_cache_write: k ", k.describe(),
+                ", v ", v.describe());
+  backend::cuda::kv_cache_write(device_kv(cache, "kv_cache_write"), f32(k, "k"), f32(v, "v"), row, device_seqs(),
+                                meta.n_tokens(), stream_);
+}
+
+void CudaBackend::paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
+                                  const AttentionHeads& heads, Tensor& out) {
+  check_step(meta, "paged_attention");
+  const int64_t hd = cache.head_dim, elems = meta.n_tokens() * heads.n_q_heads * hd;
+  SHARDLM_CHECK(q.numel() == elems && out.numel() == elems, "paged_attention: q ", q.describe(), ", out ",
+                out.describe());
+  const DeviceKvLayer dc = device_kv(cache, "paged_attention");
+  const DeviceHeads dh{heads.n_q_heads, heads.q_head_begin, heads.kv_head_begin, heads.group_size};
+  auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(elems) * sizeof(bf16)));
+  const float* qp = f32(q, "attention q");
+  if (step_all_decode_) {
+    const size_t ws_bytes = decode_attention_workspace_bytes(step_n_seqs_, heads.n_q_heads, hd, step_max_context_);
+    void* ws = ws_bytes ? scratch(attn_ws_, ws_bytes) : nullptr;
+    paged_attention_decode(qp, heads.n_q_heads * hd, dc, dh, device_seqs(), step_max_context_, ws, ob, stream_);
+  } else {
+    paged_attention_prefill(qp, heads.n_q_heads * hd, dc, dh, device_seqs(), step_max_chunk_, ob, stream_);
+  }
+  bf16_to_f32(ob, elems, f32_mut(out, "attention out"), stream_);
+}
+
+void CudaBackend::gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) {
+  check_step(meta, "gather_logit_rows");
+  const int64_t d = cols_of(x);
+  SHARDLM_CHECK(rows_of(x) == meta.n_tokens() && out.numel() == meta.n_logits() * d, "gather_logit_rows: x ",
+                x.describe(), ", out ", out.describe());
+  const int32_t* rows = static_cast<const int32_t*>(meta_dev_.data) + 2 * step_n_tokens_;
+  gather_rows_f32(f32(x, "gather_logit_rows x"), d, rows, meta.n_logits(), f32_mut(out, "gather_logit_rows out"),
+                  stream_);
+}
+
+void CudaBackend::copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin) {
+  check_on_cuda(src, "copy_columns src");
+  check_on_cuda(dst, "copy_columns dst");
+  const int64_t rows = src.rank() == 2 ? src.dim(0) : 0, w = src.rank() == 2 ? src.dim(1) : 0;
+  SHARDLM_CHECK(src.rank() == 2 && dst.rank() == 2 && dst.dim(0) == rows && col_begin >= 0 &&
+                    col_begin + w <= dst.dim(1) && src.dtype() == dst.dtype(),
+                "copy_columns: src ", src.describe(), " into dst ", dst.describe(), " at column ", col_begin);
+  if (rows == 0 || w == 0) return;
+  const size_t e = dtype_size(src.dtype());
+  SHARDLM_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst.data()) + static_cast<size_t>(col_begin) * e,
+                                       static_cast<size_t>(dst.dim(1)) * e, src.data(), static_cast<size_t>(w) * e,
+                                       static_cast<size_t>(w) * e, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
+                                       stream_));
+}
+
+std::shared_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  return std::make_shared<CudaBackend>(options.device.index);
+}
+
+}  // namespace shardlm::backend::cuda

@@ -1,0 +1,42 @@
+// Plain f32 kernels the Backend interface needs around ours: the residual
+// add and the row gather of the logit rows.
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/common.cuh"
+
+namespace shardlm::backend::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void add_f32_kernel(float* __restrict__ y, const float* __restrict__ x, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+// One block per gathered row; threads stride over dim.
+__global__ void gather_rows_kernel(const float* __restrict__ x, int64_t dim, const int32_t* __restrict__ rows,
+                                   float* __restrict__ out) {
+  const int64_t i = blockIdx.x;
+  const float* src = x + static_cast<int64_t>(rows[i]) * dim;
+  float* dst = out + i * dim;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = src[d];
+}
+
+}  // namespace
+
+void add_f32(float* y, const float* x, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return;
+  add_f32_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(y, x, count);
+  SHARDLM_CUDA_CHECK_LAUNCH();
+}
+
+void gather_rows_f32(const float* x, int64_t dim, const int32_t* rows, int64_t n_rows, float* out,
+                     cudaStream_t stream) {
+  if (n_rows <= 0 || dim <= 0) return;
+  gather_rows_kernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(x, dim, rows, out);
+  SHARDLM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace shardlm::backend::cuda

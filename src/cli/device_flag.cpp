@@ -1,0 +1,40 @@
+#include "cli/device_flag.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+
+#include "backend/backend.h"
+#include "backend/device/device_choice.h"
+
+namespace shardlm::cli {
+
+void add_device_option(CLI::App* sub, std::string* value) {
+  sub->add_option("--device", *value,
+                  "cpu, cuda or cuda:N. Under mpirun, cuda gives each process GPU (local rank % GPUs); without "
+                  "mpirun every rank (thread) shares one GPU (needs a build with -DSHARDLM_CUDA=ON)")
+      ->capture_default_str();
+}
+
+Device device_for_thread_ranks(const std::string& flag, int n_ranks) {
+  const backend::DeviceFlag f = backend::parse_device_flag(flag);
+  if (f.device.is_cpu()) return f.device;
+  backend::require_device_support(f.device);
+  return backend::device_for_rank({f, /*ranks_are_processes=*/false, 0, n_ranks, backend::cuda_device_count()});
+}
+
+Device device_for_mpi_process(const std::string& flag) {
+  const backend::DeviceFlag f = backend::parse_device_flag(flag);
+  if (f.device.is_cpu()) return f.device;
+  backend::require_device_support(f.device);
+  auto env_int = [](const char* name, int fallback) {
+    const char* v = std::getenv(name);
+    return v ? std::atoi(v) : fallback;
+  };
+  return backend::device_for_rank({f, /*ranks_are_processes=*/true, env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0),
+                                   env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1), backend::cuda_device_count()});
+}
+
+DType default_kv_dtype(const Device& device) { return device.is_cpu() ? DType::kF32 : DType::kBF16; }
+
+}  // namespace shardlm::cli

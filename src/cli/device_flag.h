@@ -1,0 +1,32 @@
+// --device for the commands that run the model (generate, perplexity, serve):
+// cpu, cuda or cuda:N (backend/device/device_choice.h has the rule), and the
+// KV-cache dtype each device defaults to.
+#pragma once
+
+#include <string>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace CLI {
+class App;
+}
+
+namespace shardlm::cli {
+
+// Adds --device (default cpu) to a subcommand.
+void add_device_option(CLI::App* sub, std::string* value);
+
+// The device of ranks that run as threads of this process (all on one GPU,
+// sharing it). Throws what device_for_rank throws (no GPU, index past them).
+Device device_for_thread_ranks(const std::string& flag, int n_ranks);
+
+// The device of this process under mpirun (one GPU per process: local rank %
+// GPUs), from OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE.
+Device device_for_mpi_process(const std::string& flag);
+
+// --kv-cache-dtype when the user gave none: f32 on the CPU (exact), bf16 on a
+// GPU (the only cache dtype its kernels have).
+DType default_kv_dtype(const Device& device);
+
+}  // namespace shardlm::cli

@@ -1,0 +1,40 @@
+// --device on the commands that run the model, as a user types it: a bad
+// value names the flag; cuda in a build without CUDA names the build flag,
+// and with CUDA but no GPU says so. Every refusal exits non-zero.
+#include <gtest/gtest.h>
+
+#include "support/process.h"
+
+namespace shardlm {
+namespace {
+
+std::string cli() { return testing::shell_quote(testing::env_or("SHARDLM_CLI", "shardlm")); }
+
+TEST(DeviceCli, ABadDeviceIsRefusedNamingTheFlag) {
+  for (const char* cmd : {"generate --prompt-ids 1,2,3 --max-tokens 2", "serve --port 1"}) {
+    const auto r = testing::run_command(cli() + " " + cmd + " --device gpu");
+    EXPECT_NE(r.rc, 0) << cmd;
+    EXPECT_NE(r.err.find("--device \"gpu\": use cpu, cuda"), std::string::npos) << cmd << "\n" << r.err;
+  }
+}
+
+TEST(DeviceCli, CudaWithoutAUsableGpuIsRefusedWithTheReason) {
+  // (serve is left out: on a GPU machine it would start serving.)
+  for (const char* cmd : {"generate --prompt-ids 1,2,3 --max-tokens 2", "perplexity --max-tokens 4 " SHARDLM_TEST_TEXT}) {
+    const auto r = testing::run_command(cli() + " " + cmd + " --device cuda");
+    // A machine with a GPU and a CUDA build runs it instead (scripts/gpu-check.sh covers that).
+    if (r.rc == 0) GTEST_SKIP() << "this machine runs --device cuda";
+    const bool said = r.err.find("built without CUDA; rebuild with -DSHARDLM_CUDA=ON") != std::string::npos ||
+                      r.err.find("sees no CUDA device") != std::string::npos;
+    EXPECT_TRUE(said) << cmd << "\n" << r.err;
+  }
+}
+
+TEST(DeviceCli, CpuIsTheDefaultAndRunsAsBefore) {
+  const auto r = testing::run_command(cli() + " generate --prompt-ids 1,2,3 --max-tokens 2 --device cpu --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("\"token_ids\""), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace shardlm

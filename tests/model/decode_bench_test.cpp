@@ -1,0 +1,54 @@
+// The decode benchmark behind `generate --decode-bench` and the GPU check's
+// roofline: it runs real decode steps and counts the bytes a step reads.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/decode_bench.h"
+#include "random_weights.h"
+
+namespace shardlm {
+namespace {
+
+TEST(DecodeBench, TimesStepsAndCountsWeightAndKvBytes) {
+  const ModelSpec spec = testing::qwen25_7b_like(256, 2, 128, 300);
+  auto w = testing::random_weights(spec, 3);
+  DecodeBenchOptions o;
+  o.batch = 3;
+  o.context = 5;
+  o.n_steps = 2;
+  o.n_warmup = 1;
+  o.block_size = 4;
+  o.kv_dtype = DType::kBF16;
+  for (int tp : {1, 2}) {
+    o.layout.tp = tp;
+    const DecodeBenchResult r = decode_bench(spec, w, o);
+    EXPECT_GT(r.seconds, 0.0);
+    EXPECT_EQ(r.n_steps, 2);
+    EXPECT_NEAR(r.tokens_per_second, 6.0 / r.seconds, 1e-6 * r.tokens_per_second);
+    // K and V, 2 layers, 4 KV heads of 128 (each on one of the TP 2 ranks), bf16,
+    // over a mean of 5 + 1 + 1 positions for each of the 3 sequences.
+    EXPECT_EQ(r.kv_bytes_read, 3 * 7 * (2 * 2 * 4 * 128 * 2)) << "tp " << tp;
+    EXPECT_GT(r.weight_bytes, 2 * 300 * 256 * 2);  // at least the embedding and lm_head
+    EXPECT_EQ(r.bytes_per_step(), r.weight_bytes + r.kv_bytes_read);
+  }
+}
+
+TEST(DecodeBench, RefusesEmptyOrOverlongRuns) {
+  const ModelSpec spec = testing::qwen25_7b_like(256, 1, 128, 300);
+  auto w = testing::random_weights(spec, 4);
+  DecodeBenchOptions o;
+  o.batch = 0;
+  EXPECT_THROW(decode_bench(spec, w, o), Error);
+  o.batch = 1;
+  o.context = spec.max_position_embeddings;
+  try {
+    decode_bench(spec, w, o);
+    FAIL() << "a context past the model's positions was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("exceeds the model's"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardlm
