@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -159,6 +160,49 @@ TEST_F(GenerateCli, BadInputsExplainThemselves) {
   r = sh(cli_ + " generate " + dir_ + "/nope --prompt-ids 1");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.out.find("config.json"), std::string::npos) << r.out;
+  // MoE flags on this dense model are refused, naming the flag.
+  r = sh(base + " --prompt-ids 1 --tp 2 --enable-expert-parallel");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--enable-expert-parallel"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dense model"), std::string::npos) << r.out;
+  r = sh(base + " --prompt-ids 1 --dump-routing " + dir_ + "/routing.json");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--dump-routing"), std::string::npos) << r.out;
+}
+
+// A MoE checkpoint: the routing dump has one row of top-k experts per position
+// fed for every sparse layer (dense layers absent), and needs --pp 1.
+TEST_F(GenerateCli, MoeRoutingDumpHasTopKPerPositionAndSparseLayers) {
+  const std::string moe = dir_ + "_moe";
+  Proc r = sh(cli_ + " make-model --like qwen3-30b-a3b --layers 3 --vocab 400 --hidden 128 --heads 4 --kv-heads 2 "
+              "--head-dim 32 --intermediate 96 --experts 10 --experts-per-token 3 --moe-intermediate 32 "
+              "--mlp-only-layers 1 --seed 2 --out " + moe);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::string dump = moe + "/routing.json";
+  r = sh(cli_ + " generate " + moe + " --prompt-ids 5,6,7,8 --max-tokens 3 --json --tp 2 --enable-expert-parallel "
+         "--dump-routing " + dump);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::ifstream in(dump);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["top_k"], 3);
+  ASSERT_EQ(j["layers"].size(), 2u);  // layers 0 and 2; layer 1 is dense
+  for (const char* l : {"0", "2"}) {
+    ASSERT_EQ(j["layers"][l].size(), 6u) << l;  // 4 prompt positions + 2 generated tokens fed back
+    for (const auto& row : j["layers"][l]) {
+      ASSERT_EQ(row.size(), 3u);
+      std::set<int> distinct;
+      for (const auto& e : row) {
+        EXPECT_GE(e.get<int>(), 0);
+        EXPECT_LT(e.get<int>(), 10);
+        distinct.insert(e.get<int>());
+      }
+      EXPECT_EQ(distinct.size(), 3u);
+    }
+  }
+  r = sh(cli_ + " generate " + moe + " --prompt-ids 5 --max-tokens 2 --pp 2 --dump-routing " + dump);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--pipeline-parallel-size 1"), std::string::npos) << r.out;
+  std::filesystem::remove_all(moe);
 }
 
 }  // namespace
