@@ -7,6 +7,14 @@
 
 namespace shardlm::backend {
 
+void Backend::require_support(WeightScheme scheme, int bits) const {
+  if (supports(scheme, bits)) return;
+  fail(ErrorCode::kUnsupported, "quantized ", weight_scheme_name(scheme),
+       scheme == WeightScheme::kFp8 ? std::string() : " " + std::to_string(bits) + "-bit",
+       " is not supported on ", device().to_string(), " (backend ", name(),
+       "); run it on the cpu backend, or use the unquantized checkpoint");
+}
+
 void Backend::moe_route(const Tensor&, int64_t, bool, Tensor&, Tensor&) {
   fail(ErrorCode::kUnsupported, "moe_route (mixture-of-experts routing) is not supported on ", name(),
        "; run this MoE model on the CPU backend");

@@ -22,16 +22,24 @@
 
 #include "backend/device/memory_accounting.h"
 #include "backend/ops.h"
+#include "backend/quant_ops.h"
 #include "backend/step_metadata.h"
 #include "core/tensor.h"
 
 namespace shardlm::backend {
 
 // A linear layer's weights as a rank holds them: weight [out, in] in its
-// stored dtype, bias [out] or undefined.
+// stored dtype (unquantized: f32/f16/bf16; fp8: F8_E4M3), bias [out] or
+// undefined, and for a quantized layer its scheme and the other stored parts
+// (backend/quant_ops.h: QuantizedWeight). The parts stay in the checkpoint's
+// dtypes and layout; kernels dequantize in registers. For AWQ/GPTQ `weight`
+// is undefined (the packed words are quant.qweight).
 struct Linear {
   Tensor weight;
   Tensor bias;
+  QuantizedWeight quant;
+  bool quantized() const { return quant.scheme != WeightScheme::kDense; }
+  int64_t out_features() const { return quantized() ? quant.n_out : weight.dim(0); }
 };
 
 // One expert of a MoE layer as a rank holds it (checkpoint dtype): gate, up
@@ -80,8 +88,20 @@ class Backend {
   // [0, vocab_size).
   virtual void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
                      const StepMetadata& meta, Tensor& out) = 0;
-  // y[n, out] = x[n, in] × weightᵀ (+ bias).
+  // y[n, out] = x[n, in] × weightᵀ (+ bias). A quantized Linear reaches a
+  // backend only when supports(its scheme) said yes at load.
   virtual void matmul(const Tensor& x, const Linear& w, Tensor& y) = 0;
+  // Whether matmul runs Linears stored in `scheme` (bits for AWQ/GPTQ). A
+  // backend without quantized kernels keeps this default.
+  virtual bool supports(WeightScheme scheme, int bits) const {
+    (void)scheme;
+    (void)bits;
+    return false;
+  }
+  // Throws Error(kUnsupported) "quantized <scheme> is not supported on
+  // <device>" unless supports(scheme, bits). The model calls it before it
+  // loads a quantized weight.
+  void require_support(WeightScheme scheme, int bits) const;
   // out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × weight; x, out: [rows, d] (out may be x).
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
   // hidden += delta, then out = rms_norm(hidden): the residual add fused with

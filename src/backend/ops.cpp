@@ -34,6 +34,8 @@ int num_threads() { return omp_get_max_threads(); }
 
 namespace {
 
+constexpr float kFp8Rebias = 1.329227995784916e36f;  // 2^120: e4m3's exponent bias 7 against f32's 127
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 // 16 lanes: widen 16 stored elements to f32.
 using Vec = __m512;
@@ -45,6 +47,13 @@ inline Vec loadv(const void* base, int64_t i) {
   } else if constexpr (D == DType::kBF16) {
     __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (D == DType::kF8E4M3) {
+    // Sign and exponent/mantissa moved into an f32's places: the value × 2^-120 (subnormals too).
+    const __m512i b = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i)));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+    const __m512i em = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 20);
+    return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(sign, em)), _mm512_set1_ps(kFp8Rebias));
   } else {
     __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
     return _mm512_cvtph_ps(h);
@@ -67,6 +76,12 @@ inline Vec loadv(const void* base, int64_t i) {
   } else if constexpr (D == DType::kBF16) {
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else if constexpr (D == DType::kF8E4M3) {
+    const __m256i b = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i)));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+    const __m256i em = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20);
+    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, em)), _mm256_set1_ps(kFp8Rebias));
   } else {
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
     return _mm256_cvtph_ps(h);
@@ -392,6 +407,9 @@ void paged_attention(const float* q, const KvLayerView& cache, const AttentionSe
     case DType::kF32: attention_typed<DType::kF32>(q, cache, seqs, n_seqs, heads, out); break;
     case DType::kBF16: attention_typed<DType::kBF16>(q, cache, seqs, n_seqs, heads, out); break;
     case DType::kF16: attention_typed<DType::kF16>(q, cache, seqs, n_seqs, heads, out); break;
+    // FP8 E4M3 (--kv-cache-dtype fp8): written by kv_cache_write with scale 1 (vLLM's default
+    // k_scale/v_scale without calibration), saturating at ±448; widened in registers here.
+    case DType::kF8E4M3: attention_typed<DType::kF8E4M3>(q, cache, seqs, n_seqs, heads, out); break;
     default:
       fail(ErrorCode::kUnsupported, "paged_attention: no kernel for a ", dtype_safetensors_name(cache.dtype),
            " KV cache");

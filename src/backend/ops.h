@@ -63,7 +63,7 @@ void softmax(float* x, int64_t n_rows, int64_t dim);
 void add_inplace(float* y, const float* x, int64_t count);
 
 // One layer's paged KV cache, K and V each [n_blocks, block_size, n_kv_heads, head_dim]
-// in dtype (bf16 or f32). n_kv_heads counts the heads this rank holds.
+// in dtype (f32, f16, bf16, or f8_e4m3 written with scale 1). n_kv_heads counts the heads this rank holds.
 struct KvLayerView {
   void* k = nullptr;
   void* v = nullptr;

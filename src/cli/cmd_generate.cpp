@@ -134,8 +134,10 @@ int run_decode_bench(const GenerateCliOptions& o) {
     d.kv_dtype = default_kv_dtype(d.device);
   } else if (o.kv_dtype == "auto") {
     d.kv_dtype = spec.dtype;
+  } else if (o.kv_dtype == "fp8" || o.kv_dtype == "fp8_e4m3") {
+    d.kv_dtype = DType::kF8E4M3;
   } else if (!parse_dtype(o.kv_dtype, &d.kv_dtype)) {
-    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16, f32 or fp8 (E4M3)");
   }
   const std::vector<DecodeBenchResult> results = decode_bench_batches(spec, open_checkpoint(dir), d, batches);
   for (size_t k = 0; k < batches.size(); ++k) {
@@ -203,8 +205,10 @@ int run_generate(const GenerateCliOptions& o) {
     g.kv_dtype = default_kv_dtype(g.device);
   } else if (o.kv_dtype == "auto") {
     g.kv_dtype = spec.dtype;
+  } else if (o.kv_dtype == "fp8" || o.kv_dtype == "fp8_e4m3") {
+    g.kv_dtype = DType::kF8E4M3;  // written with scale 1, widened in registers by attention
   } else if (!parse_dtype(o.kv_dtype, &g.kv_dtype)) {
-    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16, f32 or fp8 (E4M3)");
   }
   SamplingParams params;
   params.temperature = o.temperature;
@@ -230,7 +234,7 @@ int run_generate(const GenerateCliOptions& o) {
     po.expert_parallel = o.enable_expert_parallel;
     if (!parse_kv_cache_dtype(o.kv_dtype.empty() ? std::string(g.device.is_cpu() ? "f32" : "bf16") : o.kv_dtype,
                               &po.budget.kv_cache_dtype))
-      fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");
+      fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16, f32 or fp8 (E4M3)");
     const AutoLayoutChoice c = plan_auto_layout(spec, run_ranks(), po, /*max_dp=*/1);
     std::fprintf(stderr, "%s\n", c.reason.c_str());
     return c.layout;
@@ -329,7 +333,7 @@ void setup(CLI::App& app) {
                 "MoE: experts go whole to the TP ranks (EP = TP), as vLLM's flag; attention stays tensor-parallel");
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads, or processes under mpirun)")->capture_default_str();
   sub->add_option("--kv-cache-dtype", o->kv_dtype,
-                  "f32, bf16, f16, or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
+                  "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
   add_device_option(sub, &o->device);
   sub->add_option("--decode-bench", o->decode_bench,
                   "Instead of generating: time decode steps of B sequences, for each B of a list like 1,8,64 (one "

@@ -32,6 +32,7 @@ struct PerplexityCliOptions {
   std::string device = "cpu";
   int64_t block_size = 16;
   bool json = false;
+  std::string dump_top1;
 };
 
 int run_perplexity(const PerplexityCliOptions& o) {
@@ -57,11 +58,19 @@ int run_perplexity(const PerplexityCliOptions& o) {
     p.kv_dtype = default_kv_dtype(p.device);
   } else if (o.kv_dtype == "auto") {
     p.kv_dtype = spec.dtype;
+  } else if (o.kv_dtype == "fp8" || o.kv_dtype == "fp8_e4m3") {
+    p.kv_dtype = DType::kF8E4M3;  // written with scale 1, widened in registers by attention
   } else if (!parse_dtype(o.kv_dtype, &p.kv_dtype)) {
-    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16 or f32");
+    fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16, f32 or fp8 (E4M3)");
   }
   const PerplexityResult r = perplexity_local(spec, open_checkpoint(dir), ids, p);
   const int64_t context = o.context > 0 ? o.context : spec.max_position_embeddings;
+  if (!o.dump_top1.empty()) {
+    // Int32 LE, one per scored position: compare two runs' files for the top-1 agreement.
+    std::ofstream out(o.dump_top1, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(r.top1.data()), static_cast<std::streamsize>(r.top1.size() * sizeof(int32_t)));
+    if (!out) fail(ErrorCode::kIo, "perplexity: cannot write --dump-top1 '", o.dump_top1, "'");
+  }
   if (o.json) {
     nlohmann::json j = {{"model", model},           {"file", file},
                         {"tokens", ids.size()},     {"scored", r.n_scored},
@@ -93,8 +102,10 @@ void setup(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   sub->add_option("--tp,--tensor-parallel-size", o->tp, "Tensor-parallel ranks (threads)")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads)")->capture_default_str()->check(CLI::Range(1, 4096));
+  sub->add_option("--dump-top1", o->dump_top1,
+                  "Write the argmax token of every scored position here (int32 LE): top-1 agreement between models");
   sub->add_option("--kv-cache-dtype", o->kv_dtype,
-                  "f32, bf16, f16, or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
+                  "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
   add_device_option(sub, &o->device);
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_flag("--json", o->json, "Print one JSON object");

@@ -114,6 +114,8 @@ int run_serve(const ServeOptions& given) {
   bo.block_size = o.block_size;
   if (!parse_kv_cache_dtype(o.kv_cache_dtype, &bo.kv_cache_dtype))
     fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype '", o.kv_cache_dtype, "': use auto, bf16, f16, f32 or fp8");
+  if (o.kv_cache_dtype == "fp8_e5m2")
+    fail(ErrorCode::kUnsupported, "--kv-cache-dtype fp8_e5m2: shardlm's FP8 KV cache is E4M3; use fp8 (or fp8_e4m3)");
   if (!o.kv_cache_memory.empty()) bo.kv_cache_memory_bytes = parse_bytes(o.kv_cache_memory, "--kv-cache-memory");
   bo.memory_utilization = o.gpu_memory_utilization;
   bo.max_waiting_requests = o.max_waiting_requests >= 0 ? o.max_num_seqs + o.max_waiting_requests : o.max_pending_requests;
@@ -240,7 +242,7 @@ void setup(CLI::App& app) {
   sub->add_option("--pp-layer-partition", o->pp_layer_partition, "Layers per stage, e.g. 10,9,9 (default: balanced by bytes)")
       ->delimiter(',');
   sub->add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str()->check(CLI::IsMember({8, 16, 32, 64, 128}));
-  sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (the weights' dtype), bf16, f16, f32")->capture_default_str();
+  sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (the weights' dtype), bf16, f16, f32, fp8 (E4M3)")->capture_default_str();
   add_device_option(sub, &o->device);
   auto* pending = sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
                       ->capture_default_str()->check(CLI::Range(1, 1 << 24));

@@ -1,10 +1,12 @@
 #include "model/causal_lm.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
 #include "core/error.h"
 #include "model/moe_block.h"
+#include "model/quantized_linear.h"
 
 namespace shardlm {
 
@@ -71,9 +73,13 @@ std::unique_ptr<CausalLM> CausalLM::load_dir(const std::filesystem::path& model_
 void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
   weights_ = std::move(weights);
   backend::Backend& b = *backend_;
+  if (spec_.quant.enabled()) b.require_support(weight_scheme(spec_.quant), spec_.quant.bits);
   const int64_t allocated_before = b.allocated_bytes();
-  std::map<std::string, Tensor> held;
-  const std::vector<TensorShard> shards = rank_tensors(spec_, layout_, shard_.tp_rank, shard_.pp_rank);
+  std::map<std::string, TensorSpec> specs;
+  for (TensorSpec& t : expected_tensors(spec_)) specs.emplace(t.name, std::move(t));
+  std::vector<TensorShard> shards = rank_tensors(spec_, layout_, shard_.tp_rank, shard_.pp_rank);
+  std::map<std::string, const TensorShard*> by_name;
+  for (const TensorShard& ts : shards) by_name[ts.name] = &ts;
   {
     // What adopt_weight will be asked for, so a device backend can take it in one allocation.
     int64_t total = 0, n = 0;
@@ -86,14 +92,39 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
       }
     b.reserve_weights(total, n);
   }
-  for (const TensorShard& ts : shards) {
+  std::map<std::string, HeldTensor> held;
+  for (TensorShard ts : shards) {
     const WeightRef* ref = weights_->find(ts.name);
     if (!ref)
       fail(ErrorCode::kNotFound, weights_->describe(), ": tensor ", ts.name, " ", shape_string(ts.full_shape),
-           " is missing; config.json describes a ", spec_.architecture, " that has it");
-    if (ref->shape != ts.full_shape)
-      fail(ErrorCode::kInvalidArgument, weights_->describe(), ": tensor ", ts.name, " has shape ",
-           shape_string(ref->shape), " but config.json implies ", shape_string(ts.full_shape));
+           " is missing; config.json describes a ", spec_.architecture, spec_.quant.enabled() ? " quantized as " : "",
+           spec_.quant.enabled() ? spec_.quant.describe() : "", " that has it");
+    auto sit = specs.find(ts.name);
+    const TensorSpec* tspec = sit == specs.end() ? nullptr : &sit->second;
+    if (ref->shape != ts.full_shape) {
+      const bool other = tspec && std::find(tspec->other_shapes.begin(), tspec->other_shapes.end(), ref->shape) !=
+                                      tspec->other_shapes.end();
+      if (!other) {
+        std::string accepted = shape_string(ts.full_shape);
+        if (tspec)
+          for (const auto& o : tspec->other_shapes) accepted += " or " + shape_string(o);
+        fail(ErrorCode::kInvalidArgument, weights_->describe(), ": tensor ", ts.name, " has shape ",
+             shape_string(ref->shape), " but config.json", spec_.quant.enabled() ? " (" + spec_.quant.describe() + ")" : "",
+             " implies ", accepted);
+      }
+      // FP8 per-channel scales [N] / [N, 1] follow their weight's output rows; one scale is replicated.
+      ts.full_shape = ref->shape;
+      ts.local_shape = ref->shape;
+      ts.split_dim = -1;
+      ts.slice = {0, ref->shape.empty() ? 1 : ref->shape[0]};
+      const auto wit = by_name.find(tspec->module + ".weight");
+      if (shape_numel(ref->shape) > 1 && wit != by_name.end() && wit->second->split_dim == 0) {
+        ts.split_dim = 0;
+        ts.slice = wit->second->slice;
+        ts.local_shape[0] = ts.slice.size();
+      }
+    }
+    if (tspec) check_part_dtype(spec_, *tspec, ref->dtype, weights_->describe());
     const size_t esize = dtype_size(ref->dtype);
     const TensorShape local_shape{std::span<const int64_t>(ts.local_shape)};
     Tensor host;
@@ -107,35 +138,37 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
                     static_cast<size_t>(w) * esize);
     } else {
       // Whole, or rows [begin, end) of a row-major tensor: contiguous, a view.
-      const int64_t row_elems = ts.full_shape.size() > 1 ? ts.full_shape[1] : 1;
+      const int64_t row_elems = ts.full_shape.size() > 1 ? shape_numel(ts.full_shape) / ts.full_shape[0] : 1;
       const int64_t first = ts.split_dim == 0 ? ts.slice.begin * row_elems : 0;
       host = Tensor::view(static_cast<const char*>(ref->data) + static_cast<size_t>(first) * esize, ref->dtype,
                           local_shape);
     }
-    held.emplace(ts.name, b.adopt_weight(std::move(host)));
+    Tensor adopted = b.adopt_weight(std::move(host));
+    held.emplace(ts.name, HeldTensor{std::move(adopted), ts});
   }
   copied_bytes_ = b.allocated_bytes() - allocated_before;
   // Views that stayed views are mapped checkpoint bytes; what a backend copied
   // (column slices; every weight on a GPU) is what its allocator obtained.
   weight_bytes_ = copied_bytes_;
   for (const auto& [name, t] : held)
-    if (!t.owns_storage()) weight_bytes_ += static_cast<int64_t>(t.nbytes());
+    if (!t.tensor.owns_storage()) weight_bytes_ += static_cast<int64_t>(t.tensor.nbytes());
   auto get = [&](const std::string& name) -> const Tensor& {
     auto it = held.find(name);
     SHARDLM_CHECK(it != held.end(), "tensor ", name, " not in this rank's shard");
-    return it->second;
+    return it->second.tensor;
   };
-  auto weight = [&](const std::string& name) { return get(name); };
   auto vec = [&](const std::string& name) { return get(name); };
+  auto weight = [&](const std::string& name) { return get(name); };
+  auto linear = [&](const std::string& module) { return assemble_linear(spec_, module, held, weights_->describe()); };
   for (int64_t l = shard_.layers.begin; l < shard_.layers.end; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     DecoderLayerWeights w;
     w.layer = l;
     w.input_norm = vec(p + "input_layernorm.weight");
     w.post_norm = vec(p + "post_attention_layernorm.weight");
-    w.q.weight = weight(p + "self_attn.q_proj.weight");
-    w.k.weight = weight(p + "self_attn.k_proj.weight");
-    w.v.weight = weight(p + "self_attn.v_proj.weight");
+    w.q = linear(p + "self_attn.q_proj");
+    w.k = linear(p + "self_attn.k_proj");
+    w.v = linear(p + "self_attn.v_proj");
     if (graph_.qkv_bias) {
       w.q.bias = vec(p + "self_attn.q_proj.bias");
       w.k.bias = vec(p + "self_attn.k_proj.bias");
@@ -145,27 +178,34 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
       w.q_norm = vec(p + "self_attn.q_norm.weight");
       w.k_norm = vec(p + "self_attn.k_norm.weight");
     }
-    w.o.weight = weight(p + "self_attn.o_proj.weight");
+    w.o = linear(p + "self_attn.o_proj");
     if (graph_.moe.enabled && spec_.is_moe_layer(l)) {
       const MoeGraph& m = graph_.moe;
       const std::string block = p + m.block + ".";
+      if (spec_.quant.quantizes(block + "gate"))
+        fail(ErrorCode::kUnsupported, weights_->describe(), ": the router ", block, "gate is quantized (",
+             spec_.quant.describe(), "); published checkpoints keep it unquantized (modules_to_not_convert)");
       w.router.weight = weight(block + "gate.weight");
       w.expert_begin = shard_.experts.begin;
       for (int64_t e = shard_.experts.begin; e < shard_.experts.end; ++e) {
         const std::string ep = block + "experts." + std::to_string(e) + ".";
+        for (const std::string& part : {m.gate, m.up, m.down})
+          if (spec_.quant.quantizes(ep + part))
+            fail(ErrorCode::kUnsupported, weights_->describe(), ": ", ep, part, " is quantized (",
+                 spec_.quant.describe(), "); shardlm runs quantized dense Linears, not quantized MoE experts yet");
         w.experts.push_back({weight(ep + m.gate + ".weight"), weight(ep + m.up + ".weight"), weight(ep + m.down + ".weight")});
       }
     } else {
-      w.gate.weight = weight(p + "mlp.gate_proj.weight");
-      w.up.weight = weight(p + "mlp.up_proj.weight");
-      w.down.weight = weight(p + "mlp.down_proj.weight");
+      w.gate = linear(p + "mlp.gate_proj");
+      w.up = linear(p + "mlp.up_proj");
+      w.down = linear(p + "mlp.down_proj");
     }
     layers_.push_back(w);
   }
   if (shard_.first_stage) embed_ = get("model.embed_tokens.weight");
   if (shard_.last_stage) {
     final_norm_ = vec("model.norm.weight");
-    lm_head_ = Linear{get(spec_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), Tensor{}};
+    lm_head_ = Linear{get(spec_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), Tensor{}, {}};
   }
 }
 

@@ -33,10 +33,6 @@ backend::RopeConfig rope_config(const ModelSpec& spec) {
 }
 
 FamilyGraph family_graph(const ModelSpec& spec) {
-  if (spec.quant.enabled())
-    fail(ErrorCode::kUnsupported, spec.quant.source, ": this checkpoint is quantized (", spec.quant.describe(),
-         "); shardlm plan and verify read it, but this build's CPU engine has no quantized kernels yet, and it does not "
-         "widen the weights to BF16 behind your back; use the unquantized checkpoint to generate or serve");
   switch (spec.family) {
     case Family::kQwen2: return qwen2_graph(spec);
     case Family::kQwen3: return qwen3_graph(spec);

@@ -71,6 +71,7 @@ PerplexityResult perplexity_local(const ModelSpec& spec, std::shared_ptr<const W
     auto step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
     double nll = 0.0;
     int64_t scored = 0;
+    std::vector<int32_t> top1;
     for (const auto& [begin, end] : windows) {
       GenerateOptions w = g;
       w.max_tokens = end - begin;
@@ -78,6 +79,7 @@ PerplexityResult perplexity_local(const ModelSpec& spec, std::shared_ptr<const W
       w.pick = [&, begin = begin](const float* logits, int64_t vocab, const std::vector<int32_t>& generated) {
         const int32_t target = ids[static_cast<size_t>(begin + 1) + generated.size()];
         nll += token_nll(logits, vocab, target);
+        top1.push_back(argmax_token(logits, vocab));
         ++scored;
         return target;
       };
@@ -88,6 +90,7 @@ PerplexityResult perplexity_local(const ModelSpec& spec, std::shared_ptr<const W
       std::lock_guard<std::mutex> lock(mu);
       result.nll_sum = nll;
       result.n_scored = scored;
+      result.top1 = std::move(top1);
     }
   });
   result.n_windows = static_cast<int64_t>(windows.size());

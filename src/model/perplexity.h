@@ -35,6 +35,7 @@ struct PerplexityResult {
   int64_t n_windows = 0;
   double nll_sum = 0.0;   // nats
   double seconds = 0.0;
+  std::vector<int32_t> top1;  // [n_scored]: the greedy (argmax) token at each scored position
   double mean_nll() const { return n_scored ? nll_sum / static_cast<double>(n_scored) : 0.0; }
   double perplexity() const;
 };

@@ -144,9 +144,13 @@ void check_quantized_layout(const ModelSpec& spec, const Layout& layout) {
            ") of q_proj/o_proj do not fall on whole quantization groups of ", in_align, " rows and packed words of ",
            out_align, " channels of ", what, "; the heads split in units of ", unit, " (", spec.n_heads,
            " heads); choose a tensor-parallel size of at most ", spec.n_heads / unit, " that fits");
-    if ((kv.begin * hd) % out_align != 0 || (kv.end * hd) % out_align != 0)
+    // FP8 K/V rows may start inside a scale block (both ranks keep that
+    // block's scale row; the kernel offsets into it): only AWQ/GPTQ words
+    // must stay whole.
+    const int64_t kv_align = spec.quant.method == QuantMethod::kFp8 ? 1 : out_align;
+    if ((kv.begin * hd) % kv_align != 0 || (kv.end * hd) % kv_align != 0)
       fail(ErrorCode::kInvalidArgument, "--tensor-parallel-size ", layout.tp, ": rank ", r, " would hold KV heads [",
-           kv.begin, ", ", kv.end, "), whose k_proj/v_proj rows do not fall on the ", out_align, "-channel units of ",
+           kv.begin, ", ", kv.end, "), whose k_proj/v_proj rows do not fall on the ", kv_align, "-channel units of ",
            what, "; choose another tensor-parallel size");
     const Range cols = split_even(inter, layout.tp, r, ialign);
     if (cols.begin % ialign != 0 || cols.end % ialign != 0)

@@ -17,6 +17,7 @@
 #include "engine/tokenizer_detokenizer.h"
 #include "loader/generation_config.h"
 #include "server/structured_output.h"
+#include "model/quantized_linear.h"
 #include "model/weight_source.h"
 
 namespace shardlm::server {
@@ -37,9 +38,9 @@ DType kv_dtype_of(KvCacheDType kv, DType weights) {
     case KvCacheDType::kBF16: return DType::kBF16;
     case KvCacheDType::kF16: return DType::kF16;
     case KvCacheDType::kF32: return DType::kF32;
-    case KvCacheDType::kFp8: break;
+    case KvCacheDType::kFp8: return DType::kF8E4M3;  // E4M3, scale 1 (vLLM's default without calibration)
   }
-  fail(ErrorCode::kUnsupported, "--kv-cache-dtype fp8 is not supported by the CPU backend (use bf16, f16 or f32)");
+  return weights;
 }
 
 // The state of one request shared by the engine thread (callbacks) and the
@@ -154,9 +155,9 @@ std::string LoadReport::text() const {
 void EngineBackend::load() {
   const auto& dir = options_.model_dir;
   ModelSpec spec = load_model_config(dir / "config.json");
-  if (spec.quant.enabled())
-    fail(ErrorCode::kUnsupported, "serve: ", spec.quant.source, ": this checkpoint is quantized (", spec.quant.describe(),
-         "); this build's CPU engine has no quantized kernels yet (plan and verify read it)");
+  auto weights = open_checkpoint(dir);
+  // Quantized checkpoints store scales in F16, BF16 or F32: size with what this one holds, as plan does.
+  adopt_checkpoint_scales_dtype(spec, *weights);
   tokenizer_.emplace(Tokenizer::load(dir));
   chat_template_ = chat_template::load_model_chat_template(dir);
   {
@@ -235,7 +236,6 @@ void EngineBackend::load() {
   }
   if (report_.n_kv_blocks > INT32_MAX) report_.n_kv_blocks = INT32_MAX;
 
-  auto weights = open_checkpoint(dir);
   EngineConfig ec;
   ec.scheduler.n_blocks = static_cast<int32_t>(report_.n_kv_blocks);
   ec.scheduler.block_size = static_cast<int32_t>(options_.block_size);

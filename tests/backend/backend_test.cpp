@@ -84,60 +84,64 @@ TEST_P(BackendTest, AddRmsNormFusesTheResidualAdd) {
 }
 
 TEST_P(BackendTest, AttentionStepMatchesReference) {
-  // Two sequences: one prefilling 3 tokens, one decoding after 5 cached.
-  std::mt19937 rng(3);
-  const int64_t n_kv = 2, group = 3, hd = 16, bs = 4, n_blocks = 6;
-  const AttentionHeads heads{n_kv * group, 0, 0, group};
-  StepMetadata meta;
-  std::vector<int32_t> ids_a{1, 2, 3}, ids_b{4}, table_a{0}, table_b{2, 5};
-  meta.add_seq(ids_a, 0, table_a, true);
-  meta.add_seq(ids_b, 5, table_b, true);
-  meta.finish();
-  ASSERT_EQ(meta.n_tokens(), 4);
-  ASSERT_EQ(meta.positions()[3], 5);
-  ASSERT_EQ(meta.logit_rows()[0], 2);
-  ASSERT_EQ(meta.logit_rows()[1], 3);
-  const int64_t n = meta.n_tokens();
-  Tensor k_cache = b_->alloc(DType::kBF16, {n_blocks, bs, n_kv, hd}), v_cache = b_->alloc(DType::kBF16, {n_blocks, bs, n_kv, hd});
-  KvLayerView cache{k_cache.data(), v_cache.data(), DType::kBF16, n_blocks, bs, n_kv, hd};
-  // Sequence b's 5 cached positions first, as earlier steps would have written them.
-  StepMetadata past;
-  std::vector<int32_t> ids_past{9, 9, 9, 9, 9};
-  past.add_seq(ids_past, 0, table_b, false);
-  past.finish();
-  b_->begin_step(past);
-  b_->kv_cache_write(cache, past, on_device(random_f32(5 * n_kv * hd, rng), {5, n_kv, hd}),
-                     on_device(random_f32(5 * n_kv * hd, rng), {5, n_kv, hd}));
-  b_->begin_step(meta);
-  auto qv = random_f32(n * heads.n_q_heads * hd, rng), kv = random_f32(n * n_kv * hd, rng),
-       vv = random_f32(n * n_kv * hd, rng);
-  Tensor q = on_device(qv, {n, heads.n_q_heads, hd}), k = on_device(kv, {n, n_kv, hd}), v = on_device(vv, {n, n_kv, hd});
-  std::vector<float> inv(hd / 2);
-  rope_inv_freq(RopeConfig{hd}, inv.data());
-  Tensor inv_freq = on_device(inv, {hd / 2});
-  b_->rope(q, inv_freq, meta);
-  b_->rope(k, inv_freq, meta);
-  b_->kv_cache_write(cache, meta, k, v);
-  Tensor out = b_->alloc(DType::kF32, {n, heads.n_q_heads, hd});
-  b_->paged_attention(q, cache, meta, heads, out);
-  // Reference: the same rope, then ref attention over the same cache.
-  std::vector<float> q_ref = qv;
-  ref::rope(q_ref.data(), n, heads.n_q_heads, hd, meta.positions(), inv.data());
-  std::vector<float> want(static_cast<size_t>(n * heads.n_q_heads * hd));
-  std::vector<uint8_t> k_host(k_cache.nbytes()), v_host(v_cache.nbytes());
-  b_->download(k_cache, k_host.data());
-  b_->download(v_cache, v_host.data());
-  KvLayerView host_cache{k_host.data(), v_host.data(), DType::kBF16, n_blocks, bs, n_kv, hd};
-  ref::paged_attention(q_ref.data(), host_cache, meta.seqs(), meta.n_seqs(), heads, want.data());
-  expect_close(to_host(out), want, 1e-4f);
-  // Logit rows: the last token of each sequence.
-  Tensor rows = b_->alloc(DType::kF32, {2, heads.n_q_heads * hd});
-  b_->gather_logit_rows(out.reshape({n, heads.n_q_heads * hd}), meta, rows);
-  auto got_rows = to_host(rows), all = to_host(out);
-  const int64_t d = heads.n_q_heads * hd;
-  for (int64_t i = 0; i < d; ++i) {
-    ASSERT_EQ(got_rows[i], all[2 * d + i]);
-    ASSERT_EQ(got_rows[d + i], all[3 * d + i]);
+  // bf16 and FP8 E4M3 (--kv-cache-dtype fp8) caches: written by the backend, read back by the reference.
+  for (DType kv_dtype : {DType::kBF16, DType::kF8E4M3}) {
+    SCOPED_TRACE(dtype_safetensors_name(kv_dtype));
+    // Two sequences: one prefilling 3 tokens, one decoding after 5 cached.
+    std::mt19937 rng(3);
+    const int64_t n_kv = 2, group = 3, hd = 16, bs = 4, n_blocks = 6;
+    const AttentionHeads heads{n_kv * group, 0, 0, group};
+    StepMetadata meta;
+    std::vector<int32_t> ids_a{1, 2, 3}, ids_b{4}, table_a{0}, table_b{2, 5};
+    meta.add_seq(ids_a, 0, table_a, true);
+    meta.add_seq(ids_b, 5, table_b, true);
+    meta.finish();
+    ASSERT_EQ(meta.n_tokens(), 4);
+    ASSERT_EQ(meta.positions()[3], 5);
+    ASSERT_EQ(meta.logit_rows()[0], 2);
+    ASSERT_EQ(meta.logit_rows()[1], 3);
+    const int64_t n = meta.n_tokens();
+    Tensor k_cache = b_->alloc(kv_dtype, {n_blocks, bs, n_kv, hd}), v_cache = b_->alloc(kv_dtype, {n_blocks, bs, n_kv, hd});
+    KvLayerView cache{k_cache.data(), v_cache.data(), kv_dtype, n_blocks, bs, n_kv, hd};
+    // Sequence b's 5 cached positions first, as earlier steps would have written them.
+    StepMetadata past;
+    std::vector<int32_t> ids_past{9, 9, 9, 9, 9};
+    past.add_seq(ids_past, 0, table_b, false);
+    past.finish();
+    b_->begin_step(past);
+    b_->kv_cache_write(cache, past, on_device(random_f32(5 * n_kv * hd, rng), {5, n_kv, hd}),
+                       on_device(random_f32(5 * n_kv * hd, rng), {5, n_kv, hd}));
+    b_->begin_step(meta);
+    auto qv = random_f32(n * heads.n_q_heads * hd, rng), kv = random_f32(n * n_kv * hd, rng),
+         vv = random_f32(n * n_kv * hd, rng);
+    Tensor q = on_device(qv, {n, heads.n_q_heads, hd}), k = on_device(kv, {n, n_kv, hd}), v = on_device(vv, {n, n_kv, hd});
+    std::vector<float> inv(hd / 2);
+    rope_inv_freq(RopeConfig{hd}, inv.data());
+    Tensor inv_freq = on_device(inv, {hd / 2});
+    b_->rope(q, inv_freq, meta);
+    b_->rope(k, inv_freq, meta);
+    b_->kv_cache_write(cache, meta, k, v);
+    Tensor out = b_->alloc(DType::kF32, {n, heads.n_q_heads, hd});
+    b_->paged_attention(q, cache, meta, heads, out);
+    // Reference: the same rope, then ref attention over the same cache.
+    std::vector<float> q_ref = qv;
+    ref::rope(q_ref.data(), n, heads.n_q_heads, hd, meta.positions(), inv.data());
+    std::vector<float> want(static_cast<size_t>(n * heads.n_q_heads * hd));
+    std::vector<uint8_t> k_host(k_cache.nbytes()), v_host(v_cache.nbytes());
+    b_->download(k_cache, k_host.data());
+    b_->download(v_cache, v_host.data());
+    KvLayerView host_cache{k_host.data(), v_host.data(), kv_dtype, n_blocks, bs, n_kv, hd};
+    ref::paged_attention(q_ref.data(), host_cache, meta.seqs(), meta.n_seqs(), heads, want.data());
+    expect_close(to_host(out), want, 1e-4f);
+    // Logit rows: the last token of each sequence.
+    Tensor rows = b_->alloc(DType::kF32, {2, heads.n_q_heads * hd});
+    b_->gather_logit_rows(out.reshape({n, heads.n_q_heads * hd}), meta, rows);
+    auto got_rows = to_host(rows), all = to_host(out);
+    const int64_t d = heads.n_q_heads * hd;
+    for (int64_t i = 0; i < d; ++i) {
+      ASSERT_EQ(got_rows[i], all[2 * d + i]);
+      ASSERT_EQ(got_rows[d + i], all[3 * d + i]);
+    }
   }
 }
 

@@ -46,6 +46,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rtol", type=float, default=float(os.environ.get("SHARDLM_REFERENCE_RTOL", "1e-4")))
     ap.add_argument("--generate-args", default="")
+    ap.add_argument("--reference-args", default="", help="extra reference.py flags (--kv-cache-dtype fp8)")
     ap.add_argument("make_model_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     mm = [x for x in a.make_model_args if x != "--"]
@@ -55,7 +56,8 @@ def main():
 
     ref_logits = os.path.join(a.work, "ref.logits")
     ref = json.loads(run([sys.executable, os.path.join(HERE, "reference.py"), model, "--prompt-ids", a.prompt_ids,
-                          "--max-tokens", str(a.max_tokens), "--dump-logits", ref_logits], "reference.py"))
+                          "--max-tokens", str(a.max_tokens), "--dump-logits", ref_logits] + shlex.split(a.reference_args),
+                         "reference.py"))
 
     help_out = subprocess.run([a.cli, "--help"], capture_output=True, text=True).stdout
     if "generate" not in help_out:

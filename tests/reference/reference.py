@@ -114,8 +114,26 @@ def llama3_inv_freq(inv_freq, rs):
     return np.where(medium, smoothed, out)
 
 
+def round_e4m3(x):
+    """float8_e4m3fn rounding (nearest, ties to the even code), saturating at +-448:
+    what a KV cache of that dtype stores (scale 1)."""
+    import quantized
+
+    table = quantized.e4m3_table()
+    codes = np.arange(128)
+    finite = codes[np.isfinite(table[:128])]  # 0x00..0x7e, increasing values
+    vals = table[finite]
+    a = np.minimum(np.abs(x), 448.0)
+    hi = np.clip(np.searchsorted(vals, a), 1, len(vals) - 1)
+    lo = hi - 1
+    d_lo, d_hi = a - vals[lo], vals[hi] - a
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (finite[hi] % 2 == 0))
+    return np.sign(x) * np.where(pick_hi, vals[hi], vals[lo])
+
+
 class Model:
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, kv_cache_dtype="f64"):
+        self.kv_round = round_e4m3 if kv_cache_dtype == "fp8" else (lambda a: a)
         with open(os.path.join(model_dir, "config.json")) as f:
             self.config = c = json.load(f)
         self.arch = c["architectures"][0]
@@ -243,8 +261,8 @@ class Model:
                 k = self.rms_norm(k, self.w[p + "self_attn.k_norm.weight"])
             q = self.rope(q, positions)
             k = self.rope(k, positions)
-            self.k_cache[l] = np.concatenate([self.k_cache[l], k], axis=1)
-            self.v_cache[l] = np.concatenate([self.v_cache[l], v], axis=1)
+            self.k_cache[l] = np.concatenate([self.k_cache[l], self.kv_round(k)], axis=1)
+            self.v_cache[l] = np.concatenate([self.v_cache[l], self.kv_round(v)], axis=1)
             K = np.repeat(self.k_cache[l], group, axis=0)  # [n_heads, T, d]
             V = np.repeat(self.v_cache[l], group, axis=0)
             T = K.shape[1]
@@ -290,9 +308,11 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--dump-logits")
     ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--kv-cache-dtype", choices=["f64", "fp8"], default="f64",
+                    help="fp8: keys and values rounded to float8_e4m3fn as they enter the cache")
     args = ap.parse_args()
     prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
-    model = Model(args.model_dir)
+    model = Model(args.model_dir, args.kv_cache_dtype)
     for t in prompt:
         if not 0 <= t < model.vocab:
             raise SystemExit(f"prompt id {t} outside [0, {model.vocab})")

@@ -121,7 +121,26 @@ void CpuBackend::embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_e
   }
 }
 
+bool CpuBackend::supports(WeightScheme scheme, int bits) const {
+  switch (scheme) {
+    case WeightScheme::kDense: return true;
+    case WeightScheme::kAwq: return bits == 4;
+    case WeightScheme::kGptq: return bits == 4 || bits == 8;
+    case WeightScheme::kFp8: return true;
+  }
+  return false;
+}
+
 void CpuBackend::matmul(const Tensor& x, const Linear& w, Tensor& y) {
+  if (w.quantized()) {
+    const QuantMatrixView q = quant_view(w.quant, w.weight);
+    const int64_t n = rows_of(x);
+    SHARDLM_CHECK(cols_of(x) == q.n_in && y.numel() == n * q.n_out, "matmul: x ", x.describe(), ", ",
+                  weight_scheme_name(q.scheme), " weight [", q.n_out, ", ", q.n_in, "], y ", y.describe());
+    const VectorView b = w.bias.defined() ? vector(w.bias) : VectorView{};
+    quant_matmul(f32(x, "matmul x"), n, q, w.bias.defined() ? &b : nullptr, f32_mut(y, "matmul y"));
+    return;
+  }
   const MatrixView m = matrix(w.weight);
   const int64_t n = rows_of(x);
   SHARDLM_CHECK(cols_of(x) == m.cols && y.numel() == n * m.rows, "matmul: x ", x.describe(), ", weight ",

@@ -33,6 +33,8 @@ class CpuBackend final : public Backend {
   void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
              const StepMetadata& meta, Tensor& out) override;
   void matmul(const Tensor& x, const Linear& w, Tensor& y) override;
+  // AWQ 4-bit, GPTQ 4/8-bit and FP8 E4M3 (backend/quant_ops.h).
+  bool supports(WeightScheme scheme, int bits) const override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rms_norm(Tensor& hidden, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) override;
   void add(Tensor& y, const Tensor& x) override;

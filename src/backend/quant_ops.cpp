@@ -1,0 +1,442 @@
+// Optimised quantized matmuls: AVX-512 kernels that unpack and dequantize in
+// registers, threaded over output channels with OpenMP. Builds without
+// AVX-512 (no AVX2 kernels yet) run the scalar reference: correct, slow.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "backend/quant_ops.h"
+#include "core/error.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// GCC 12 reports its own _mm512_undefined_* inside the intrinsics headers as
+// "may be used uninitialized" at -O3 (GCC bug 105593): not this code's.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#define SHARDLM_QUANT_AVX512 1
+#endif
+
+namespace shardlm::backend {
+
+namespace {
+
+void add_bias(const VectorView* bias, int64_t n, int64_t m, float* y) {
+  if (!bias) return;
+  SHARDLM_CHECK(bias->n == m, "bias has ", bias->n, " elements, the Linear ", m, " outputs");
+  std::vector<float> b(static_cast<size_t>(m));
+  for (int64_t j = 0; j < m; ++j) b[j] = load_as_f32(bias->data, bias->dtype, static_cast<size_t>(j));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < m; ++j) y[t * m + j] += b[j];
+}
+
+#ifdef SHARDLM_QUANT_AVX512
+
+inline __mmask16 lanes_mask(int64_t valid) {
+  return valid >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid) - 1u);
+}
+
+// 16 scales from a row of F16, BF16 or F32 (masked lanes read nothing).
+inline __m512 load_scales(const void* base, DType dtype, int64_t index, __mmask16 m) {
+  switch (dtype) {
+    case DType::kF16:
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + index));
+    case DType::kBF16:
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + index)), 16));
+    default: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(base) + index);
+  }
+}
+
+// ---- GPTQ: qweight [n_in / P, n_out], 16 consecutive channels per vector ----
+// One block of 16 output channels from n0 (m: the valid ones) for tokens
+// [t0, t0 + TB). Rows are visited in order; whenever a row's group differs
+// from the previous row's (every group_size rows, or any row under
+// act-order), the finished run is folded in with its scale and zero.
+template <int BITS, int TB>
+void gptq_block(const float* x, const QuantMatrixView& w, int64_t n0, __mmask16 m, int64_t t0, float* y) {
+  constexpr int P = 32 / BITS;
+  const int64_t K = w.n_in, N = w.n_out, R = K / P;
+  const __m512i maskv = _mm512_set1_epi32((1 << BITS) - 1);
+  // Zero points: lane l is field l % P of word l / P of the block's 16 / P words.
+  alignas(64) int32_t div[16], shift[16];
+  for (int l = 0; l < 16; ++l) {
+    div[l] = l / P;
+    shift[l] = (l % P) * BITS;
+  }
+  const __m512i zdiv = _mm512_load_si512(div), zshift = _mm512_load_si512(shift);
+  const int64_t valid = std::min<int64_t>(16, N - n0);
+  const __mmask16 zmask = lanes_mask(valid / P);
+  const float* xr[TB];
+  for (int t = 0; t < TB; ++t) xr[t] = x + (t0 + t) * K;
+  __m512 yacc[TB], qacc[TB];
+  float sx[TB];
+  for (int t = 0; t < TB; ++t) {
+    yacc[t] = qacc[t] = _mm512_setzero_ps();
+    sx[t] = 0.0f;
+  }
+  const __m512 zoff = _mm512_set1_ps(static_cast<float>(w.zero_offset));
+  auto flush = [&](int64_t g) {
+    const __m512 s = load_scales(w.scales, w.scales_dtype, g * N + n0, m);
+    __m512i zi = _mm512_maskz_loadu_epi32(zmask, w.qzeros + g * (N / P) + n0 / P);
+    zi = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(zdiv, zi), zshift), maskv);
+    const __m512 z = _mm512_add_ps(_mm512_cvtepi32_ps(zi), zoff);
+    for (int t = 0; t < TB; ++t) {
+      yacc[t] = _mm512_fmadd_ps(s, _mm512_fnmadd_ps(z, _mm512_set1_ps(sx[t]), qacc[t]), yacc[t]);
+      qacc[t] = _mm512_setzero_ps();
+      sx[t] = 0.0f;
+    }
+  };
+  int64_t cur = -1;
+  for (int64_t r = 0; r < R; ++r) {
+    const __m512i wv = _mm512_maskz_loadu_epi32(m, w.qweight + r * N + n0);
+    for (int j = 0; j < P; ++j) {
+      const int64_t k = r * P + j;
+      const int64_t g = w.g_idx[k] - w.group_offset;
+      if (g != cur) {
+        if (cur >= 0) flush(cur);
+        cur = g;
+      }
+      const __m512 qv = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(wv, BITS * j), maskv));
+      for (int t = 0; t < TB; ++t) {
+        const float xs = xr[t][k];
+        qacc[t] = _mm512_fmadd_ps(_mm512_set1_ps(xs), qv, qacc[t]);
+        sx[t] += xs;
+      }
+    }
+  }
+  if (cur >= 0) flush(cur);
+  for (int t = 0; t < TB; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * N + n0, m, yacc[t]);
+}
+
+// The share of `n_units` a thread takes: contiguous, so that each thread
+// streams whole runs of every packed row.
+inline std::pair<int64_t, int64_t> thread_share(int64_t n_units) {
+  const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+  return {n_units * t / n, n_units * (t + 1) / n};
+}
+
+// GPTQ whose groups follow the rows (g_idx[k] - group_offset == k / group_size,
+// no act-order): each thread sweeps its channel blocks [b0, b1) row by row, a
+// single forward stream through qweight, accumulating per block in a
+// per-thread scratch of TB × blocks vectors (L1/L2, never weights).
+template <int BITS, int TB>
+void gptq_sweep(const float* x, const QuantMatrixView& w, int64_t b0, int64_t b1, int64_t t0, float* y,
+                std::vector<__m512>& qacc, std::vector<__m512>& yacc) {
+  constexpr int P = 32 / BITS;
+  const int64_t K = w.n_in, N = w.n_out, nb = b1 - b0, gs = w.group_size;
+  const __m512i maskv = _mm512_set1_epi32((1 << BITS) - 1);
+  alignas(64) int32_t div[16], shift[16];
+  for (int l = 0; l < 16; ++l) {
+    div[l] = l / P;
+    shift[l] = (l % P) * BITS;
+  }
+  const __m512i zdiv = _mm512_load_si512(div), zshift = _mm512_load_si512(shift);
+  const __m512 zoff = _mm512_set1_ps(static_cast<float>(w.zero_offset));
+  qacc.assign(static_cast<size_t>(TB * nb), _mm512_setzero_ps());
+  yacc.assign(static_cast<size_t>(TB * nb), _mm512_setzero_ps());
+  const float* xr[TB];
+  for (int t = 0; t < TB; ++t) xr[t] = x + (t0 + t) * K;
+  for (int64_t k0 = 0; k0 < K; k0 += gs) {
+    const int64_t k1 = std::min(K, k0 + gs);
+    const int64_t g = w.g_idx[k0] - w.group_offset;
+    float sx[TB] = {};
+    constexpr int WR = 8 / P;  // word rows per step of 8 input rows (group sizes are multiples of 8)
+    for (int64_t r = k0 / P; r < k1 / P; r += WR) {
+      __m512 xb[TB][8];
+      for (int t = 0; t < TB; ++t)
+        for (int kk = 0; kk < 8; ++kk) {
+          const float v = xr[t][r * P + kk];
+          sx[t] += v;
+          xb[t][kk] = _mm512_set1_ps(v);
+        }
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t n0 = (b0 + b) * 16;
+        const __mmask16 m = lanes_mask(N - n0);
+        __m512 qv[8];
+        for (int wr = 0; wr < WR; ++wr) {
+          const __m512i wv = _mm512_maskz_loadu_epi32(m, w.qweight + (r + wr) * N + n0);
+          for (int j = 0; j < P; ++j)
+            qv[wr * P + j] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(wv, BITS * j), maskv));
+        }
+        for (int t = 0; t < TB; ++t) {
+          __m512 a0 = qacc[t * nb + b], a1 = _mm512_setzero_ps();  // two chains of four FMAs
+          for (int kk = 0; kk < 8; kk += 2) {
+            a0 = _mm512_fmadd_ps(xb[t][kk], qv[kk], a0);
+            a1 = _mm512_fmadd_ps(xb[t][kk + 1], qv[kk + 1], a1);
+          }
+          qacc[t * nb + b] = _mm512_add_ps(a0, a1);
+        }
+      }
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t n0 = (b0 + b) * 16;
+      const __mmask16 m = lanes_mask(N - n0);
+      const __m512 s = load_scales(w.scales, w.scales_dtype, g * N + n0, m);
+      __m512i zi = _mm512_maskz_loadu_epi32(lanes_mask(std::min<int64_t>(16, N - n0) / P), w.qzeros + g * (N / P) + n0 / P);
+      zi = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(zdiv, zi), zshift), maskv);
+      const __m512 z = _mm512_add_ps(_mm512_cvtepi32_ps(zi), zoff);
+      for (int t = 0; t < TB; ++t) {
+        __m512& q = qacc[t * nb + b];
+        yacc[t * nb + b] = _mm512_fmadd_ps(s, _mm512_fnmadd_ps(z, _mm512_set1_ps(sx[t]), q), yacc[t * nb + b]);
+        q = _mm512_setzero_ps();
+      }
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t n0 = (b0 + b) * 16;
+      _mm512_mask_storeu_ps(y + (t0 + t) * N + n0, lanes_mask(N - n0), yacc[t * nb + b]);
+    }
+}
+
+bool groups_follow_rows(const QuantMatrixView& w) {
+  for (int64_t k = 0; k < w.n_in; ++k)
+    if (w.g_idx[k] - w.group_offset != k / w.group_size) return false;
+  return true;
+}
+
+template <int BITS>
+void gptq_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
+  const int64_t N = w.n_out, n_blocks = (N + 15) / 16;
+  if (groups_follow_rows(w)) {
+#pragma omp parallel
+    {
+      const auto [b0, b1] = thread_share(n_blocks);
+      std::vector<__m512> qacc, yacc;
+      if (b1 > b0) {
+        int64_t t = 0;
+        for (; t + 4 <= n; t += 4) gptq_sweep<BITS, 4>(x, w, b0, b1, t, y, qacc, yacc);
+        for (; t < n; ++t) gptq_sweep<BITS, 1>(x, w, b0, b1, t, y, qacc, yacc);
+      }
+    }
+    return;
+  }
+  // Act-order: a row's group is any group; blocks of 16 channels, folded per run of equal groups.
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t n0 = b * 16;
+    const __mmask16 m = lanes_mask(N - n0);
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) gptq_block<BITS, 4>(x, w, n0, m, t, y);
+    for (; t + 2 <= n; t += 2) gptq_block<BITS, 2>(x, w, n0, m, t, y);
+    for (; t < n; ++t) gptq_block<BITS, 1>(x, w, n0, m, t, y);
+  }
+}
+
+// ---- AWQ: qweight [n_in, n_out / 8], 16 words (128 channels) per vector ----
+// Nibble i of word c holds channel 8c + kAwqPackOrder[i], so vector i of the
+// eight unpacked from a load holds channels {8(c0 + l) + order[i]}: the
+// accumulators stay in that permuted order and are put back at the end.
+// Each thread sweeps its word blocks [b0, b1) eight rows at a time (eight
+// forward streams through qweight), accumulating in a per-thread scratch of
+// TB × blocks × 8 vectors.
+constexpr int kOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+template <int TB>
+void awq_sweep(const float* x, const QuantMatrixView& w, int64_t b0, int64_t b1, int64_t t0, float* y,
+               std::vector<__m512>& qacc, std::vector<__m512>& yacc) {
+  const int64_t K = w.n_in, N = w.n_out, W = N / 8, gs = w.group_size, nb = b1 - b0;
+  const __m512i nib = _mm512_set1_epi32(0xf);
+  qacc.assign(static_cast<size_t>(TB * nb * 8), _mm512_setzero_ps());
+  yacc.assign(static_cast<size_t>(TB * nb * 8), _mm512_setzero_ps());
+  alignas(64) float sbuf[128];
+  __m512i gidx[8];
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int i = 0; i < 8; ++i)
+    gidx[i] = _mm512_add_epi32(_mm512_slli_epi32(lane, 3), _mm512_set1_epi32(kOrder[i]));
+  const float* xr[TB];
+  for (int t = 0; t < TB; ++t) xr[t] = x + (t0 + t) * K;
+  for (int64_t g = 0; g < K / gs; ++g) {
+    float sx[TB] = {};
+    for (int64_t k0 = g * gs; k0 < (g + 1) * gs; k0 += 8) {  // group sizes are multiples of 8
+      __m512 xb[TB][8];
+      for (int t = 0; t < TB; ++t)
+        for (int kk = 0; kk < 8; ++kk) {
+          sx[t] += xr[t][k0 + kk];
+          xb[t][kk] = _mm512_set1_ps(xr[t][k0 + kk]);
+        }
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t c0 = (b0 + b) * 16;
+        const __mmask16 wm = lanes_mask(W - c0);
+        __m512i wv[8];
+        for (int kk = 0; kk < 8; ++kk) wv[kk] = _mm512_maskz_loadu_epi32(wm, w.qweight + (k0 + kk) * W + c0);
+        for (int i = 0; i < 8; ++i) {
+          __m512 a0[TB], a1[TB];  // two chains per token
+          for (int t = 0; t < TB; ++t) {
+            a0[t] = qacc[(t * nb + b) * 8 + i];
+            a1[t] = _mm512_setzero_ps();
+          }
+          for (int kk = 0; kk < 8; ++kk) {
+            const __m512 qv = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(wv[kk], 4 * i), nib));
+            for (int t = 0; t < TB; ++t) {
+              if (kk % 2 == 0) a0[t] = _mm512_fmadd_ps(xb[t][kk], qv, a0[t]);
+              else a1[t] = _mm512_fmadd_ps(xb[t][kk], qv, a1[t]);
+            }
+          }
+          for (int t = 0; t < TB; ++t) qacc[(t * nb + b) * 8 + i] = _mm512_add_ps(a0[t], a1[t]);
+        }
+      }
+    }
+    // Fold the group: its scales (channel order, then gathered per nibble) and zeros.
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t c0 = (b0 + b) * 16, valid_words = std::min<int64_t>(16, W - c0);
+      const __mmask16 wm = lanes_mask(valid_words);
+      for (int c = 0; c < 8; ++c) {
+        const int64_t have = 8 * valid_words - 16 * c;
+        _mm512_store_ps(sbuf + 16 * c,
+                        have > 0 ? load_scales(w.scales, w.scales_dtype, g * N + 8 * c0 + 16 * c, lanes_mask(have))
+                                 : _mm512_setzero_ps());
+      }
+      const __m512i zw = _mm512_maskz_loadu_epi32(wm, w.qzeros + g * W + c0);
+      for (int i = 0; i < 8; ++i) {
+        const __m512 z = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(zw, 4 * i), nib));
+        const __m512 s = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), wm, gidx[i], sbuf, 4);
+        for (int t = 0; t < TB; ++t) {
+          __m512& q = qacc[(t * nb + b) * 8 + i];
+          __m512& acc = yacc[(t * nb + b) * 8 + i];
+          acc = _mm512_fmadd_ps(s, _mm512_fnmadd_ps(z, _mm512_set1_ps(sx[t]), q), acc);
+          q = _mm512_setzero_ps();
+        }
+      }
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t c0 = (b0 + b) * 16, valid_words = std::min<int64_t>(16, W - c0);
+      alignas(64) float lanes[8][16];
+      for (int i = 0; i < 8; ++i) _mm512_store_ps(lanes[i], yacc[(t * nb + b) * 8 + i]);
+      float* yr = y + (t0 + t) * N + 8 * c0;
+      for (int64_t l = 0; l < valid_words; ++l)
+        for (int i = 0; i < 8; ++i) yr[8 * l + kOrder[i]] = lanes[i][l];
+    }
+}
+
+void awq_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
+  const int64_t n_blocks = (w.n_out / 8 + 15) / 16;
+#pragma omp parallel
+  {
+    const auto [b0, b1] = thread_share(n_blocks);
+    std::vector<__m512> qacc, yacc;
+    if (b1 > b0) {
+      int64_t t = 0;
+      for (; t + 2 <= n; t += 2) awq_sweep<2>(x, w, b0, b1, t, y, qacc, yacc);
+      for (; t < n; ++t) awq_sweep<1>(x, w, b0, b1, t, y, qacc, yacc);
+    }
+  }
+}
+
+// ---- FP8 E4M3: weight [n_out, n_in] row-major, like a dense matrix ----
+// Sign and the 7 exponent/mantissa bits moved into an f32's places give the
+// value × 2^-120 (subnormals included); the scale carries the 2^120 back.
+constexpr float kFp8Rebias = 1.329227995784916e36f;  // 2^120
+
+// Sign-extended to 32 bits and shifted by 20, the byte's sign lands on bit 31
+// and its exponent/mantissa on bits 20..26; the mask clears the extension.
+inline __m512 fp8_lanes(const uint8_t* p, __mmask16 m) {
+  const __m512i b = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)), 20);
+  return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0x87f00000u))));
+}
+
+template <int RB, int TB>
+void fp8_tile(const float* x, const QuantMatrixView& w, int64_t j0, int64_t t0, float* y) {
+  const int64_t K = w.n_in, N = w.n_out, bk = w.block_k;
+  __m512 tot[RB][TB];
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < TB; ++t) tot[r][t] = _mm512_setzero_ps();
+  // Scale blocks along k: [kb, ke) is block (kb + col_offset) / bk.
+  for (int64_t kb = 0; kb < K;) {
+    const int64_t blk = (kb + w.col_offset) / bk;
+    const int64_t ke = std::min(K, (blk + 1) * bk - w.col_offset);
+    __m512 acc[RB][TB];
+    for (int r = 0; r < RB; ++r)
+      for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = kb; i < ke; i += 16) {
+      const __mmask16 m = lanes_mask(ke - i);
+      __m512 xv[TB];
+      for (int t = 0; t < TB; ++t) xv[t] = _mm512_maskz_loadu_ps(m, x + (t0 + t) * K + i);
+      for (int r = 0; r < RB; ++r) {
+        const __m512 wv = fp8_lanes(w.weight + (j0 + r) * K + i, m);
+        for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < RB; ++r) {
+      const int64_t si = ((j0 + r + w.row_offset) / w.block_n) * w.scale_cols + blk;
+      const __m512 s = _mm512_set1_ps(load_as_f32(w.scales, w.scales_dtype, static_cast<size_t>(si)) * kFp8Rebias);
+      for (int t = 0; t < TB; ++t) tot[r][t] = _mm512_fmadd_ps(acc[r][t], s, tot[r][t]);
+    }
+    kb = ke;
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int r = 0; r < RB; ++r) y[(t0 + t) * N + j0 + r] = _mm512_reduce_add_ps(tot[r][t]);
+}
+
+template <int RB>
+void fp8_rows(const float* x, int64_t n, const QuantMatrixView& w, int64_t j0, float* y) {
+  int64_t t = 0;
+  for (; t + 2 <= n; t += 2) fp8_tile<RB, 2>(x, w, j0, t, y);
+  for (; t < n; ++t) fp8_tile<RB, 1>(x, w, j0, t, y);
+}
+
+void fp8_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
+  constexpr int kRows = 4;
+  const int64_t N = w.n_out, n_row_blocks = (N + kRows - 1) / kRows;
+#pragma omp parallel for schedule(static)
+  for (int64_t rb = 0; rb < n_row_blocks; ++rb) {
+    const int64_t j0 = rb * kRows;
+    if (j0 + kRows <= N) {
+      fp8_rows<kRows>(x, n, w, j0, y);
+    } else {
+      for (int64_t j = j0; j < N; ++j) fp8_rows<1>(x, n, w, j, y);
+    }
+  }
+}
+
+#endif
+
+
+void check_view(const QuantMatrixView& w) {
+  SHARDLM_CHECK(w.n_out > 0 && w.n_in > 0 && w.scales != nullptr, "quant_matmul: empty ", weight_scheme_name(w.scheme),
+                " matrix");
+  switch (w.scheme) {
+    case WeightScheme::kAwq:
+      SHARDLM_CHECK(w.bits == 4 && w.n_out % 8 == 0 && w.group_size > 0 && w.n_in % w.group_size == 0 && w.qweight &&
+                        w.qzeros,
+                    "quant_matmul: awq ", w.n_out, "x", w.n_in, " group ", w.group_size);
+      break;
+    case WeightScheme::kGptq:
+      SHARDLM_CHECK((w.bits == 4 || w.bits == 8) && w.n_out % (32 / w.bits) == 0 && w.n_in % (32 / w.bits) == 0 &&
+                        w.qweight && w.qzeros && w.g_idx,
+                    "quant_matmul: gptq ", w.bits, "-bit ", w.n_out, "x", w.n_in);
+      break;
+    case WeightScheme::kFp8:
+      SHARDLM_CHECK(w.weight && w.block_n > 0 && w.block_k > 0, "quant_matmul: fp8 without weight or block");
+      break;
+    case WeightScheme::kDense: fail(ErrorCode::kInternal, "quant_matmul on a dense matrix");
+  }
+}
+
+}  // namespace
+
+void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const VectorView* bias, float* y) {
+  check_view(w);
+#ifdef SHARDLM_QUANT_AVX512
+  switch (w.scheme) {
+    case WeightScheme::kAwq: awq_matmul(x, n, w, y); break;
+    case WeightScheme::kGptq:
+      if (w.bits == 4) gptq_matmul<4>(x, n, w, y);
+      else gptq_matmul<8>(x, n, w, y);
+      break;
+    case WeightScheme::kFp8: fp8_matmul(x, n, w, y); break;
+    case WeightScheme::kDense: break;
+  }
+  add_bias(bias, n, w.n_out, y);
+#else
+  ref::quant_matmul(x, n, w, bias, y);
+#endif
+}
+
+}  // namespace shardlm::backend
