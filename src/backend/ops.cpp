@@ -320,16 +320,16 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
   }
   if (bias) {
     SHARDLM_CHECK(bias->n == m, "bias has ", bias->n, " elements, matrix ", m, " rows");
-    std::vector<float> b(static_cast<size_t>(m));
-    for (int64_t j = 0; j < m; ++j) b[j] = load_as_f32(bias->data, bias->dtype, static_cast<size_t>(j));
     for (int64_t t = 0; t < n; ++t)
-      for (int64_t j = 0; j < m; ++j) y[t * m + j] += b[j];
+      for (int64_t j = 0; j < m; ++j) y[t * m + j] += load_as_f32(bias->data, bias->dtype, static_cast<size_t>(j));
   }
 }
 
 void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out) {
   const int64_t d = weight.n;
-  std::vector<float> w(static_cast<size_t>(d));
+  static thread_local std::vector<float> w_buf;  // the weight in f32, reused across calls
+  w_buf.resize(static_cast<size_t>(d));
+  float* w = w_buf.data();
   for (int64_t i = 0; i < d; ++i) w[i] = load_as_f32(weight.data, weight.dtype, static_cast<size_t>(i));
 #pragma omp parallel for schedule(static) if (n_rows * d > 32768)
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -372,7 +372,9 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const i
   const int64_t half = head_dim / 2;
 #pragma omp parallel if (n_tokens > 1)
   {
-    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    static thread_local std::vector<float> cs, sn;  // per thread, reused across calls
+    cs.resize(static_cast<size_t>(half));
+    sn.resize(static_cast<size_t>(half));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n_tokens; ++t) {
       for (int64_t i = 0; i < half; ++i) {
