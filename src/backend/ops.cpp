@@ -40,9 +40,6 @@ inline float load1(const void* base, int64_t i) {
 }
 
 constexpr int64_t kPrefetchBytes = 512;
-// From this many tokens on, matmul widens each weight panel once for all of
-// them (backend/packed_gemm.h) instead of once per 4-token tile.
-constexpr int64_t kPackedMinTokens = 16;
 
 // y[t, j] for RB weight rows from row j0 and TB tokens from t0: each weight
 // vector is widened once and used for TB tokens.
@@ -319,7 +316,7 @@ void check_seqs(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs) 
 
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y) {
   const int64_t m = w.rows, k = w.cols;
-  if (n >= kPackedMinTokens && packed_matmul_available(w.dtype)) {
+  if (packed_matmul_available(w.dtype) && n >= packed_matmul_min_tokens(w.dtype)) {
     packed_matmul(x, n, w.data, w.dtype, m, k, y);
   } else switch (w.dtype) {
     case DType::kF32: matmul_typed<DType::kF32>(x, n, w.data, m, k, y); break;
