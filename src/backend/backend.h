@@ -17,9 +17,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "backend/device/graph_buckets.h"
 #include "backend/device/memory_accounting.h"
 #include "backend/ops.h"
 #include "backend/quant_ops.h"
@@ -129,6 +131,26 @@ class Backend {
   // all_gather. src: [rows, w], dst: [rows, d] with col_begin + w <= d, same
   // dtype. The base implementation copies host memory (CPU backends).
   virtual void copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin);
+
+  // ---- decode-step graphs (backend/device/decode_graphs.h) ----
+  // A runner that captures what enqueue_step(n_rows) enqueues on this
+  // backend's context into a graph per bucket and replays it, or nullptr
+  // when the backend has none (the CPU: its ops run as they are called).
+  virtual std::unique_ptr<GraphStepRunner> make_graph_runner(std::function<void(int n_rows)> enqueue_step) {
+    (void)enqueue_step;
+    return nullptr;
+  }
+  // Changes whenever a buffer the backend's ops use internally moved (a
+  // scratch regrown): a graph recorded before then is stale.
+  virtual uint64_t buffer_epoch() const { return 0; }
+  // > 0: every all-decode step sizes its attention for contexts up to
+  // max_context and for at least max_rows sequences (its split-K partition
+  // count and workspace), whatever its own longest context, so one graph
+  // serves every step of a bucket. 0: each step sizes its own (eager).
+  virtual void set_decode_graph_bounds(int64_t max_rows, int64_t max_context) {
+    (void)max_rows;
+    (void)max_context;
+  }
 
   // ---- mixture of experts (backend/moe_ops.h has the contracts) ----
   // True when moe_route and moe_experts are implemented (a MoE model checks at load).

@@ -109,6 +109,13 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
     KvCache cache = model->make_kv_cache(n_blocks, opt.block_size, opt.kv_dtype);
     std::vector<std::vector<int32_t>> routing;
     if (opt.trace_routing && model->is_driver()) model->trace_routing(&routing);
+    std::string graphs;
+    if (opt.graphs.enabled) {
+      backend::DecodeGraphOptions g = opt.graphs;
+      g.max_batch = 1;  // one request
+      g.max_context = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
+      graphs = model->enable_decode_graphs(g);
+    }
     auto step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
     GenerateResult local =
         generate_steps(step, spec.vocab_size, n_blocks, prompt, opt, keep_all_logits, &r.world, model->is_driver());
@@ -116,6 +123,8 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
       local.weight_bytes_rank0 = model->weight_bytes();
       model->trace_routing(nullptr);
       local.routing = std::move(routing);
+      local.graphs = graphs;
+      if (const backend::DecodeGraphs* dg = model->decode_graphs()) local.graph_replays = dg->cache().n_replays();
       std::lock_guard<std::mutex> lock(mu);
       result = std::move(local);
     }

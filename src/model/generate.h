@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/device/decode_graphs.h"
 #include "comm/communicator.h"
 #include "model/forward_batch.h"
 #include "model/weight_source.h"
@@ -29,6 +30,9 @@ struct GenerateOptions {
   // generated token but the last) in GenerateResult::routing. Needs pp == 1
   // (the driver runs every layer); kInvalidArgument otherwise.
   bool trace_routing = false;
+  // Decode steps through CUDA graphs (CausalLM::enable_decode_graphs); its
+  // max_context is filled in from the prompt and max_tokens.
+  backend::DecodeGraphOptions graphs;
   // Picks the next token from logits [vocab_size] on the driver; nullptr = greedy.
   std::function<int32_t(const float* logits, int64_t vocab_size, const std::vector<int32_t>& generated)> pick;
 };
@@ -43,6 +47,8 @@ struct GenerateResult {
   int64_t weight_bytes_rank0 = 0;     // bytes held by the driver rank
   // trace_routing: [layer][positions × top_k] expert ids, best first (empty for dense layers).
   std::vector<std::vector<int32_t>> routing;
+  std::string graphs;                 // the driver's "CUDA graphs: ..." line ("" when not asked for)
+  int64_t graph_replays = 0;          // decode steps the driver replayed from a graph
 };
 
 // Greedy with the lowest id on ties.

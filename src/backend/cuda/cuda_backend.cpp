@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/device_memory.h"
 #include "core/error.h"
 
@@ -222,6 +223,7 @@ void* CudaBackend::scratch(Scratch& s, size_t bytes) {
   std::lock_guard<std::mutex> lock(measure_mutex());
   alloc_->accounting.measure(MemCategory::kWorkspace, want, [&] { SHARDLM_CUDA_CHECK(cudaMalloc(&s.data, want)); });
   s.bytes = want;
+  ++buffer_epoch_;  // a graph that baked the old address in is stale
   return s.data;
 }
 
@@ -255,8 +257,21 @@ void CudaBackend::begin_step(const StepMetadata& meta) {
     const AttentionSeq& q = meta.seqs()[s];
     step_max_context_ = std::max(step_max_context_, q.n_past + q.n_tokens);
     step_max_chunk_ = std::max(step_max_chunk_, q.n_tokens);
-    step_all_decode_ = step_all_decode_ && q.n_tokens == 1;
+    step_all_decode_ = step_all_decode_ && q.n_tokens <= 1;  // padding rows (0 tokens) of a graph bucket included
   }
+  // A graph step's attention is sized by the bound, not by this step, so the
+  // partition count its graph baked in serves every later step.
+  if (step_all_decode_ && graph_max_context_ > 0) step_max_context_ = std::max(step_max_context_, graph_max_context_);
+}
+
+std::unique_ptr<GraphStepRunner> CudaBackend::make_graph_runner(std::function<void(int n_rows)> enqueue_step) {
+  return std::make_unique<CudaGraphRunner>(stream_, std::move(enqueue_step));
+}
+
+void CudaBackend::set_decode_graph_bounds(int64_t max_rows, int64_t max_context) {
+  SHARDLM_CHECK(max_rows >= 0 && max_context >= 0, "decode graph bounds: rows ", max_rows, ", context ", max_context);
+  graph_max_rows_ = max_rows;
+  graph_max_context_ = max_context;
 }
 
 void CudaBackend::check_step(const StepMetadata& meta, const char* op) const {
@@ -361,7 +376,9 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayerView& cache, con
   auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(elems) * sizeof(bf16)));
   const float* qp = f32(q, "attention q");
   if (step_all_decode_) {
-    const size_t ws_bytes = decode_attention_workspace_bytes(step_n_seqs_, heads.n_q_heads, hd, step_max_context_);
+    // Sized for the largest graph bucket when graphs are on, so that no bucket regrows it (and moves it).
+    const size_t ws_bytes = decode_attention_workspace_bytes(std::max(step_n_seqs_, graph_max_rows_), heads.n_q_heads,
+                                                             hd, step_max_context_);
     void* ws = ws_bytes ? scratch(attn_ws_, ws_bytes) : nullptr;
     paged_attention_decode(qp, heads.n_q_heads * hd, dc, dh, device_seqs(), step_max_context_, ws, ob, stream_);
   } else {
