@@ -11,10 +11,8 @@
 
 #include "core/error.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define SHARDLM_AVX2 1
-#endif
+#include "backend/packed_gemm.h"
+#include "backend/simd.h"
 
 namespace shardlm::backend {
 
@@ -34,77 +32,17 @@ int num_threads() { return omp_get_max_threads(); }
 
 namespace {
 
-constexpr float kFp8Rebias = 1.329227995784916e36f;  // 2^120: e4m3's exponent bias 7 against f32's 127
-
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-// 16 lanes: widen 16 stored elements to f32.
-using Vec = __m512;
-constexpr int64_t kLanes = 16;
-template <DType D>
-inline Vec loadv(const void* base, int64_t i) {
-  if constexpr (D == DType::kF32) {
-    return _mm512_loadu_ps(static_cast<const float*>(base) + i);
-  } else if constexpr (D == DType::kBF16) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  } else if constexpr (D == DType::kF8E4M3) {
-    // Sign and exponent/mantissa moved into an f32's places: the value × 2^-120 (subnormals too).
-    const __m512i b = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i)));
-    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
-    const __m512i em = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 20);
-    return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(sign, em)), _mm512_set1_ps(kFp8Rebias));
-  } else {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
-    return _mm512_cvtph_ps(h);
-  }
-}
-inline Vec loadx(const float* p) { return _mm512_loadu_ps(p); }
-inline void storex(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec setv(float a) { return _mm512_set1_ps(a); }
-inline Vec zerov() { return _mm512_setzero_ps(); }
-inline Vec fmav(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float hsum(Vec v) { return _mm512_reduce_add_ps(v); }
-#elif defined(SHARDLM_AVX2)
-// 8 lanes.
-using Vec = __m256;
-constexpr int64_t kLanes = 8;
-template <DType D>
-inline Vec loadv(const void* base, int64_t i) {
-  if constexpr (D == DType::kF32) {
-    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
-  } else if constexpr (D == DType::kBF16) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  } else if constexpr (D == DType::kF8E4M3) {
-    const __m256i b = _mm256_cvtepu8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i)));
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-    const __m256i em = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20);
-    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, em)), _mm256_set1_ps(kFp8Rebias));
-  } else {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
-    return _mm256_cvtph_ps(h);
-  }
-}
-inline Vec loadx(const float* p) { return _mm256_loadu_ps(p); }
-inline void storex(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec setv(float a) { return _mm256_set1_ps(a); }
-inline Vec zerov() { return _mm256_setzero_ps(); }
-inline Vec fmav(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float hsum(Vec v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-#endif
+using namespace simd;
 
 template <DType D>
 inline float load1(const void* base, int64_t i) {
   return load_as_f32(base, D, static_cast<size_t>(i));
 }
+
+constexpr int64_t kPrefetchBytes = 512;
+// From this many tokens on, matmul widens each weight panel once for all of
+// them (backend/packed_gemm.h) instead of once per 4-token tile.
+constexpr int64_t kPackedMinTokens = 16;
 
 // y[t, j] for RB weight rows from row j0 and TB tokens from t0: each weight
 // vector is widened once and used for TB tokens.
@@ -125,6 +63,9 @@ inline void matmul_tile(const float* x, int64_t k, const void* w, int64_t m, int
     Vec xv[TB];
     for (int t = 0; t < TB; ++t) xv[t] = loadx(xrow[t] + i);
     for (int r = 0; r < RB; ++r) {
+      // The hardware prefetcher stops at each 4 KiB page: ask for the line
+      // kPrefetchBytes ahead of every row's stream so DRAM stays busy.
+      prefetch(wrow[r] + i * static_cast<int64_t>(wsize) + kPrefetchBytes);
       const Vec wv = loadv<D>(wrow[r], i);
       for (int t = 0; t < TB; ++t) acc[r][t] = fmav(wv, xv[t], acc[r][t]);
     }
@@ -272,7 +213,9 @@ void check_seqs(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs) 
 
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y) {
   const int64_t m = w.rows, k = w.cols;
-  switch (w.dtype) {
+  if (n >= kPackedMinTokens && packed_matmul_available(w.dtype)) {
+    packed_matmul(x, n, w.data, w.dtype, m, k, y);
+  } else switch (w.dtype) {
     case DType::kF32: matmul_typed<DType::kF32>(x, n, w.data, m, k, y); break;
     case DType::kBF16: matmul_typed<DType::kBF16>(x, n, w.data, m, k, y); break;
     case DType::kF16: matmul_typed<DType::kF16>(x, n, w.data, m, k, y); break;

@@ -65,6 +65,18 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<4>(info.param) ? "_bias" : "");
     });
 
+// The packed GEMM (from 16 tokens on): k past one 256-wide panel block and
+// not a multiple of it, m not a multiple of a panel (16 or 32 outputs), token
+// counts that leave a partial register tile.
+INSTANTIATE_TEST_SUITE_P(
+    PackedShapes, MatmulTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16), ::testing::Values(16, 29),
+                       ::testing::Values(33, 100), ::testing::Values(300, 600), ::testing::Values(false)),
+    [](const auto& info) {
+      return std::string(name_of(std::get<0>(info.param))) + "_n" + std::to_string(std::get<1>(info.param)) + "_m" +
+             std::to_string(std::get<2>(info.param)) + "_k" + std::to_string(std::get<3>(info.param));
+    });
+
 class DTypeTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(DTypeTest, RmsNormMatchesReference) {
