@@ -218,6 +218,15 @@ void CudaBackend::synchronize() { SHARDLM_CUDA_CHECK(cudaStreamSynchronize(strea
 
 void* CudaBackend::scratch(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.data;
+  // Growing means a synchronize and a cudaMalloc, which a stream capture
+  // forbids: say so plainly. The capture then fails and the step runs
+  // eagerly, growing the buffer; its new epoch drops every graph, so the
+  // failed bucket is tried again after its next warm-up.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
+    fail(ErrorCode::kInternal, "a CUDA scratch buffer of ", s.bytes, " bytes would grow to ", bytes,
+         " during a CUDA graph capture (the warm-up step of this batch size did not size it)");
+  }
   free_scratch(s);
   const size_t want = (bytes + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
   std::lock_guard<std::mutex> lock(measure_mutex());
