@@ -8,6 +8,8 @@
 #      checkpoints (4 layers), `--device cuda` against the CPU backend, and
 #      decode steps replayed from CUDA graphs (--cuda-graphs on) against
 #      eager ones (off): the tokens must be equal and the graphs replayed;
+#      and greedy tokens sampled on the device (--sampling-device device:
+#      only the ids cross) against the host sampler's;
 #   3. TP 2, 3, 4, 6 on the one device (ranks as threads sharing it through
 #      the device-local communicator) giving the TP1 tokens;
 #   4. decode tok/s at batch 1, 8, 64 on full-depth Qwen2.5-1.5B and 7B
@@ -38,10 +40,10 @@ jobs=${GPU_JOBS:-$(nproc 2>/dev/null || echo 8)}
 arch=${GPU_ARCH:-90}
 peak_tflops=${GPU_PEAK_TFLOPS:-989}
 dry=${GPU_CHECK_DRY_RUN:-0}
-dev=cuda graphs_on=on
+dev=cuda graphs_on=on sampling_on=device
 like_a=qwen2.5-7b like_b=qwen3-8b like_small=qwen2.5-1.5b like_big=qwen2.5-7b layers_full=0
 if [[ $dry == 1 ]]; then
-  dev=cpu graphs_on=off like_a=qwen2.5-0.5b like_b=qwen3-0.6b like_small=qwen2.5-0.5b like_big=qwen2.5-0.5b layers_full=2
+  dev=cpu graphs_on=off sampling_on=host like_a=qwen2.5-0.5b like_b=qwen3-0.6b like_small=qwen2.5-0.5b like_big=qwen2.5-0.5b layers_full=2
   work=${GPU_WORK_DIR:-/tmp/shardlm-gpu-check-dry}
 fi
 t_start=$SECONDS
@@ -181,9 +183,9 @@ wait_models() {
 wait_models
 
 # 2. Whole-model greedy tokens, CUDA vs CPU (both with a bf16 KV cache).
-tokens() {  # tokens MODEL_DIR DEVICE TP [GRAPHS]: GRAPHS on|off for a cuda device (default off: eager)
+tokens() {  # tokens MODEL_DIR DEVICE TP [GRAPHS [SAMPLING]]: GRAPHS on|off on a GPU (default off), SAMPLING host|device
   local graphs=()
-  [[ $2 != cpu ]] && graphs=(--cuda-graphs "${4:-off}")
+  [[ $2 != cpu ]] && graphs=(--cuda-graphs "${4:-off}" --sampling-device "${5:-host}")
   "$cli" generate "$1" --prompt-ids 1,2,3,4,5,6,7,8 --max-tokens 16 --json --kv-cache-dtype bf16 --device "$2" \
     --tp "$3" "${graphs[@]}" 2>"$work/tokens_stderr.log" | sed -n 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/p' | tail -n 1
 }
@@ -211,6 +213,15 @@ graphs_same() {  # graphs_same DIR: decode replayed from CUDA graphs gives the e
 }
 step "2 graphs on = off qwen2.5-7b" 150 graphs_same "$work/qwen2.5-7b-4l"
 step "2 graphs on = off qwen3-8b" 150 graphs_same "$work/qwen3-8b-4l"
+sampling_same() {  # sampling_same DIR: greedy sampled on the device gives the host sampler's tokens
+  local host device
+  host=$(tokens "$1" "$dev" 1 "$graphs_on" host) || return 1
+  device=$(tokens "$1" "$dev" 1 "$graphs_on" "$sampling_on") || return 1
+  [[ -n $host && $host == "$device" ]] || { echo "host sampling [$host] vs device [$device]"; return 1; }
+  [[ $dry == 1 ]] && { echo "dry run: host sampling twice (the CPU has no device sampler): [$device]"; return 0; }
+  echo "16 greedy tokens equal, sampled on the device and on the host (graphs $graphs_on)"
+}
+step "2 device = host sampling qwen2.5-7b" 150 sampling_same "$work/qwen2.5-7b-4l"
 
 # 3. TP on one device (ranks share the GPU through a device-local communicator).
 step "3 device-local communicator" 60 gtest_run "$build/tests/comm/cuda/device_local_comm_test" \

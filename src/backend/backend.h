@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "backend/device/graph_buckets.h"
@@ -48,6 +49,20 @@ struct Linear {
 // [inter_local, hidden], down [hidden, inter_local].
 struct ExpertLinears {
   Tensor gate, up, down;
+};
+
+// One row's sampling as a device sampler runs it (backend/cuda/sampling.h has
+// the semantics: temperature, greedy below sampling's kGreedyTemperature,
+// min-p, top-k, top-p, a Philox draw seeded with (seed, step)). Penalties are
+// not passed yet: rows with penalties are sampled on the host
+// (sampling/device_sampling.h).
+struct DeviceSampleRow {
+  float temperature = 1.0f;
+  int32_t top_k = -1;  // <= 0: off
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t step = 0;   // tokens this sequence has drawn so far
 };
 
 class Backend {
@@ -151,6 +166,14 @@ class Backend {
     (void)max_rows;
     (void)max_context;
   }
+
+  // ---- sampling where the logits are ----
+  // True when sample_rows is implemented (a GPU: the logits never cross).
+  virtual bool has_device_sampler() const { return false; }
+  // ids[r], logprobs[r] (host memory): row r of logits [n_rows, vocab] f32 on
+  // this device sampled as rows[r] says; logprobs are the chosen tokens' raw
+  // log_softmax. Only the ids and logprobs cross. Base: Error(kUnsupported).
+  virtual void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs);
 
   // ---- mixture of experts (backend/moe_ops.h has the contracts) ----
   // True when moe_route and moe_experts are implemented (a MoE model checks at load).

@@ -27,6 +27,7 @@
 #include "loader/model_spec.h"
 #include "model/decode_bench.h"
 #include "model/generate.h"
+#include "sampling/device_sampling.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 #if __has_include("tokenizer/chat_template/chat_template.h")
@@ -59,6 +60,7 @@ struct GenerateCliOptions {
   std::string device = "cpu";
   std::string decode_bench;  // "1,8,64": time decode steps of these many sequences instead of generating
   std::string cuda_graphs;   // --cuda-graphs on|off ("" = the device's default)
+  std::string sampling_device = "host";  // --sampling-device host|device
   int64_t decode_context = 256;
   int64_t decode_steps = 32;
   int64_t block_size = 16;
@@ -223,6 +225,25 @@ int run_generate(const GenerateCliOptions& o) {
   params.min_p = o.min_p;
   params.seed = o.seed;
   params.validate();
+  if (o.sampling_device == "device") {
+    if (under_mpi)
+      fail(ErrorCode::kUnsupported, "--sampling-device device: generate under mpirun samples on the host; drop the flag");
+    if (g.device.is_cpu())
+      fail(ErrorCode::kInvalidArgument, "--sampling-device device needs a GPU (--device cuda): the CPU backend has no "
+           "device sampler (its logits are already in host memory)");
+    if (!o.dump_logits.empty())
+      fail(ErrorCode::kInvalidArgument, "--dump-logits needs the logits on the host; use --sampling-device host");
+    const SamplingFallback why = row_sampling_fallback(RowSamplingNeeds{&params}, /*device_sampler=*/true);
+    if (why == SamplingFallback::kNone) {
+      g.device_sampling = true;
+      g.device_row.temperature = static_cast<float>(params.temperature);
+      g.device_row.top_k = params.top_k;
+      g.device_row.top_p = static_cast<float>(params.top_p);
+      g.device_row.min_p = static_cast<float>(params.min_p);
+    } else {
+      std::fprintf(stderr, "%s\n", SamplingFallbackLog().note(why).c_str());
+    }
+  }
   auto sampler = std::make_shared<std::optional<Sampler>>();
   g.pick = [&, sampler](const float* logits, int64_t vocab, const std::vector<int32_t>&) -> int32_t {
     if (!sampler->has_value()) sampler->emplace(params, prompt, vocab);
@@ -347,6 +368,12 @@ void setup(CLI::App& app) {
                   "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
   add_device_option(sub, &o->device);
   add_cuda_graphs_option(sub, &o->cuda_graphs);
+  sub->add_option("--sampling-device", o->sampling_device,
+                  "host or device: device samples where the logits are (a GPU), so only the token id crosses; "
+                  "a request that needs what the device sampler lacks (a seed, penalties, ...) says so and samples on "
+                  "the host")
+      ->check(CLI::IsMember({"host", "device"}))
+      ->capture_default_str();
   sub->add_option("--decode-bench", o->decode_bench,
                   "Instead of generating: time decode steps of B sequences, for each B of a list like 1,8,64 (one "
                   "load; prints tok/s and bytes read per step)");

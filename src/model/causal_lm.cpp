@@ -229,6 +229,18 @@ bool CausalLM::forward(const ForwardBatch& batch, KvCache& cache, float* logits)
   return true;
 }
 
+void CausalLM::forward_sampled(const ForwardBatch& batch, KvCache& cache,
+                               std::span<const backend::DeviceSampleRow> rows, int32_t* ids, float* logprobs) {
+  if (layout_.tp > 1 || layout_.pp > 1 || !backend_->has_device_sampler())
+    fail(ErrorCode::kUnsupported, "sampling on the device needs TP = PP = 1 and a backend with a device sampler; ",
+         backend_->name(), " at ", layout_.to_string(), " samples on the host");
+  const int64_t n_logits = batch.n_logits();
+  SHARDLM_CHECK(static_cast<int64_t>(rows.size()) == n_logits, "forward_sampled: ", rows.size(), " rows for ",
+                n_logits, " logits");
+  run_stage(batch, cache, nullptr);  // the logits stay in logits_out_ (the graph path's too)
+  if (n_logits > 0) backend_->sample_rows(logits_out_.slice_rows(0, n_logits), rows, ids, logprobs);
+}
+
 void CausalLM::receive_logits(const ForwardBatch& batch, float* logits) {
   SHARDLM_CHECK(is_driver() && layout_.pp > 1, "receive_logits is for the driver of a pipeline");
   const int64_t n_logits = batch.n_logits();

@@ -62,6 +62,12 @@ class CausalLM {
   // follow the order of the sequences with need_logits. Returns true where
   // logits were written.
   bool forward(const ForwardBatch& batch, KvCache& cache, float* logits);
+  // forward, with the logits sampled where they are (Backend::sample_rows):
+  // rows[i] samples the i-th sequence with need_logits; ids and logprobs
+  // ([batch.n_logits()], host) get the chosen tokens. TP = PP = 1 and a
+  // backend with a device sampler only (kUnsupported otherwise).
+  void forward_sampled(const ForwardBatch& batch, KvCache& cache, std::span<const backend::DeviceSampleRow> rows,
+                       int32_t* ids, float* logprobs);
 
   // The step split for pipelining, so that a stage can start batch k+1 while
   // later stages still run batch k. run_stage: the first stage embeds, the

@@ -116,9 +116,24 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
       g.max_context = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
       graphs = model->enable_decode_graphs(g);
     }
-    auto step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
+    GenerateStep step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
+    GenerateOptions o = opt;
+    backend::DeviceSampleRow row = opt.device_row;
+    int32_t sampled = 0;
+    if (opt.device_sampling) {
+      if (keep_all_logits)
+        fail(ErrorCode::kInvalidArgument, "generate: sampling on the device keeps the logits there; none can be kept");
+      // forward_sampled refuses TP/PP > 1 and a backend without a sampler.
+      step = [&](const ForwardBatch& batch, float*) {
+        const size_t n = static_cast<size_t>(batch.n_logits());
+        model->forward_sampled(batch, cache, std::span<const backend::DeviceSampleRow>(&row, n), &sampled, nullptr);
+        row.step += n;
+      };
+      o.pick = [&](const float*, int64_t, const std::vector<int32_t>&) { return sampled; };
+    }
     GenerateResult local =
-        generate_steps(step, spec.vocab_size, n_blocks, prompt, opt, keep_all_logits, &r.world, model->is_driver());
+        generate_steps(step, spec.vocab_size, n_blocks, prompt, o, keep_all_logits, &r.world, model->is_driver());
+    if (opt.device_sampling) local.prompt_logits.clear();  // never left the device
     if (model->is_driver()) {
       local.weight_bytes_rank0 = model->weight_bytes();
       model->trace_routing(nullptr);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/device/decode_graphs.h"
 #include "comm/communicator.h"
 #include "model/forward_batch.h"
@@ -33,6 +34,11 @@ struct GenerateOptions {
   // Decode steps through CUDA graphs (CausalLM::enable_decode_graphs); its
   // max_context is filled in from the prompt and max_tokens.
   backend::DecodeGraphOptions graphs;
+  // Sample on the device (Backend::sample_rows) with these parameters instead
+  // of pick: only the token id crosses per step. TP = PP = 1 and a backend
+  // with a device sampler (kUnsupported otherwise); prompt_logits stay empty.
+  bool device_sampling = false;
+  backend::DeviceSampleRow device_row;
   // Picks the next token from logits [vocab_size] on the driver; nullptr = greedy.
   std::function<int32_t(const float* logits, int64_t vocab_size, const std::vector<int32_t>& generated)> pick;
 };

@@ -11,6 +11,7 @@ const char* sampling_fallback_name(SamplingFallback f) {
     case SamplingFallback::kLogitBias: return "logit_bias";
     case SamplingFallback::kGrammar: return "a grammar mask (structured output)";
     case SamplingFallback::kBannedTokens: return "banned tokens (min_tokens)";
+    case SamplingFallback::kPenalties: return "penalties (their token counts are not uploaded to the device yet)";
     case SamplingFallback::kSeed: return "a seed (the host generator repeats across devices)";
     case SamplingFallback::kLogprobs: return "logprobs (the chosen token's rank needs the whole row)";
   }
@@ -23,6 +24,9 @@ SamplingFallback row_sampling_fallback(const RowSamplingNeeds& row, bool device_
   if (row.grammar) return SamplingFallback::kGrammar;
   if (!row.params->logit_bias.empty()) return SamplingFallback::kLogitBias;
   if (row.banned_tokens) return SamplingFallback::kBannedTokens;
+  const SamplingParams& p = *row.params;
+  if (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0)
+    return SamplingFallback::kPenalties;
   if (row.params->seed.has_value() && !row.params->greedy()) return SamplingFallback::kSeed;  // greedy draws nothing
   if (row.logprobs || row.params->logprobs > 0) return SamplingFallback::kLogprobs;
   return SamplingFallback::kNone;

@@ -10,14 +10,16 @@
 //   - logit_bias: the device sampler adds no bias;
 //   - a grammar mask (structured output): the bitmask is built on the host;
 //   - banned tokens (min_tokens not reached: EOS and stop ids masked);
+//   - presence/frequency/repetition penalties: the device kernel has them,
+//     but their per-row token counts are not uploaded yet (Backend::sample_rows);
 //   - a seed: the host Sampler's generator gives the same tokens on every
 //     device and in every batch; the device's Philox draw repeats on the GPU
 //     but gives other tokens than the CPU's, so seeded rows stay on the host;
 //   - logprobs: the engine reports the chosen token's rank over the whole
 //     row, which the device sampler does not compute.
 //
-// Status: this is the decision and its bookkeeping, tested on the CPU. The
-// engine does not call it yet: every row is still sampled on the host.
+// Status: `shardlm generate --sampling-device device` uses it (one row);
+// the engine does not call it yet: every row of serve is sampled on the host.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +31,16 @@
 
 namespace shardlm {
 
-enum class SamplingFallback { kNone, kNoDeviceSampler, kLogitBias, kGrammar, kBannedTokens, kSeed, kLogprobs };
+enum class SamplingFallback {
+  kNone,
+  kNoDeviceSampler,
+  kLogitBias,
+  kGrammar,
+  kBannedTokens,
+  kPenalties,
+  kSeed,
+  kLogprobs
+};
 // "logit_bias", "a grammar mask", ...: what the log line names.
 const char* sampling_fallback_name(SamplingFallback f);
 

@@ -45,6 +45,14 @@ TEST(DeviceCli, CudaGraphsOnTheCpuAreRefusedAndOffIsAccepted) {
   EXPECT_EQ(off.err.find("CUDA graphs"), std::string::npos) << off.err;  // nothing to say on the CPU
 }
 
+TEST(DeviceCli, SamplingOnTheDeviceNeedsAGpu) {
+  const auto r = testing::run_command(cli() + " generate --prompt-ids 1,2,3 --max-tokens 2 --sampling-device device");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--sampling-device device needs a GPU"), std::string::npos) << r.err;
+  const auto host = testing::run_command(cli() + " generate --prompt-ids 1,2,3 --max-tokens 2 --sampling-device host --json");
+  EXPECT_EQ(host.rc, 0) << host.err;
+}
+
 TEST(DeviceCli, CpuIsTheDefaultAndRunsAsBefore) {
   const auto r = testing::run_command(cli() + " generate --prompt-ids 1,2,3 --max-tokens 2 --device cpu --json");
   ASSERT_EQ(r.rc, 0) << r.err;

@@ -24,6 +24,7 @@ struct FakeGraphs {
   int fail_capture_of = -1;
   int n_captures = 0, n_replays = 0, n_clears = 0;
   uint64_t epoch = 0;
+  int n_device_samples = 0;
 };
 
 class FakeRunner final : public backend::GraphStepRunner {
@@ -91,6 +92,22 @@ class GraphCpuBackend final : public Backend {
     return std::make_unique<FakeRunner>(s_, std::move(step));
   }
   uint64_t buffer_epoch() const override { return s_->epoch; }
+  // A "device" sampler over the host logits: greedy rows only (what the test asks of it).
+  bool has_device_sampler() const override { return true; }
+  void sample_rows(const Tensor& logits, std::span<const backend::DeviceSampleRow> rows, int32_t* ids,
+                   float* logprobs) override {
+    const int64_t vocab = logits.dim(1);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      SHARDLM_CHECK(rows[r].temperature == 0.0f, "the fake device sampler is greedy only");
+      const float* x = static_cast<const float*>(logits.data()) + static_cast<int64_t>(r) * vocab;
+      int64_t best = 0;
+      for (int64_t i = 1; i < vocab; ++i)
+        if (x[i] > x[best]) best = i;
+      ids[r] = static_cast<int32_t>(best);
+      if (logprobs) logprobs[r] = 0.0f;
+    }
+    ++s_->n_device_samples;
+  }
 
  private:
   FakeGraphs* s_;
@@ -249,6 +266,57 @@ TEST(CausalLMGraphs, OffWhereGraphsCannotWork) {
   b.seqs.push_back({1, 0, {0}, true});
   std::vector<float> logits(200);
   EXPECT_THROW(f.graphed->forward(b, cache, logits.data()), Error);
+}
+
+TEST(CausalLMDeviceSampling, OnlyTheIdsComeBackAndTheyAreTheHostsGreedyTokens) {
+  Fixture f;
+  f.graphed->enable_decode_graphs({true, 8, 64});
+  const auto want = decode_three(*f.eager, 4);  // host argmax of host logits
+  // The same three sequences, sampled where the logits are (and through the graphs at decode).
+  const int64_t vocab = f.spec.vocab_size;
+  KvCache cache = f.graphed->make_kv_cache(48, 4, DType::kF32);
+  const std::vector<std::vector<int32_t>> prompts{{5, 17, 101}, {3, 150, 77, 9, 1}, {42}};
+  std::vector<int32_t> n_past(3), next(3);
+  auto table = [](int s) {
+    std::vector<int32_t> t;
+    for (int b = 0; b < 12; ++b) t.push_back(s * 12 + b);
+    return t;
+  };
+  backend::DeviceSampleRow greedy;
+  greedy.temperature = 0.0f;
+  const std::vector<backend::DeviceSampleRow> rows(3, greedy);
+  for (int s = 0; s < 3; ++s) {
+    ForwardBatch b;
+    b.token_ids = prompts[s];
+    b.seqs.push_back({static_cast<int32_t>(prompts[s].size()), 0, table(s), true});
+    f.graphed->forward_sampled(b, cache, {rows.data(), 1}, &next[s], nullptr);
+    n_past[s] = static_cast<int32_t>(prompts[s].size());
+  }
+  for (int step = 0; step < 4; ++step) {
+    const int n = step < 2 ? 3 : 2;
+    ForwardBatch b;
+    for (int s = 0; s < n; ++s) {
+      b.token_ids.push_back(next[s]);
+      b.seqs.push_back({1, n_past[s], table(s), true});
+    }
+    std::vector<int32_t> ids(n);
+    std::vector<float> lps(n);
+    f.graphed->forward_sampled(b, cache, {rows.data(), static_cast<size_t>(n)}, ids.data(), lps.data());
+    for (int s = 0; s < n; ++s) {
+      EXPECT_EQ(ids[s], argmax(want[step].data() + s * vocab, vocab)) << "step " << step << " seq " << s;
+      ++n_past[s];
+      next[s] = ids[s];
+    }
+  }
+  EXPECT_EQ(f.fake.n_device_samples, 7);
+  EXPECT_GT(f.graphed->decode_graphs()->cache().n_replays(), 0);
+  // The CPU backend has no device sampler: refused, naming it.
+  KvCache c2 = f.eager->make_kv_cache(8, 4, DType::kF32);
+  ForwardBatch b;
+  b.token_ids = {5};
+  b.seqs.push_back({1, 0, {0}, true});
+  int32_t id = -1;
+  EXPECT_THROW(f.eager->forward_sampled(b, c2, {rows.data(), 1}, &id, nullptr), Error);
 }
 
 }  // namespace

@@ -14,7 +14,8 @@ TEST(DeviceSamplingPlan, EachMissingFeatureSendsItsRowToTheHost) {
   plain.temperature = 0.8;
   plain.top_k = 40;
   plain.top_p = 0.9;
-  plain.presence_penalty = 0.5;  // penalties run on the device
+  SamplingParams penalised;
+  penalised.presence_penalty = 0.5;  // the kernel has them; their counts are not uploaded yet
   greedy_seeded.temperature = 0.0;
   greedy_seeded.seed = 7;        // greedy draws nothing: the seed changes nothing
   seeded.seed = 7;
@@ -22,13 +23,14 @@ TEST(DeviceSamplingPlan, EachMissingFeatureSendsItsRowToTheHost) {
   lp.logprobs = 3;
   const std::vector<RowSamplingNeeds> rows{
       {&plain}, {&seeded}, {&biased}, {&plain, /*grammar=*/true}, {&plain, false, /*banned_tokens=*/true},
-      {&lp},    {&plain, false, false, /*logprobs=*/true},          {&greedy_seeded}};
+      {&lp},    {&plain, false, false, /*logprobs=*/true},          {&greedy_seeded}, {&penalised}};
   const StepSamplingPlan p = plan_step_sampling(rows, /*device_sampler=*/true);
   EXPECT_EQ(p.device_rows, (std::vector<int64_t>{0, 7}));
-  EXPECT_EQ(p.host_rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(p.host_rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8}));
   EXPECT_EQ(p.reasons, (std::vector<SamplingFallback>{SamplingFallback::kSeed, SamplingFallback::kLogitBias,
                                                       SamplingFallback::kGrammar, SamplingFallback::kBannedTokens,
-                                                      SamplingFallback::kLogprobs, SamplingFallback::kLogprobs}));
+                                                      SamplingFallback::kLogprobs, SamplingFallback::kLogprobs,
+                                                      SamplingFallback::kPenalties}));
   EXPECT_FALSE(p.all_host());
 }
 

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_graph.h"
+#include "backend/cuda/sampling.h"
 #include "backend/cuda/device_memory.h"
 #include "core/error.h"
 
@@ -138,7 +139,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   if (stream_) cudaStreamSynchronize(stream_);
-  for (Scratch* s : {&meta_dev_, &x_bf16_, &out_bf16_, &attn_ws_}) free_scratch(*s);
+  for (Scratch* s : {&meta_dev_, &x_bf16_, &out_bf16_, &attn_ws_, &sample_rows_, &sample_work_, &sample_out_})
+    free_scratch(*s);
   {
     std::lock_guard<std::mutex> lock(measure_mutex());
     gemm_.reset();
@@ -419,6 +421,46 @@ void CudaBackend::copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin
                                        static_cast<size_t>(dst.dim(1)) * e, src.data(), static_cast<size_t>(w) * e,
                                        static_cast<size_t>(w) * e, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
                                        stream_));
+}
+
+void CudaBackend::sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids,
+                              float* logprobs) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  SHARDLM_CHECK(logits.rank() == 2 && logits.dim(0) == n, "sample_rows: logits ", logits.describe(), " for ", n,
+                " rows");
+  if (n == 0) return;
+  const int64_t vocab = logits.dim(1);
+  const float* lg = f32(logits, "sample_rows logits");
+  std::vector<DeviceSamplingRow> host(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    const DeviceSampleRow& s = rows[static_cast<size_t>(r)];
+    DeviceSamplingRow& d = host[static_cast<size_t>(r)];
+    d.temperature = s.temperature;
+    d.top_k = s.top_k;
+    d.top_p = s.top_p;
+    d.min_p = s.min_p;
+    d.seed = s.seed;
+    d.step = s.step;
+  }
+  // No penalty entries (pen.offsets null): rows with penalties are sampled on the host.
+  const size_t rows_bytes = host.size() * sizeof(DeviceSamplingRow);
+  char* rows_dev = static_cast<char*>(scratch(sample_rows_, rows_bytes));
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(rows_dev, host.data(), rows_bytes, cudaMemcpyHostToDevice, stream_));
+  const DevicePenalties pen{};
+  auto* work = static_cast<float*>(scratch(sample_work_, static_cast<size_t>(n * vocab) * sizeof(float)));
+  // [ids n][logprobs n][top ids n × k][top logprobs n × k]
+  const size_t k = kMaxDeviceLogprobs;
+  char* out = static_cast<char*>(scratch(sample_out_, static_cast<size_t>(n) * (2 + 2 * k) * 4));
+  auto* d_ids = reinterpret_cast<int32_t*>(out);
+  auto* d_lp = reinterpret_cast<float*>(out + n * 4);
+  auto* d_top = reinterpret_cast<int32_t*>(out + n * 8);
+  auto* d_top_lp = reinterpret_cast<float*>(out + n * 8 + n * k * 4);
+  sample(lg, n, vocab, reinterpret_cast<const DeviceSamplingRow*>(rows_dev), pen, work, d_ids, d_lp, d_top, d_top_lp,
+         stream_);
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(ids, d_ids, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (logprobs)
+    SHARDLM_CUDA_CHECK(cudaMemcpyAsync(logprobs, d_lp, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  SHARDLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 std::shared_ptr<Backend> make_cuda_backend(const BackendOptions& options) {

@@ -82,6 +82,10 @@ class CudaBackend final : public Backend {
   uint64_t buffer_epoch() const override { return buffer_epoch_; }
   void set_decode_graph_bounds(int64_t max_rows, int64_t max_context) override;
 
+  // backend/cuda/sampling.h's sampler over logits already on this device.
+  bool has_device_sampler() const override { return true; }
+  void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs) override;
+
   // Measured bytes per category (weights, kv_cache, workspace, runtime) and
   // what was asked for: DeviceMemoryAccounting::summary().
   std::string memory_summary() const;
@@ -111,6 +115,7 @@ class CudaBackend final : public Backend {
   int64_t step_max_context_ = 0, step_max_chunk_ = 0;
   bool step_all_decode_ = false;
   Scratch x_bf16_, out_bf16_, attn_ws_;
+  Scratch sample_rows_, sample_work_, sample_out_;  // sample_rows: its rows, [n, vocab] work, ids/logprobs/top
   uint64_t buffer_epoch_ = 0;  // bumped whenever a scratch buffer moves
   int64_t graph_max_rows_ = 0, graph_max_context_ = 0;  // set_decode_graph_bounds (0: off)
   // reserve_weights' block: weight tensors share ownership of it.
