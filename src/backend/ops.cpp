@@ -95,6 +95,8 @@ inline void matmul_rows(const float* x, int64_t k, const void* w, int64_t m, int
   }
 }
 
+constexpr int64_t kRowBlocksPerChunk = 8;
+
 template <DType D, int RB>
 void matmul_row_blocks(const float* x, int64_t n, const void* w, int64_t m, int64_t k, float* y) {
   constexpr int64_t kTokenBlock = 64;  // x block stays in L2 while W streams
@@ -102,7 +104,9 @@ void matmul_row_blocks(const float* x, int64_t n, const void* w, int64_t m, int6
 #pragma omp parallel
   for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
     const int64_t t1 = std::min(n, t0 + kTokenBlock);
-#pragma omp for schedule(static)
+    // Dynamic chunks of rows: on a shared machine one thread often runs
+    // slower than the other, and a static split would make the other wait.
+#pragma omp for schedule(dynamic, kRowBlocksPerChunk)
     for (int64_t rb = 0; rb < n_row_blocks; ++rb) {
       const int64_t j0 = rb * RB;
       if (j0 + RB <= m) {
