@@ -175,7 +175,7 @@ void amx_matmul_bf16(const float* x, int64_t n, const uint16_t* w, int64_t m, in
     uint32_t* b0 = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(panel.data()) + 63) & ~uintptr_t{63});
     uint32_t* b1 = b0 + k_pad / kTileK * 256;
     alignas(64) float c_tile[kTileRows * 16];
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)  // threads of a shared VM run at unequal speed
     for (int64_t p = 0; p < n_panels; ++p) {
       const int64_t j0 = p * kPanelCols;
       pack_b(w, m, k, j0, k_pad, b0);

@@ -139,7 +139,7 @@ void packed_typed(const float* x, int64_t n, const void* w, int64_t m, int64_t k
       s.panel.resize(static_cast<size_t>(kKC * kNR));
       s.row_buf.resize(static_cast<size_t>(kKC));
     }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)  // threads of a shared VM run at unequal speed
     for (int64_t item = 0; item < n_items; ++item) {
       const int64_t p = item / token_chunks, c = item % token_chunks;
       const int64_t t0 = c * chunk, t1 = std::min(n, t0 + chunk);
