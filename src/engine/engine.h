@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -166,6 +167,14 @@ class Engine {
   SeqId next_seq_id_ = 1;
   std::vector<float> logits_;  // [n_logits, vocab]
   std::vector<uint32_t> masks_;  // [n_logits, n_mask_words]: grammar bitmasks of this step
+  // One row to sample this step (reused across steps: no allocation once grown).
+  struct SampleJob {
+    size_t k;                  // index in the plan's seqs
+    float* logits;             // [vocab] the row in logits_, masked and banned
+    SeqState* seq;
+    std::exception_ptr error;  // what its sampler threw
+  };
+  std::vector<SampleJob> sample_jobs_;
   std::deque<StepPlan> in_flight_;  // submitted to the executor, oldest first
   int max_in_flight_ = 1;
 
