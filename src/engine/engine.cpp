@@ -486,9 +486,8 @@ bool Engine::step_inner() {
       ++row;
     }
     const int64_t n_sample = static_cast<int64_t>(sample_jobs_.size());
-    // A team costs a few microseconds; one row of a real vocabulary costs
-    // tens to hundreds, so only batches of real work go parallel.
-    const bool parallel = n_sample > 1 && n_sample * vocab_size_ >= (int64_t(1) << 18);
+    // Only batches of real work go parallel (EngineConfig).
+    const bool parallel = n_sample > 1 && n_sample * vocab_size_ >= config_.parallel_sampling_min_work;
 #pragma omp parallel for schedule(dynamic) if (parallel)
     for (int64_t i = 0; i < n_sample; ++i) {
       SampleJob& job = sample_jobs_[size_t(i)];

@@ -46,6 +46,10 @@ struct EngineConfig {
   // times over the engine's life; past that, or when it cannot restart, the
   // engine is down for good (health().fatal) and refuses every request.
   int32_t max_executor_restarts = 3;
+  // A step's rows are sampled in parallel (OpenMP, one team) when rows x
+  // vocab reaches this: a team costs microseconds, a 152K-token row tens to
+  // hundreds of them. Tests set 0 to force the parallel path.
+  int64_t parallel_sampling_min_work = int64_t(1) << 18;
   // Unset: the standard Sampler. Tests substitute one that throws.
   std::function<std::unique_ptr<Sampler>(const SamplingParams& params, std::span<const int32_t> prompt_ids,
                                          int64_t vocab_size)>
