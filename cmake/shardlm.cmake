@@ -1,3 +1,29 @@
+# SHARDLM_HOT_CXX_FLAGS: extra flags for the code whose tests are compute-bound
+# (kernels, model, scheduler, grammar masks, plan enumeration, weight
+# loading, tokenizer encode). The sanitizer passes compile everything else at
+# -O0, which takes about half the time of -O1 (codegen is most of a
+# translation unit's time, and -O0 checks the same accesses), and pass -O1
+# here for the hot code, so the tests do not get slower. Empty (the default):
+# every file gets the same flags.
+set(SHARDLM_HOT_CXX_FLAGS "" CACHE STRING "Extra compile flags for compute-bound code (the sanitizer passes: -O1)")
+set(SHARDLM_HOT_LAYERS core backend comm kv sched sampling grammar model plan engine)
+set(SHARDLM_HOT_TEST_LAYERS backend comm model cuda)
+
+# shardlm_hot_target(TARGET): all of TARGET's C++ sources are hot.
+function(shardlm_hot_target target)
+  if(SHARDLM_HOT_CXX_FLAGS)
+    target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${SHARDLM_HOT_CXX_FLAGS}>")
+  endif()
+endfunction()
+
+# shardlm_hot_sources(FILES...): these files of a cold layer are hot (call it
+# in the folder that defines the target; paths relative to it).
+function(shardlm_hot_sources)
+  if(SHARDLM_HOT_CXX_FLAGS)
+    set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "${SHARDLM_HOT_CXX_FLAGS}")
+  endif()
+endfunction()
+
 # shardlm_layer(NAME DEPS...): a static library from src/NAME/*.cpp (and
 # subfolders), usable as shardlm::NAME. Headers are included as "NAME/file.h".
 # The subfolders cuda/ and nccl/ are left out: they are their own libraries,
@@ -9,6 +35,9 @@ function(shardlm_layer name)
   add_library(shardlm::${name} ALIAS shardlm_${name})
   target_include_directories(shardlm_${name} PUBLIC ${CMAKE_SOURCE_DIR}/src)
   target_link_libraries(shardlm_${name} PUBLIC ${ARGN})
+  if(name IN_LIST SHARDLM_HOT_LAYERS)
+    shardlm_hot_target(shardlm_${name})
+  endif()
 endfunction()
 
 # shardlm_test(NAME SOURCES... LIBS ...): one GoogleTest binary, registered with ctest.
@@ -17,6 +46,11 @@ function(shardlm_test name)
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} shardlm_test_support GTest::gtest GTest::gtest_main)
   add_dependencies(${name} shardlm)
+  # Tests of the compute layers run their kernels in the test file too.
+  get_filename_component(test_layer ${CMAKE_CURRENT_SOURCE_DIR} NAME)
+  if(test_layer IN_LIST SHARDLM_HOT_TEST_LAYERS)
+    shardlm_hot_target(${name})
+  endif()
   # Tests find the sources, the build and the CLI through the environment.
   # ctest's ENVIRONMENT property holds only one variable when passed through
   # gtest_discover_tests, so the variables are set by running each test under

@@ -210,6 +210,7 @@ void Engine::add_request(Command&& cmd) {
     s->id = next_seq_id_++;
     SamplingParams params = r.sampling;
     if (params.seed) params.seed = *params.seed + uint64_t(i);  // siblings draw differently, reproducibly
+    params.return_logprob = r.logprobs;  // no log_softmax pass over the vocabulary unless returned
     s->sampler = config_.make_sampler ? config_.make_sampler(params, r.prompt_token_ids, vocab_size_)
                                       : std::make_unique<Sampler>(params, r.prompt_token_ids, vocab_size_);
     if (detokenizer_) s->detok = detokenizer_->stream(r.prompt_token_ids, r.skip_special_tokens);
@@ -393,7 +394,7 @@ bool Engine::step_inner() {
   in_flight_.pop_front();
   int64_t n_logits = 0;
   for (const auto& sc : plan.seqs) n_logits += sc.need_logits ? 1 : 0;
-  logits_.assign(size_t(n_logits * vocab_size_), 0.0f);
+  logits_.resize(size_t(n_logits * vocab_size_));  // collect writes every entry: no zero fill
   try {
     executor_.collect(logits_.data());
   } catch (const std::exception& e) {
@@ -450,6 +451,9 @@ bool Engine::step_inner() {
     }
     size_t next_job = 0;
 
+    // Rows to sample, after masks and bans; each sequence's sampler has its
+    // own RNG and the scratch is per thread, so rows sample in parallel.
+    sample_jobs_.clear();
     int64_t row = 0;
     for (size_t k = 0; k < plan.seqs.size(); ++k) {
       if (!plan.seqs[k].need_logits) continue;
@@ -478,19 +482,34 @@ bool Engine::step_inner() {
         if (!r.stop.ignore_eos) banned.insert(banned.end(), config_.eos_token_ids.begin(), config_.eos_token_ids.end());
       }
       for (int32_t t : banned) row_logits[t] = -std::numeric_limits<float>::infinity();
-      SampleResult res = seq.sampler->sample(std::span<const float>(row_logits, size_t(vocab_size_)));
-      sampled[k] = res.token;
-      if (r.logprobs) {
-        TokenLogprobs lp;
-        lp.token_id = res.token;
-        lp.logprob = res.logprob;
-        lp.rank = 1;
-        for (int64_t v = 0; v < vocab_size_; ++v) lp.rank += row_logits[v] > row_logits[res.token] ? 1 : 0;
-        lp.top = std::move(res.top_logprobs);
-        logprobs[k] = std::move(lp);
-      }
+      sample_jobs_.push_back({k, row_logits, &seq, nullptr});
       ++row;
     }
+    const int64_t n_sample = static_cast<int64_t>(sample_jobs_.size());
+    // Only batches of real work go parallel (EngineConfig).
+    const bool parallel = n_sample > 1 && n_sample * vocab_size_ >= config_.parallel_sampling_min_work;
+#pragma omp parallel for schedule(dynamic) if (parallel)
+    for (int64_t i = 0; i < n_sample; ++i) {
+      SampleJob& job = sample_jobs_[size_t(i)];
+      const size_t k = job.k;
+      try {
+        SampleResult res = job.seq->sampler->sample(std::span<const float>(job.logits, size_t(vocab_size_)));
+        sampled[k] = res.token;
+        if (job.seq->request->request.logprobs) {
+          TokenLogprobs lp;
+          lp.token_id = res.token;
+          lp.logprob = res.logprob;
+          lp.rank = 1;
+          for (int64_t v = 0; v < vocab_size_; ++v) lp.rank += job.logits[v] > job.logits[res.token] ? 1 : 0;
+          lp.top = std::move(res.top_logprobs);
+          logprobs[k] = std::move(lp);
+        }
+      } catch (...) {
+        job.error = std::current_exception();
+      }
+    }
+    for (const SampleJob& job : sample_jobs_)
+      if (job.error) std::rethrow_exception(job.error);  // the first failing row, in batch order
     SHARDLM_CHECK(row == n_logits);
   } catch (const std::exception& e) {
     fail_plan(plan, e);

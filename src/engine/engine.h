@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -45,6 +46,10 @@ struct EngineConfig {
   // times over the engine's life; past that, or when it cannot restart, the
   // engine is down for good (health().fatal) and refuses every request.
   int32_t max_executor_restarts = 3;
+  // A step's rows are sampled in parallel (OpenMP, one team) when rows x
+  // vocab reaches this: a team costs microseconds, a 152K-token row tens to
+  // hundreds of them. Tests set 0 to force the parallel path.
+  int64_t parallel_sampling_min_work = int64_t(1) << 18;
   // Unset: the standard Sampler. Tests substitute one that throws.
   std::function<std::unique_ptr<Sampler>(const SamplingParams& params, std::span<const int32_t> prompt_ids,
                                          int64_t vocab_size)>
@@ -166,6 +171,14 @@ class Engine {
   SeqId next_seq_id_ = 1;
   std::vector<float> logits_;  // [n_logits, vocab]
   std::vector<uint32_t> masks_;  // [n_logits, n_mask_words]: grammar bitmasks of this step
+  // One row to sample this step (reused across steps: no allocation once grown).
+  struct SampleJob {
+    size_t k;                  // index in the plan's seqs
+    float* logits;             // [vocab] the row in logits_, masked and banned
+    SeqState* seq;
+    std::exception_ptr error;  // what its sampler threw
+  };
+  std::vector<SampleJob> sample_jobs_;
   std::deque<StepPlan> in_flight_;  // submitted to the executor, oldest first
   int max_in_flight_ = 1;
 

@@ -179,9 +179,15 @@ void LocalGroupExecutor::run_rank(int rank) {
 
 void LocalGroupExecutor::submit(ForwardBatch batch) {
   auto job = std::make_shared<Job>();
-  job->logits.assign(static_cast<size_t>(batch.n_logits() * vocab_size_), 0.0f);
-  job->batch = std::move(batch);
   std::lock_guard<std::mutex> lock(mutex_);
+  // A collected batch's buffer, reused: no vocab-sized allocation or zero
+  // fill per step (the last stage writes every row it is given).
+  if (!spare_logits_.empty()) {
+    job->logits = std::move(spare_logits_.back());
+    spare_logits_.pop_back();
+  }
+  job->logits.resize(static_cast<size_t>(batch.n_logits() * vocab_size_));
+  job->batch = std::move(batch);
   if (broken_) fail(ErrorCode::kDistributed, "the model's rank group failed earlier and cannot run more steps");
   SHARDLM_CHECK(static_cast<int>(jobs_.size()) < max_in_flight(), "submit beyond max_in_flight (", max_in_flight(), ")");
   job->index = n_submitted_++;
@@ -199,6 +205,8 @@ void LocalGroupExecutor::collect(float* logits) {
   jobs_.pop_front();
   lock.unlock();
   std::copy(job->logits.begin(), job->logits.end(), logits);
+  lock.lock();
+  if (static_cast<int>(spare_logits_.size()) < max_in_flight()) spare_logits_.push_back(std::move(job->logits));
 }
 
 void LocalGroupExecutor::execute(const ForwardBatch& batch, float* logits) {

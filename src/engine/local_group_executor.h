@@ -111,6 +111,7 @@ class LocalGroupExecutor final : public ModelExecutor {
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
+  std::vector<std::vector<float>> spare_logits_;  // collected jobs' logits buffers, for the next submits
   std::vector<std::thread> threads_;
   std::shared_ptr<void> world_;      // keeps the LocalComm world alive
   int n_loaded_ = 0;

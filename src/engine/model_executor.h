@@ -24,7 +24,8 @@ class ModelExecutor {
   virtual ~ModelExecutor() = default;
   virtual int64_t vocab_size() const = 0;
   // logits: [batch.n_logits(), vocab_size()] row-major, one row per sequence
-  // with need_logits, in batch.seqs order. Throws shardlm::Error on failure.
+  // with need_logits, in batch.seqs order, every entry written (the engine
+  // does not clear the buffer between steps). Throws shardlm::Error on failure.
   // Only with nothing in flight.
   virtual void execute(const ForwardBatch& batch, float* logits) = 0;
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include "core/error.h"
 
@@ -70,63 +71,197 @@ void apply_penalties(const SamplingParams& p, std::span<float> logits, std::span
   }
 }
 
-std::vector<double> sampling_distribution(const SamplingParams& p, std::span<const float> logits) {
-  const size_t vocab = logits.size();
-  std::vector<double> prob(vocab, 0.0);
-  const double inv_t = 1.0 / std::max(p.temperature, kGreedyTemperature);
-  double max_z = -std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < vocab; ++i)
-    if (!std::isnan(logits[i])) max_z = std::max(max_z, logits[i] * inv_t);
-  double total = 0.0;
-  for (size_t i = 0; i < vocab; ++i) {
-    const double z = logits[i] * inv_t;
-    prob[i] = std::isnan(logits[i]) || std::isinf(z) ? 0.0 : std::exp(z - max_z);
-    total += prob[i];
+namespace {
+
+// (logit, id) with the sampler's order: higher logit first, lower id on ties.
+using Scored = std::pair<float, int32_t>;
+bool more_likely(const Scored& a, const Scored& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; }
+
+// Pushes (key, id) into heap, which keeps the n most likely seen so far
+// with the least likely on top (std heap functions with more_likely as
+// "less"). Ids arrive in increasing order, so an equal key never displaces.
+inline void heap_offer(std::vector<Scored>& heap, size_t n, float key, int32_t id) {
+  if (heap.size() < n) {
+    heap.emplace_back(key, id);
+    std::push_heap(heap.begin(), heap.end(), more_likely);
+  } else if (key > heap.front().first) {
+    std::pop_heap(heap.begin(), heap.end(), more_likely);
+    heap.back() = {key, id};
+    std::push_heap(heap.begin(), heap.end(), more_likely);
   }
-  if (!(total > 0.0)) {  // all -inf / NaN: fall back to the argmax
-    std::fill(prob.begin(), prob.end(), 0.0);
+}
+
+}  // namespace
+
+void top_n(std::span<const float> logits, size_t n, std::vector<std::pair<float, int32_t>>& heap,
+           std::vector<int32_t>& out) {
+  heap.clear();
+  out.clear();
+  n = std::min(n, logits.size());
+  if (n == 0) return;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float key = std::isnan(logits[i]) ? -INFINITY : logits[i];
+    heap_offer(heap, n, key, static_cast<int32_t>(i));
+  }
+  std::sort_heap(heap.begin(), heap.end(), more_likely);  // most likely first
+  for (const Scored& e : heap) out.push_back(e.second);
+}
+
+size_t filter_tokens(const SamplingParams& p, std::span<const float> z, SamplingScratch& s) {
+  const size_t vocab = z.size();
+  float max_l = -INFINITY;
+  for (size_t i = 0; i < vocab; ++i)
+    if (z[i] > max_l) max_l = z[i];  // NaN compares false
+  if (!(max_l > -INFINITY) || std::isinf(max_l)) return 0;  // all -inf / NaN, or a +inf logit
+  const double inv_t = 1.0 / std::max(p.temperature, kGreedyTemperature);
+  const double max_z = max_l * inv_t;
+  // Unnormalised probability of logit l: exp(l / t - max / t) in (0, 1];
+  // 0 for -inf and for tokens too unlikely for an f32 (under 1e-38 of the
+  // most likely, which no 53-bit draw can reach).
+  auto weight = [&](float l) { return std::exp(static_cast<float>(l * inv_t - max_z)); };
+  auto order_less = [&](int32_t a, int32_t b) { return z[a] != z[b] ? z[a] > z[b] : a < b; };
+  const double min_p = p.min_p;
+  s.weight.resize(vocab);
+  s.kept.resize(vocab);
+  s.order.resize(vocab);
+  size_t n_order = 0;  // candidates in s.order[0, n_order)
+
+  const bool top_k_on = p.top_k > 0 && static_cast<size_t>(p.top_k) < vocab;
+  if (top_k_on) {
+    // The k most likely finite tokens by logit; min_p keeps an upper set of
+    // the same order, so it commutes with top_k and is applied after.
+    const size_t k = static_cast<size_t>(p.top_k);
+    if (k * 16 <= vocab) {
+      s.heap.clear();
+      for (size_t i = 0; i < vocab; ++i)
+        if (z[i] > -INFINITY) heap_offer(s.heap, k, z[i], static_cast<int32_t>(i));
+      for (const Scored& e : s.heap) s.order[n_order++] = e.second;
+    } else {
+      for (size_t i = 0; i < vocab; ++i)
+        if (z[i] > -INFINITY) s.order[n_order++] = static_cast<int32_t>(i);
+      if (n_order > k) {
+        std::nth_element(s.order.begin(), s.order.begin() + k, s.order.begin() + n_order, order_less);
+        n_order = k;
+      }
+    }
+    size_t m = 0;
+    for (size_t j = 0; j < n_order; ++j) {
+      const float w = weight(z[s.order[j]]);
+      if (w > 0.0f && !(w < min_p)) s.order[m++] = s.order[j];
+    }
+    n_order = m;
+    if (n_order == 0) return 0;
+    std::sort(s.order.begin(), s.order.begin() + n_order, order_less);
+    size_t n_keep = n_order;
+    if (p.top_p < 1.0) {
+      double kept_mass = 0.0;
+      for (size_t j = 0; j < n_order; ++j) kept_mass += weight(z[s.order[j]]);
+      const double target = p.top_p * kept_mass;
+      double before = 0.0;
+      n_keep = 0;
+      for (size_t j = 0; j < n_order; ++j) {
+        if (n_keep > 0 && before >= target) break;
+        before += weight(z[s.order[j]]);
+        ++n_keep;
+      }
+    }
+    std::sort(s.order.begin(), s.order.begin() + n_keep);  // id order for the draw
+    for (size_t j = 0; j < n_keep; ++j) {
+      s.kept[j] = s.order[j];
+      s.weight[j] = weight(z[s.order[j]]);
+    }
+    return n_keep;
+  }
+
+  // No top_k: one exp pass over the vocabulary, weights by token id.
+  double kept_mass = 0.0;
+  size_t n_positive = 0;
+  for (size_t i = 0; i < vocab; ++i) {
+    float w = std::isnan(z[i]) ? 0.0f : weight(z[i]);
+    if (w < min_p) w = 0.0f;
+    s.weight[i] = w;
+    kept_mass += w;
+    n_positive += w > 0.0f;
+  }
+  if (!(kept_mass > 0.0)) return 0;
+  int32_t boundary = -1;  // the least likely token top_p keeps; -1: top_p off
+  if (p.top_p < 1.0) {
+    // A token lighter than (1 - top_p) * mass / n is never kept: were it
+    // kept, it and the tokens below it (each lighter still, at most n in
+    // all) would have to outweigh (1 - top_p) * mass. So only heavier
+    // tokens are candidates, which for a peaked distribution is a few
+    // percent of the vocabulary.
+    const double floor_w = (1.0 - p.top_p) * kept_mass / static_cast<double>(n_positive);
+    for (size_t i = 0; i < vocab; ++i)
+      if (s.weight[i] > 0.0f && s.weight[i] >= floor_w) s.order[n_order++] = static_cast<int32_t>(i);
+    // Keep a token while the mass of the more likely ones is below target
+    // (the most likely always stays). Quickselect on mass: after
+    // nth_element at mid, [lo, mid) holds the sorted positions lo..mid-1;
+    // if the mass before mid is still under target, mid is kept and the
+    // boundary lies above it, else it lies below.
+    const double target = p.top_p * kept_mass;
+    size_t lo = 0, hi = n_order;
+    double before = 0.0;  // mass of the sorted positions [0, lo)
+    while (hi - lo > 64) {
+      const size_t mid = lo + (hi - lo) / 2;
+      std::nth_element(s.order.begin() + lo, s.order.begin() + mid, s.order.begin() + hi, order_less);
+      double m = 0.0;
+      for (size_t j = lo; j < mid; ++j) m += s.weight[s.order[j]];
+      if (before + m < target) {
+        before += m;
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    std::sort(s.order.begin() + lo, s.order.begin() + hi, order_less);
+    size_t n_keep = lo;
+    for (size_t j = lo; j < hi; ++j) {
+      if (n_keep > 0 && before >= target) break;
+      before += s.weight[s.order[j]];
+      ++n_keep;
+    }
+    boundary = s.order[n_keep - 1];
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < vocab; ++i) {
+    const float w = s.weight[i];
+    if (w <= 0.0f) continue;
+    if (boundary >= 0 && !(static_cast<int32_t>(i) == boundary || order_less(static_cast<int32_t>(i), boundary)))
+      continue;
+    s.kept[n] = static_cast<int32_t>(i);
+    s.weight[n] = w;  // n <= i: compacts in place
+    ++n;
+  }
+  return n;
+}
+
+std::vector<double> sampling_distribution(const SamplingParams& p, std::span<const float> logits) {
+  std::vector<double> prob(logits.size(), 0.0);
+  SamplingScratch s;
+  const size_t n = filter_tokens(p, logits, s);
+  if (n == 0) {
     prob[argmax(logits)] = 1.0;
     return prob;
   }
-  for (double& x : prob) x /= total;
-
-  if (p.min_p > 0.0) {
-    const double threshold = p.min_p * *std::max_element(prob.begin(), prob.end());
-    for (double& x : prob)
-      if (x < threshold) x = 0.0;
-  }
-  // Kept tokens, most likely first, lowest id on ties.
-  std::vector<int32_t> kept;
-  for (size_t i = 0; i < vocab; ++i)
-    if (prob[i] > 0.0) kept.push_back(static_cast<int32_t>(i));
-  auto more_likely = [&](int32_t a, int32_t b) { return prob[a] != prob[b] ? prob[a] > prob[b] : a < b; };
-  const bool top_k_on = p.top_k > 0 && static_cast<size_t>(p.top_k) < kept.size();
-  if (top_k_on) {
-    std::nth_element(kept.begin(), kept.begin() + p.top_k, kept.end(), more_likely);
-    for (size_t j = p.top_k; j < kept.size(); ++j) prob[kept[j]] = 0.0;
-    kept.resize(p.top_k);
-  }
-  if (p.top_p < 1.0) {
-    std::sort(kept.begin(), kept.end(), more_likely);
-    double kept_mass = 0.0;
-    for (int32_t t : kept) kept_mass += prob[t];
-    // Keep a token while the mass of the more likely ones is below top_p
-    // (vLLM: drop the tail whose cumulative mass is <= 1 - top_p); the most
-    // likely token always stays.
-    double before = 0.0;
-    size_t n_keep = 0;
-    for (int32_t t : kept) {
-      if (n_keep > 0 && before >= p.top_p * kept_mass) break;
-      before += prob[t];
-      ++n_keep;
-    }
-    for (size_t j = n_keep; j < kept.size(); ++j) prob[kept[j]] = 0.0;
-  }
-  total = 0.0;
-  for (double x : prob) total += x;
-  for (double& x : prob) x /= total;
+  double total = 0.0;
+  for (size_t j = 0; j < n; ++j) total += s.weight[j];
+  for (size_t j = 0; j < n; ++j) prob[s.kept[j]] = s.weight[j] / total;
   return prob;
 }
+
+namespace {
+
+// Per-thread buffers of sample(): each thread grows them once to the
+// largest vocabulary it sees, so steady-state sampling allocates nothing.
+struct ThreadScratch {
+  std::vector<float> work;  // [vocab] logits after bias and penalties
+  SamplingScratch filter;
+  std::vector<int32_t> top;
+};
+thread_local ThreadScratch t_scratch;
+
+}  // namespace
 
 Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt_ids, int64_t vocab_size)
     : params_(params), vocab_size_(vocab_size) {
@@ -135,65 +270,73 @@ Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt_i
   for (const auto& [token, bias] : params_.logit_bias)
     if (token >= vocab_size)
       fail(ErrorCode::kInvalidArgument, "logit_bias token ", token, " is outside the vocabulary of ", vocab_size, " tokens");
-  in_prompt_.assign(static_cast<size_t>(vocab_size), 0);
-  for (int32_t t : prompt_ids)
-    if (t >= 0 && t < vocab_size) in_prompt_[t] = 1;
+  penalised_ = params_.repetition_penalty != 1.0 || params_.frequency_penalty != 0.0 || params_.presence_penalty != 0.0;
+  if (params_.repetition_penalty != 1.0) {
+    in_prompt_.assign(static_cast<size_t>(vocab_size), 0);
+    for (int32_t t : prompt_ids)
+      if (t >= 0 && t < vocab_size) in_prompt_[t] = 1;
+  }
   rng_.seed(params_.seed ? *params_.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}());
 }
 
 void Sampler::accept(int32_t token) {
   output_ids_.push_back(token);
-  ++output_count_[token];
+  if (penalised_) ++output_count_[token];
 }
 
 SampleResult Sampler::sample(std::span<const float> logits) {
   if (static_cast<int64_t>(logits.size()) != vocab_size_)
     fail(ErrorCode::kInvalidArgument, "sampler: logits have ", logits.size(), " entries, the vocabulary has ", vocab_size_);
+  ThreadScratch& ts = t_scratch;
   SampleResult result;
-  std::vector<float> processed(logits.begin(), logits.end());
-  for (const auto& [token, bias] : params_.logit_bias) processed[token] += bias;
-  apply_penalties(params_, processed, in_prompt_, output_count_);
+  // Logits as sampled: the model's own unless a bias or a penalty changes them.
+  std::span<const float> z = logits;
+  if (!params_.logit_bias.empty() || penalised_) {
+    ts.work.assign(logits.begin(), logits.end());
+    for (const auto& [token, bias] : params_.logit_bias) ts.work[token] += bias;
+    apply_penalties(params_, ts.work, in_prompt_, output_count_);
+    z = ts.work;
+  }
   if (params_.greedy()) {
-    result.token = argmax(processed);
+    result.token = argmax(z);
   } else {
-    const std::vector<double> prob = sampling_distribution(params_, processed);
+    const size_t n = filter_tokens(params_, z, ts.filter);
     const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
-    double cum = 0.0;
-    int32_t last_kept = -1;
-    result.token = -1;
-    for (size_t i = 0; i < prob.size(); ++i) {
-      if (prob[i] <= 0.0) continue;
-      last_kept = static_cast<int32_t>(i);
-      cum += prob[i];
-      if (cum > u) {
-        result.token = last_kept;
-        break;
+    if (n == 0) {
+      result.token = argmax(z);
+    } else {
+      // The first kept token (in id order) whose cumulative mass exceeds u.
+      const float* w = ts.filter.weight.data();
+      double total = 0.0;
+      for (size_t j = 0; j < n; ++j) total += w[j];
+      const double target = u * total;
+      double cum = 0.0;
+      result.token = ts.filter.kept[n - 1];  // u within rounding of 1
+      for (size_t j = 0; j < n; ++j) {
+        cum += w[j];
+        if (cum > target) {
+          result.token = ts.filter.kept[j];
+          break;
+        }
       }
     }
-    if (result.token < 0) result.token = last_kept;  // u within rounding of 1
   }
 
-  // Raw logprobs: log_softmax of the model's logits.
-  double max_l = -std::numeric_limits<double>::infinity();
-  for (float x : logits)
-    if (!std::isnan(x)) max_l = std::max(max_l, static_cast<double>(x));
-  double sum = 0.0;
-  for (float x : logits)
-    if (!std::isnan(x)) sum += std::exp(x - max_l);
-  const double log_z = max_l + std::log(sum);
-  result.logprob = static_cast<float>(logits[result.token] - log_z);
-  if (params_.logprobs > 0) {
-    std::vector<int32_t> ids(logits.size());
-    std::iota(ids.begin(), ids.end(), 0);
-    auto better = [&](int32_t a, int32_t b) {
-      const float la = std::isnan(logits[a]) ? -INFINITY : logits[a];
-      const float lb = std::isnan(logits[b]) ? -INFINITY : logits[b];
-      return la != lb ? la > lb : a < b;
-    };
-    const size_t n = std::min<size_t>(params_.logprobs, ids.size());
-    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), better);
-    for (size_t j = 0; j < n; ++j)
-      result.top_logprobs.push_back({ids[j], static_cast<float>(logits[ids[j]] - log_z)});
+  // Raw logprobs: log_softmax of the model's logits, only when asked for.
+  if (params_.logprobs > 0 || params_.return_logprob) {
+    float max_l = -INFINITY;
+    for (float x : logits)
+      if (x > max_l) max_l = x;
+    double sum = 0.0;
+    for (float x : logits)
+      if (!std::isnan(x)) sum += std::exp(x - max_l);
+    const double log_z = max_l + std::log(sum);
+    result.logprob = static_cast<float>(logits[result.token] - log_z);
+    if (params_.logprobs > 0) {
+      top_n(logits, static_cast<size_t>(params_.logprobs), ts.filter.heap, ts.top);
+      result.top_logprobs.reserve(ts.top.size());
+      for (int32_t id : ts.top) result.top_logprobs.push_back({id, static_cast<float>(logits[id] - log_z)});
+    }
   }
   accept(result.token);
   return result;

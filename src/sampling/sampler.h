@@ -37,8 +37,19 @@ struct SampleResult {
   std::vector<TokenLogprob> top_logprobs; // [params.logprobs], most likely first, lowest id on ties
 };
 
+// Reusable buffers of filter_tokens (below).
+struct SamplingScratch {
+  std::vector<float> weight;     // [vocab] capacity
+  std::vector<int32_t> kept;     // [vocab] capacity
+  std::vector<int32_t> order;    // [vocab] capacity: candidates being selected
+  std::vector<std::pair<float, int32_t>> heap;  // [k]: (logit, id), least likely on top
+};
+
 // Sampling state of one sequence: its parameters, the tokens penalties look
-// at, and its RNG. Not thread-safe; one per sequence.
+// at, and its RNG. Not thread-safe; one per sequence, so the sequences of a
+// batch can be sampled in parallel. The scratch sample() works in is per
+// thread (a few vocab-sized buffers, grown once), so after the first call a
+// thread's sample() allocates nothing unless top logprobs are asked for.
 class Sampler {
  public:
   // Validates params (throws Error(kInvalidArgument)); vocab_size > 0.
@@ -61,8 +72,9 @@ class Sampler {
  private:
   SamplingParams params_;
   int64_t vocab_size_;
-  std::vector<uint8_t> in_prompt_;                    // [vocab_size]: 1 if the token is in the prompt
-  std::unordered_map<int32_t, int32_t> output_count_; // token -> occurrences in the output
+  bool penalised_;                                    // any of the three penalties is on
+  std::vector<uint8_t> in_prompt_;                    // [vocab_size] when repetition_penalty != 1: 1 if in the prompt
+  std::unordered_map<int32_t, int32_t> output_count_; // token -> occurrences in the output (kept when penalised_)
   std::vector<int32_t> output_ids_;
   std::mt19937_64 rng_;
 };
@@ -76,6 +88,25 @@ void apply_penalties(const SamplingParams& params, std::span<float> logits, std:
 // temperature, min_p, top_k and top_p (zeros for dropped tokens, summing to
 // 1), for already-penalised logits. Not for greedy params.
 std::vector<double> sampling_distribution(const SamplingParams& params, std::span<const float> logits);
+
+// The tokens that survive temperature, min_p, top_k and top_p, for
+// already-penalised logits [vocab]: scratch.kept holds their ids in id
+// order and scratch.weight their unnormalised probabilities
+// exp((logit - max) / temperature) (f32, > 0), both of length n (the
+// return value). 0 when no token has a finite positive weight (all -inf or
+// NaN, or a +inf logit): the caller falls back to argmax.
+//
+// Cost: O(vocab) passes and no full-vocabulary sort. With top_k, a heap of
+// the k most likely tokens (exp only over those); without, one exp pass and,
+// for top_p, a mass-guided quickselect (nth_element halvings) that sorts
+// only the last small window. Ties between equal logits go to the lower id,
+// as everywhere in the sampler. Not for greedy params.
+size_t filter_tokens(const SamplingParams& params, std::span<const float> logits, SamplingScratch& scratch);
+
+// The n most likely of logits (NaN counts as -inf), most likely first,
+// lowest id on ties, into out (cleared first). O(vocab log n).
+void top_n(std::span<const float> logits, size_t n, std::vector<std::pair<float, int32_t>>& heap,
+           std::vector<int32_t>& out);
 
 // Index of the largest value, lowest index on ties; NaN never wins.
 int32_t argmax(std::span<const float> logits);

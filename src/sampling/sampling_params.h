@@ -23,6 +23,10 @@ struct SamplingParams {
   double repetition_penalty = 1.0;  // (0, 2]: prompt+output tokens: positive logits / p, negative * p
   std::optional<uint64_t> seed = std::nullopt;  // set: the same tokens every run, whatever the batch
   int32_t logprobs = 0;             // [0, kMaxLogprobs]: top alternatives returned per token
+  // false: sample() skips the raw log_softmax pass when logprobs == 0 and
+  // leaves SampleResult::logprob at 0 (the engine asks only for requests
+  // that return logprobs).
+  bool return_logprob = true;
   // (token id, bias in [-100, 100]) added to that token's logit before the
   // penalties (OpenAI's logit_bias; -100 bans a token, +100 all but forces it).
   std::vector<std::pair<int32_t, float>> logit_bias = {};

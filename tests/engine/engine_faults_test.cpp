@@ -135,8 +135,15 @@ class ThrowingDetokenizer : public Detokenizer {
   }
 };
 
-TEST(EngineFaults, SamplerThrowingBetweenCollectAndCommitReturnsEveryBlock) {
+// Serial and parallel sampling (EngineConfig::parallel_sampling_min_work 0:
+// the rows of a step sampled by an OpenMP team, the error rethrown after it).
+class SamplerFaults : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(EngineFaults, SamplerFaults, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "parallel" : "serial"; });
+
+TEST_P(SamplerFaults, SamplerThrowingBetweenCollectAndCommitReturnsEveryBlock) {
   EngineConfig c = config();
+  if (GetParam()) c.parallel_sampling_min_work = 0;
   // The request whose prompt starts with 63 gets a sampler that fails at its 3rd token.
   c.make_sampler = [](const SamplingParams& p, std::span<const int32_t> ids, int64_t vocab) -> std::unique_ptr<Sampler> {
     if (!ids.empty() && ids[0] == 63) return std::make_unique<ThrowingSampler>(p, ids, vocab, 3);
@@ -148,6 +155,7 @@ TEST(EngineFaults, SamplerThrowingBetweenCollectAndCommitReturnsEveryBlock) {
   std::vector<int32_t> bad = prompt(9, 1);
   bad[0] = 63;
   engine.submit(greedy("bad", bad, 10), out.callbacks());
+  if (GetParam()) engine.submit(greedy("also", prompt(8, 9), 10), out.callbacks());  // a second row in the team
   engine.run_until_idle();
   EXPECT_EQ(out.get("bad").finish, FinishReason::kAbort);
   EXPECT_NE(out.get("bad").error.find("sampler test double"), std::string::npos) << out.get("bad").error;
