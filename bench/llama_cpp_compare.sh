@@ -6,8 +6,8 @@
 # rooflines (memory bandwidth, f32 FMA peak) measured in the same rounds.
 #
 #   bench/llama_cpp_compare.sh            # Qwen2.5-0.5B and 1.5B shapes, 3 rounds (~30 min quiet)
-#   bench/llama_cpp_compare.sh --quick    # 0.5B only, 1 round, for iterating (~5 min quiet)
-#   options: --build-dir DIR (default build), --threads N (default 2), --rounds N, --no-serve
+#   bench/llama_cpp_compare.sh --quick    # 0.5B only, 1 round, no serve row, for iterating (~5 min quiet)
+#   options: --build-dir DIR (default build), --threads N (default 2), --rounds N, --serve / --no-serve
 #
 # What it does:
 #  1. llama.cpp: `npm pack node-llama-cpp@3.21.1` into BUILD/.cache/npm, clones the llama.cpp
@@ -34,7 +34,7 @@
 #     TP=2 as threads (0.5B, shardlm only): `--decode-bench 1 --tp 2` against TP=1's figure;
 #     quantized, batch 1 (0.5B): A llama-bench tg64 on Q4_0 and Q8_0, B decode-bench 1 on the AWQ
 #       and GPTQ-int8 checkpoints;
-#     16 streams through `shardlm serve` (0.5B, unless --no-serve): `shardlm bench` at concurrency
+#     16 streams through `shardlm serve` (0.5B; default on, off with --quick): `shardlm bench` at concurrency
 #       16, 16 requests of distinct random token-id prompts (128 ids, so the prefix cache has
 #       nothing to reuse) and 64 output tokens each: its output tokens/s, which includes the
 #       prefill and HTTP that llama-batched-bench's S_TG leaves out, and 16 ÷ its median
@@ -50,21 +50,23 @@ build=$root/build
 threads=2
 rounds=""
 quick=0
-serve=1
+serve=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1 ;;
     --no-serve) serve=0 ;;
+    --serve) serve=1 ;;
     --build-dir) build=$(cd "$2" && pwd); shift ;;
     --threads) threads=$2; shift ;;
     --rounds) rounds=$2; shift ;;
-    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "llama_cpp_compare: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [[ "$threads" =~ ^[1-9][0-9]*$ ]] || { echo "llama_cpp_compare: --threads $threads: expected a positive integer" >&2; exit 2; }
 if [[ -z "$rounds" ]]; then rounds=$((quick ? 1 : 3)); fi
+if [[ -z "$serve" ]]; then serve=$((quick ? 0 : 1)); fi
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "llama_cpp_compare: --rounds $rounds: expected a positive integer" >&2; exit 2; }
 models="0.5b"
 [[ $quick == 1 ]] || models="0.5b 1.5b"
@@ -164,6 +166,9 @@ make_models() {  # $1 = 0.5b | 1.5b
 for m in $models; do make_models "$m"; done
 
 export OMP_NUM_THREADS=$threads  # caps shardlm's ranks (backend::set_num_threads) and llama.cpp's OpenMP
+# The shardlm CLI runs with OMP_WAIT_POLICY=passive unless told otherwise (src/cli/main.cpp);
+# decode_bench and llama.cpp get the same, so all of them wait for work the same way.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 # --- token agreement -------------------------------------------------------------
 prompt=1,17,300,42,5,99,260,7
