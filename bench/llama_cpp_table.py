@@ -120,12 +120,14 @@ def main():
     print()
     print("Medians of %d interleaved round(s), %d threads each side; ratio = shardlm ÷ llama.cpp unless the metric "
           "says otherwise." % (a.rounds, a.threads))
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print("CPU: %s, %d logical cores." % (cpu, os.cpu_count()))
     print("Machine, same rounds: read bandwidth %s GB/s, f32 FMA peak %s GFLOP/s (bench/machine_peak)." %
           (fmt(bw / 1e9 if bw else None), fmt(fma / 1e9 if fma else None)))
     loads = sorted(k for k in vals if k.startswith("load."))
     if loads:
-        print("1-minute load average at the start of each round: %s (%s cores)." %
-              (", ".join("%.1f" % vals[k][0] for k in loads), os.cpu_count()))
+        print("1-minute load average at the start of each round: %s (other processes share these cores)." %
+              ", ".join("%.1f" % vals[k][0] for k in loads))
     for m in a.models.split():
         if "agree." + m in text:
             print("Greedy tokens, Qwen2.5-%s BF16, prompt 1,17,300,42,5,99,260,7: %s." % (m.upper(), text["agree." + m]))
