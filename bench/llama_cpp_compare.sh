@@ -209,15 +209,18 @@ for m in $models; do agreement "$m"; done
 # --- rounds ------------------------------------------------------------------
 jq_py() { /usr/bin/python3 -c "import json,sys
 $1" "${@:2}"; }
+llama_failed() { tail -5 "$work/llama.err" >&2; die "$1 failed (log: $work/llama.err)"; }
 llama_tg() {  # $1 gguf, $2 key: llama-bench tg64
   local out
-  out=$(run 900 "$lbin/llama-bench" -m "$1" -t "$threads" -p 0 -n 64 -r 1 -o jsonl 2>/dev/null)
+  out=$(run 900 "$lbin/llama-bench" -m "$1" -t "$threads" -p 0 -n 64 -r 1 -o jsonl 2>"$work/llama.err") ||
+    llama_failed "llama-bench on $1"
   put "$2" "$(jq_py 'r = json.loads(sys.argv[1].strip().splitlines()[-1]); print(r["avg_ts"])' "$out")"
   put "$2.bytes" "$(jq_py 'r = json.loads(sys.argv[1].strip().splitlines()[-1]); print(r["model_size"])' "$out")"
 }
 llama_pp() {  # $1 gguf, $2 key: llama-bench pp512
   local out
-  out=$(run 900 "$lbin/llama-bench" -m "$1" -t "$threads" -p 512 -n 0 -r 1 -o jsonl 2>/dev/null)
+  out=$(run 900 "$lbin/llama-bench" -m "$1" -t "$threads" -p 512 -n 0 -r 1 -o jsonl 2>"$work/llama.err") ||
+    llama_failed "llama-bench on $1"
   put "$2" "$(jq_py 'r = json.loads(sys.argv[1].strip().splitlines()[-1]); print(r["avg_ts"])' "$out")"
 }
 shard_decode() {  # $1 model dir, $2 key prefix, $3 batches, $4 context, $5 steps, [$6 tp]
@@ -238,7 +241,8 @@ shard_pp() {  # $1 model dir, $2 key
 llama_batched() {  # $1 gguf, $2 key prefix
   local out
   out=$(run 900 "$lbin/llama-batched-bench" -m "$1" -t "$threads" -tb "$threads" -c 4096 -b 2048 -ub 512 \
-    -npp 128 -ntg 32 -npl 4,16 -pps --output-format jsonl 2>/dev/null)
+    -npp 128 -ntg 32 -npl 4,16 -pps --output-format jsonl 2>"$work/llama.err") ||
+    llama_failed "llama-batched-bench on $1"
   jq_py '
 for line in sys.argv[1].strip().splitlines():
     if line.startswith("{"):
