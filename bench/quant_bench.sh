@@ -7,7 +7,7 @@
 # group 128, FP8 blocks 128x128). Each row is bench/decode_bench (batch 1,
 # BF16 KV cache, all cores; prompt 32, 32 decoded tokens by default).
 #   bench/quant_bench.sh [BUILD_DIR] [decode_bench args, e.g. --decode 64]
-# llama.cpp Q4_0/Q8_0 are not run (not installable here): no side-by-side.
+# llama.cpp Q4_0/Q8_0 beside AWQ/GPTQ-int8 on the 0.5B shape: bench/llama_cpp_compare.sh.
 set -eu
 build=${1:-build}
 [ $# -gt 0 ] && shift
