@@ -11,10 +11,8 @@
 
 #include "core/error.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define SHARDLM_AVX2 1
-#endif
+#include "backend/packed_gemm.h"
+#include "backend/simd.h"
 
 namespace shardlm::backend {
 
@@ -34,77 +32,17 @@ int num_threads() { return omp_get_max_threads(); }
 
 namespace {
 
-constexpr float kFp8Rebias = 1.329227995784916e36f;  // 2^120: e4m3's exponent bias 7 against f32's 127
-
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-// 16 lanes: widen 16 stored elements to f32.
-using Vec = __m512;
-constexpr int64_t kLanes = 16;
-template <DType D>
-inline Vec loadv(const void* base, int64_t i) {
-  if constexpr (D == DType::kF32) {
-    return _mm512_loadu_ps(static_cast<const float*>(base) + i);
-  } else if constexpr (D == DType::kBF16) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  } else if constexpr (D == DType::kF8E4M3) {
-    // Sign and exponent/mantissa moved into an f32's places: the value × 2^-120 (subnormals too).
-    const __m512i b = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i)));
-    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
-    const __m512i em = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 20);
-    return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(sign, em)), _mm512_set1_ps(kFp8Rebias));
-  } else {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
-    return _mm512_cvtph_ps(h);
-  }
-}
-inline Vec loadx(const float* p) { return _mm512_loadu_ps(p); }
-inline void storex(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec setv(float a) { return _mm512_set1_ps(a); }
-inline Vec zerov() { return _mm512_setzero_ps(); }
-inline Vec fmav(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float hsum(Vec v) { return _mm512_reduce_add_ps(v); }
-#elif defined(SHARDLM_AVX2)
-// 8 lanes.
-using Vec = __m256;
-constexpr int64_t kLanes = 8;
-template <DType D>
-inline Vec loadv(const void* base, int64_t i) {
-  if constexpr (D == DType::kF32) {
-    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
-  } else if constexpr (D == DType::kBF16) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  } else if constexpr (D == DType::kF8E4M3) {
-    const __m256i b = _mm256_cvtepu8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i)));
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-    const __m256i em = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20);
-    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, em)), _mm256_set1_ps(kFp8Rebias));
-  } else {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
-    return _mm256_cvtph_ps(h);
-  }
-}
-inline Vec loadx(const float* p) { return _mm256_loadu_ps(p); }
-inline void storex(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec setv(float a) { return _mm256_set1_ps(a); }
-inline Vec zerov() { return _mm256_setzero_ps(); }
-inline Vec fmav(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float hsum(Vec v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-#endif
+using namespace simd;
 
 template <DType D>
 inline float load1(const void* base, int64_t i) {
   return load_as_f32(base, D, static_cast<size_t>(i));
 }
+
+constexpr int64_t kPrefetchBytes = 512;
+// From this many tokens on, matmul widens each weight panel once for all of
+// them (backend/packed_gemm.h) instead of once per 4-token tile.
+constexpr int64_t kPackedMinTokens = 16;
 
 // y[t, j] for RB weight rows from row j0 and TB tokens from t0: each weight
 // vector is widened once and used for TB tokens.
@@ -125,6 +63,9 @@ inline void matmul_tile(const float* x, int64_t k, const void* w, int64_t m, int
     Vec xv[TB];
     for (int t = 0; t < TB; ++t) xv[t] = loadx(xrow[t] + i);
     for (int r = 0; r < RB; ++r) {
+      // The hardware prefetcher stops at each 4 KiB page: ask for the line
+      // kPrefetchBytes ahead of every row's stream so DRAM stays busy.
+      prefetch(wrow[r] + i * static_cast<int64_t>(wsize) + kPrefetchBytes);
       const Vec wv = loadv<D>(wrow[r], i);
       for (int t = 0; t < TB; ++t) acc[r][t] = fmav(wv, xv[t], acc[r][t]);
     }
@@ -212,46 +153,141 @@ inline void axpy(float a, const void* v, float* out, int64_t n) {
 }
 #endif
 
+// One unit of attention work: the Q heads [h0, h1) that share local KV head
+// kvh, for one batch row, over context positions [j0, j1).
+struct AttentionItem {
+  int64_t seq, t, kvh, h0, h1, j0, j1;
+  int64_t partial;  // index of its partial result when the context is split, else -1
+};
+
+// Positions per split-K chunk: below this a chunk's merge costs more than the
+// parallelism it buys.
+constexpr int64_t kMinSplitPositions = 256;
+
+// GQA-aware paged attention: each item reads a cached K and V row once for
+// all the Q heads of its group (not once per Q head). At batch 1 a long
+// context is split into chunks (flash-decoding) so every thread has work;
+// chunks keep (max, Σexp, Σexp·V) and are merged in a second pass.
 template <DType D>
 void attention_typed(const float* q, const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs,
                      const AttentionHeads& heads, float* out) {
-  const int64_t hd = c.head_dim, nq = heads.n_q_heads, nkv = c.n_kv_heads, bs = c.block_size;
+  const int64_t hd = c.head_dim, nq = heads.n_q_heads, nkv = c.n_kv_heads, bs = c.block_size, g = heads.group_size;
   const size_t esize = dtype_size(D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // Work items: (chunk token, q head).
-  std::vector<std::pair<int64_t, int64_t>> rows;  // (seq, t)
+  // Local KV heads that this rank's Q heads read, and each one's Q heads.
+  const int64_t kv_first = heads.q_head_begin / g - heads.kv_head_begin;
+  const int64_t kv_last = (heads.q_head_begin + nq - 1) / g - heads.kv_head_begin;
+  // The calling thread's buffers, reused across steps (thread_local: each
+  // rank's thread has its own); the parallel region reaches them through
+  // `items` and `partials`, which are references to them.
+  static thread_local std::vector<AttentionItem> item_buf;
+  static thread_local std::vector<float> partial_buf;  // per split item: [heads][hd + 2]
+  std::vector<AttentionItem>& items = item_buf;
+  std::vector<float>& partials = partial_buf;
+  items.clear();
+  int64_t n_rows = 0;
+  for (int64_t s = 0; s < n_seqs; ++s) n_rows += seqs[s].n_tokens;
+  const int64_t n_groups = nq > 0 ? kv_last - kv_first + 1 : 0;
+  const int64_t want_items = 2 * static_cast<int64_t>(omp_get_max_threads());
+  int64_t n_partial = 0;
   for (int64_t s = 0; s < n_seqs; ++s)
-    for (int64_t t = 0; t < seqs[s].n_tokens; ++t) rows.emplace_back(s, t);
-  const int64_t n_rows = static_cast<int64_t>(rows.size());
+    for (int64_t t = 0; t < seqs[s].n_tokens; ++t) {
+      const int64_t n_ctx = seqs[s].n_past + t + 1;
+      int64_t chunks = 1;
+      if (n_rows * n_groups < want_items)
+        chunks = std::clamp<int64_t>(n_ctx / kMinSplitPositions, 1,
+                                     (want_items + n_rows * n_groups - 1) / (n_rows * n_groups));
+      for (int64_t kvh = kv_first; kvh <= kv_last; ++kvh) {
+        const int64_t global_kv = kvh + heads.kv_head_begin;
+        const int64_t h0 = std::max<int64_t>(0, global_kv * g - heads.q_head_begin);
+        const int64_t h1 = std::min<int64_t>(nq, (global_kv + 1) * g - heads.q_head_begin);
+        for (int64_t ch = 0; ch < chunks; ++ch)
+          items.push_back({s, t, kvh, h0, h1, n_ctx * ch / chunks, n_ctx * (ch + 1) / chunks,
+                           chunks > 1 ? n_partial++ : -1});
+      }
+    }
+  SHARDLM_CHECK(kv_last < nkv, "attention: Q heads [", heads.q_head_begin, ", ", heads.q_head_begin + nq,
+                ") need local KV head ", kv_last, ", the cache holds ", nkv);
+  const int64_t max_group = std::min<int64_t>(g, nq);
+  const int64_t partial_stride = max_group * (hd + 2);
+  partials.resize(static_cast<size_t>(n_partial * partial_stride));
+  const int64_t n_items = static_cast<int64_t>(items.size());
 #pragma omp parallel
   {
-    std::vector<float> p;
+    static thread_local std::vector<float> p;  // [heads of the group][positions of the item]
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < n_rows * nq; ++item) {
-      const int64_t h = item % nq;
-      const AttentionSeq& s = seqs[rows[item / nq].first];
-      const int64_t t = rows[item / nq].second;
-      const int64_t batch_row = s.token_begin + t;
-      const int64_t n_ctx = s.n_past + t + 1;
-      const int64_t kvh = (heads.q_head_begin + h) / heads.group_size - heads.kv_head_begin;
-      const float* qv = q + (batch_row * nq + h) * hd;
-      p.resize(static_cast<size_t>(n_ctx));
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < n_ctx; ++j) {
+    for (int64_t it = 0; it < n_items; ++it) {
+      const AttentionItem& a = items[it];
+      const AttentionSeq& s = seqs[a.seq];
+      const int64_t row = s.token_begin + a.t, nh = a.h1 - a.h0, len = a.j1 - a.j0;
+      p.resize(static_cast<size_t>(nh * len));
+      for (int64_t j = a.j0; j < a.j1; ++j) {
         const int64_t slot = static_cast<int64_t>(s.block_table[j / bs]) * bs + j % bs;
-        const char* kp = static_cast<const char*>(c.k) + static_cast<size_t>((slot * nkv + kvh) * hd) * esize;
-        p[j] = dot<D>(qv, kp, hd) * scale;
-        mx = std::max(mx, p[j]);
+        const char* kp = static_cast<const char*>(c.k) + static_cast<size_t>((slot * nkv + a.kvh) * hd) * esize;
+        for (int64_t h = 0; h < nh; ++h)
+          p[h * len + (j - a.j0)] = dot<D>(q + (row * nq + a.h0 + h) * hd, kp, hd) * scale;
       }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n_ctx; ++j) sum += (p[j] = std::exp(p[j] - mx));
-      const float inv = 1.0f / sum;
-      float* o = out + (batch_row * nq + h) * hd;
-      std::fill(o, o + hd, 0.0f);
-      for (int64_t j = 0; j < n_ctx; ++j) {
+      float* dst_base = a.partial >= 0 ? partials.data() + a.partial * partial_stride : nullptr;
+      float sums[64], maxes[64];  // per head of the group (groups are at most 64 heads here)
+      SHARDLM_CHECK(nh <= 64, "attention: a KV group of ", nh, " Q heads exceeds 64");
+      for (int64_t h = 0; h < nh; ++h) {
+        float* ph = p.data() + h * len;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < len; ++j) mx = std::max(mx, ph[j]);
+        float sum = 0.0f;
+        for (int64_t j = 0; j < len; ++j) sum += (ph[j] = std::exp(ph[j] - mx));
+        maxes[h] = mx;
+        sums[h] = sum;
+        float* o = dst_base ? dst_base + h * (hd + 2) + 2 : out + (row * nq + a.h0 + h) * hd;
+        std::fill(o, o + hd, 0.0f);
+      }
+      for (int64_t j = a.j0; j < a.j1; ++j) {
         const int64_t slot = static_cast<int64_t>(s.block_table[j / bs]) * bs + j % bs;
-        const char* vp = static_cast<const char*>(c.v) + static_cast<size_t>((slot * nkv + kvh) * hd) * esize;
-        axpy<D>(p[j] * inv, vp, o, hd);
+        const char* vp = static_cast<const char*>(c.v) + static_cast<size_t>((slot * nkv + a.kvh) * hd) * esize;
+        for (int64_t h = 0; h < nh; ++h) {
+          float* o = dst_base ? dst_base + h * (hd + 2) + 2 : out + (row * nq + a.h0 + h) * hd;
+          axpy<D>(p[h * len + (j - a.j0)], vp, o, hd);
+        }
+      }
+      for (int64_t h = 0; h < nh; ++h) {
+        if (dst_base) {
+          dst_base[h * (hd + 2)] = maxes[h];
+          dst_base[h * (hd + 2) + 1] = sums[h];
+        } else {
+          float* o = out + (row * nq + a.h0 + h) * hd;
+          const float inv = 1.0f / sums[h];
+          for (int64_t i = 0; i < hd; ++i) o[i] *= inv;
+        }
+      }
+    }
+    // Merge split chunks: out = Σ_c e^(m_c - M)·o_c / Σ_c e^(m_c - M)·l_c.
+    // A split row's chunks are consecutive items; the first of them merges.
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const AttentionItem& a = items[it];
+      if (a.partial < 0 || (it > 0 && items[it - 1].partial >= 0 && items[it - 1].seq == a.seq &&
+                            items[it - 1].t == a.t && items[it - 1].kvh == a.kvh))
+        continue;
+      int64_t last = it;
+      while (last + 1 < n_items && items[last + 1].partial >= 0 && items[last + 1].seq == a.seq &&
+             items[last + 1].t == a.t && items[last + 1].kvh == a.kvh)
+        ++last;
+      const int64_t row = seqs[a.seq].token_begin + a.t;
+      for (int64_t h = 0; h < a.h1 - a.h0; ++h) {
+        float mx = -INFINITY;
+        for (int64_t c2 = it; c2 <= last; ++c2)
+          mx = std::max(mx, partials[items[c2].partial * partial_stride + h * (hd + 2)]);
+        float* o = out + (row * nq + a.h0 + h) * hd;
+        std::fill(o, o + hd, 0.0f);
+        float denom = 0.0f;
+        for (int64_t c2 = it; c2 <= last; ++c2) {
+          const float* part = partials.data() + items[c2].partial * partial_stride + h * (hd + 2);
+          const float w = std::exp(part[0] - mx);
+          denom += w * part[1];
+          for (int64_t i = 0; i < hd; ++i) o[i] += w * part[2 + i];
+        }
+        const float inv = 1.0f / denom;
+        for (int64_t i = 0; i < hd; ++i) o[i] *= inv;
       }
     }
   }
@@ -272,7 +308,9 @@ void check_seqs(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs) 
 
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y) {
   const int64_t m = w.rows, k = w.cols;
-  switch (w.dtype) {
+  if (n >= kPackedMinTokens && packed_matmul_available(w.dtype)) {
+    packed_matmul(x, n, w.data, w.dtype, m, k, y);
+  } else switch (w.dtype) {
     case DType::kF32: matmul_typed<DType::kF32>(x, n, w.data, m, k, y); break;
     case DType::kBF16: matmul_typed<DType::kBF16>(x, n, w.data, m, k, y); break;
     case DType::kF16: matmul_typed<DType::kF16>(x, n, w.data, m, k, y); break;
@@ -282,16 +320,16 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
   }
   if (bias) {
     SHARDLM_CHECK(bias->n == m, "bias has ", bias->n, " elements, matrix ", m, " rows");
-    std::vector<float> b(static_cast<size_t>(m));
-    for (int64_t j = 0; j < m; ++j) b[j] = load_as_f32(bias->data, bias->dtype, static_cast<size_t>(j));
     for (int64_t t = 0; t < n; ++t)
-      for (int64_t j = 0; j < m; ++j) y[t * m + j] += b[j];
+      for (int64_t j = 0; j < m; ++j) y[t * m + j] += load_as_f32(bias->data, bias->dtype, static_cast<size_t>(j));
   }
 }
 
 void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out) {
   const int64_t d = weight.n;
-  std::vector<float> w(static_cast<size_t>(d));
+  static thread_local std::vector<float> w_buf;  // the weight in f32, reused across calls
+  w_buf.resize(static_cast<size_t>(d));
+  float* w = w_buf.data();
   for (int64_t i = 0; i < d; ++i) w[i] = load_as_f32(weight.data, weight.dtype, static_cast<size_t>(i));
 #pragma omp parallel for schedule(static) if (n_rows * d > 32768)
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -334,7 +372,9 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const i
   const int64_t half = head_dim / 2;
 #pragma omp parallel if (n_tokens > 1)
   {
-    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    static thread_local std::vector<float> cs, sn;  // per thread, reused across calls
+    cs.resize(static_cast<size_t>(half));
+    sn.resize(static_cast<size_t>(half));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n_tokens; ++t) {
       for (int64_t i = 0; i < half; ++i) {

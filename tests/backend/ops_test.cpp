@@ -65,6 +65,18 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<4>(info.param) ? "_bias" : "");
     });
 
+// The packed GEMM (from 16 tokens on): k past one 256-wide panel block and
+// not a multiple of it, m not a multiple of a panel (16 or 32 outputs), token
+// counts that leave a partial register tile.
+INSTANTIATE_TEST_SUITE_P(
+    PackedShapes, MatmulTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16), ::testing::Values(16, 29),
+                       ::testing::Values(33, 100), ::testing::Values(300, 600), ::testing::Values(false)),
+    [](const auto& info) {
+      return std::string(name_of(std::get<0>(info.param))) + "_n" + std::to_string(std::get<1>(info.param)) + "_m" +
+             std::to_string(std::get<2>(info.param)) + "_k" + std::to_string(std::get<3>(info.param));
+    });
+
 class DTypeTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(DTypeTest, RmsNormMatchesReference) {
@@ -118,6 +130,40 @@ TEST_P(DTypeTest, PagedAttentionMatchesReference) {
   const int64_t slot = t0[pos / block] * block + pos % block;
   EXPECT_NEAR(load_as_f32(kbuf.data(), dtype, static_cast<size_t>(slot * nkv * hd + 5)), k[2 * nkv * hd + 5],
               dtype == DType::kF32 ? 0.0f : 0.02f);
+}
+
+// Batch-1 decode over a long context: few (row, KV head) items, so the
+// context is split into chunks merged afterwards (flash-decoding): one row,
+// one KV head, 1001 positions in 3 chunks, with 2 and 4 threads.
+TEST_P(DTypeTest, SplitContextDecodeMatchesReference) {
+  const DType dtype = GetParam();
+  std::mt19937 rng(5);
+  const int64_t hd = 64, block = 16, n_blocks = 64, nkv = 1;
+  AttentionHeads heads{3, 0, 0, 3};  // one KV head read by 3 Q heads
+  std::vector<uint8_t> kbuf(static_cast<size_t>(n_blocks * block * nkv * hd) * dtype_size(dtype));
+  std::vector<uint8_t> vbuf(kbuf.size());
+  KvLayerView cache{kbuf.data(), vbuf.data(), dtype, n_blocks, block, nkv, hd};
+  std::vector<int32_t> table(n_blocks);
+  for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>((b * 37) % n_blocks);
+  auto past_k = random_f32(n_blocks * block * nkv * hd, rng, 2.0f), past_v = random_f32(past_k.size(), rng);
+  for (size_t i = 0; i < past_k.size(); ++i) {
+    store_from_f32(kbuf.data(), dtype, i, past_k[i]);
+    store_from_f32(vbuf.data(), dtype, i, past_v[i]);
+  }
+  // One new token after 1000 cached positions.
+  std::vector<AttentionSeq> seqs{{0, 1, 1000, table.data(), n_blocks}};
+  auto k = random_f32(nkv * hd, rng), v = random_f32(k.size(), rng);
+  kv_cache_write(cache, seqs.data(), 1, k.data(), v.data());
+  auto q = random_f32(heads.n_q_heads * hd, rng);
+  std::vector<float> want(q.size());
+  ref::paged_attention(q.data(), cache, seqs.data(), 1, heads, want.data());
+  for (int threads : {2, 4}) {
+    set_num_threads(threads);
+    std::vector<float> got(q.size());
+    paged_attention(q.data(), cache, seqs.data(), 1, heads, got.data());
+    expect_close(got, want, 1e-4f, 1e-5f);
+  }
+  set_num_threads(0);
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, DTypeTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),

@@ -1,0 +1,22 @@
+// y[n, m] = x[n, k] · W[m, k]ᵀ for many tokens (prefill, large decode
+// batches): a GotoBLAS-style GEMM. W is widened to f32 one panel at a time
+// (kNR output rows × kKC of k, a few tens of KiB, in L1/L2), never as a whole
+// copy, and each panel is reused by every token of the call through an
+// outer-product register tile (kMR tokens × kNR outputs of accumulators).
+// Internal to the backend layer: backend::matmul chooses it by token count.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace shardlm::backend {
+
+// Whether packed_matmul has a kernel for this build and weight dtype
+// (f32, bf16, f16 with AVX2+FMA+F16C or AVX-512).
+bool packed_matmul_available(DType weight_dtype);
+
+// x: [n, k] f32 rows; w: [m, k] rows of weight_dtype; y: [n, m] f32 (overwritten).
+void packed_matmul(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);
+
+}  // namespace shardlm::backend

@@ -1,0 +1,97 @@
+// The SIMD vocabulary of the CPU kernels: one f32 vector type (16 lanes on
+// AVX-512, 8 on AVX2+FMA+F16C) and a widening load per stored dtype, so a
+// kernel is written once for both ISAs. SHARDLM_SIMD is defined when either
+// is available; without it the kernels fall back to scalar loops.
+// Internal to the backend layer (included by its .cpp files only).
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define SHARDLM_AVX2 1
+#define SHARDLM_SIMD 1
+#endif
+
+namespace shardlm::backend::simd {
+
+constexpr float kFp8Rebias = 1.329227995784916e36f;  // 2^120: e4m3's exponent bias 7 against f32's 127
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// 16 lanes: widen 16 stored elements to f32.
+using Vec = __m512;
+constexpr int64_t kLanes = 16;
+template <DType D>
+inline Vec loadv(const void* base, int64_t i) {
+  if constexpr (D == DType::kF32) {
+    return _mm512_loadu_ps(static_cast<const float*>(base) + i);
+  } else if constexpr (D == DType::kBF16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (D == DType::kF8E4M3) {
+    // Sign and exponent/mantissa moved into an f32's places: the value × 2^-120 (subnormals too).
+    const __m512i b = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i)));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+    const __m512i em = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 20);
+    return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(sign, em)), _mm512_set1_ps(kFp8Rebias));
+  } else {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
+    return _mm512_cvtph_ps(h);
+  }
+}
+inline Vec loadx(const float* p) { return _mm512_loadu_ps(p); }
+inline void storex(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec setv(float a) { return _mm512_set1_ps(a); }
+inline Vec zerov() { return _mm512_setzero_ps(); }
+inline Vec fmav(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float hsum(Vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(SHARDLM_AVX2)
+// 8 lanes.
+using Vec = __m256;
+constexpr int64_t kLanes = 8;
+template <DType D>
+inline Vec loadv(const void* base, int64_t i) {
+  if constexpr (D == DType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  } else if constexpr (D == DType::kBF16) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else if constexpr (D == DType::kF8E4M3) {
+    const __m256i b = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i)));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+    const __m256i em = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20);
+    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, em)), _mm256_set1_ps(kFp8Rebias));
+  } else {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    return _mm256_cvtph_ps(h);
+  }
+}
+inline Vec loadx(const float* p) { return _mm256_loadu_ps(p); }
+inline void storex(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec setv(float a) { return _mm256_set1_ps(a); }
+inline Vec zerov() { return _mm256_setzero_ps(); }
+inline Vec fmav(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float hsum(Vec v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+#endif
+
+
+// Prefetch the cache line holding p into L1 (a hint: p may be past the end).
+inline void prefetch(const void* p) {
+#ifdef SHARDLM_SIMD
+  _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+#else
+  (void)p;
+#endif
+}
+
+}  // namespace shardlm::backend::simd
