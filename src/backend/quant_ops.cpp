@@ -1,6 +1,8 @@
 // Optimised quantized matmuls: AVX-512 kernels that unpack and dequantize in
-// registers, threaded over output channels with OpenMP. Builds without
-// AVX-512 (no AVX2 kernels yet) run the scalar reference: correct, slow.
+// registers, threaded over output channels with OpenMP (the f32-activation
+// path; the int8-activation AWQ/GPTQ kernels are in quant_ops_int8.cpp).
+// Builds without AVX-512 (no AVX2 kernels yet) run the scalar reference:
+// correct, slow.
 #include <omp.h>
 
 #include <algorithm>
@@ -379,7 +381,10 @@ void fp8_tile(const float* x, const QuantMatrixView& w, int64_t j0, int64_t t0, 
 
 template <int RB>
 void fp8_rows(const float* x, int64_t n, const QuantMatrixView& w, int64_t j0, float* y) {
+  // Four tokens per pass unpack each weight vector once for all four (a
+  // batch of 8 decodes in two passes over the rows, not four).
   int64_t t = 0;
+  for (; t + 4 <= n; t += 4) fp8_tile<RB, 4>(x, w, j0, t, y);
   for (; t + 2 <= n; t += 2) fp8_tile<RB, 2>(x, w, j0, t, y);
   for (; t < n; ++t) fp8_tile<RB, 1>(x, w, j0, t, y);
 }

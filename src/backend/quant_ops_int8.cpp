@@ -8,7 +8,10 @@
 //   y[t, n] = Σ_g s[g, n] × (Σ_{b in g} d_b × Σ_{k in b} q̂[t, k] × q[k, n] − z[g, n] × Σ_{k in g} x̂[t, k])
 // which is exactly W_dequantized · x̂: the only change from the f32 kernels is
 // x → x̂ (a relative error of at most 1/254 of each block's max|x| per input).
-// GPTQ act-order (any group per row) stays on the f32 kernels.
+// GPTQ act-order (any group per row) stays on the f32 kernels. Batched calls
+// (prefill, several sequences) reuse each unpacked weight vector for up to 4
+// tokens in registers (GPTQ), or for 4 or 8 tokens from a 4 KiB L1 tile (AWQ,
+// whose unpacking includes a byte transpose).
 #include "backend/quant_ops_int8.h"
 
 #include <omp.h>
@@ -236,32 +239,63 @@ void awq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t 
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t c0 = (b0 + b) * 16;
         const __mmask16 wm = lanes_mask(W - c0);
-        __m512i acc[TB][8];
-        for (int t = 0; t < TB; ++t)
-          for (int i = 0; i < 8; ++i) acc[t][i] = _mm512_setzero_si512();
-        for (int r = 0; r < kActBlock; r += 4) {
-          const int32_t* p = rows + r * W + c0;
-          const __m512i A = _mm512_maskz_loadu_epi32(wm, p), B = _mm512_maskz_loadu_epi32(wm, p + W);
-          const __m512i C = _mm512_maskz_loadu_epi32(wm, p + 2 * W), D = _mm512_maskz_loadu_epi32(wm, p + 3 * W);
-          const __m512i ab0 = _mm512_unpacklo_epi8(A, B), ab1 = _mm512_unpackhi_epi8(A, B);
-          const __m512i cd0 = _mm512_unpacklo_epi8(C, D), cd1 = _mm512_unpackhi_epi8(C, D);
-          const __m512i u[4] = {_mm512_unpacklo_epi16(ab0, cd0), _mm512_unpackhi_epi16(ab0, cd0),
-                                _mm512_unpacklo_epi16(ab1, cd1), _mm512_unpackhi_epi16(ab1, cd1)};
-          __m512i xv[TB];
-          for (int t = 0; t < TB; ++t) xv[t] = _mm512_set1_epi32(xw[t][r / 4]);
-          for (int j = 0; j < 4; ++j) {
-            const __m512i lo = _mm512_and_si512(u[j], nib), hi = _mm512_and_si512(_mm512_srli_epi32(u[j], 4), nib);
-            for (int t = 0; t < TB; ++t) {
-              acc[t][2 * j] = _mm512_dpbusd_epi32(acc[t][2 * j], lo, xv[t]);
-              acc[t][2 * j + 1] = _mm512_dpbusd_epi32(acc[t][2 * j + 1], hi, xv[t]);
+        if constexpr (TB > 2) {
+          // Unpacked once into a 4 KiB tile (L1) that all TB tokens read:
+          // tile[quad][i] is accumulator i's operand for rows 4 quad .. 4 quad + 3.
+          __m512i tile[kActBlock / 4][8];
+          for (int r = 0; r < kActBlock; r += 4) {
+            const int32_t* p = rows + r * W + c0;
+            const __m512i A = _mm512_maskz_loadu_epi32(wm, p), B = _mm512_maskz_loadu_epi32(wm, p + W);
+            const __m512i C = _mm512_maskz_loadu_epi32(wm, p + 2 * W), D = _mm512_maskz_loadu_epi32(wm, p + 3 * W);
+            const __m512i ab0 = _mm512_unpacklo_epi8(A, B), ab1 = _mm512_unpackhi_epi8(A, B);
+            const __m512i cd0 = _mm512_unpacklo_epi8(C, D), cd1 = _mm512_unpackhi_epi8(C, D);
+            const __m512i u[4] = {_mm512_unpacklo_epi16(ab0, cd0), _mm512_unpackhi_epi16(ab0, cd0),
+                                  _mm512_unpacklo_epi16(ab1, cd1), _mm512_unpackhi_epi16(ab1, cd1)};
+            for (int j = 0; j < 4; ++j) {
+              tile[r / 4][2 * j] = _mm512_and_si512(u[j], nib);
+              tile[r / 4][2 * j + 1] = _mm512_and_si512(_mm512_srli_epi32(u[j], 4), nib);
             }
           }
-        }
-        for (int t = 0; t < TB; ++t)
-          for (int i = 0; i < 8; ++i) {
-            __m512& f = facc[static_cast<size_t>((t * nb + b) * 8 + i)];
-            f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][i]), dv[t], f);
+          for (int t = 0; t < TB; ++t) {
+            __m512i acc[8];
+            for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_si512();
+            for (int qd = 0; qd < kActBlock / 4; ++qd) {
+              const __m512i xv = _mm512_set1_epi32(xw[t][qd]);
+              for (int i = 0; i < 8; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], tile[qd][i], xv);
+            }
+            for (int i = 0; i < 8; ++i) {
+              __m512& f = facc[static_cast<size_t>((t * nb + b) * 8 + i)];
+              f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), dv[t], f);
+            }
           }
+        } else {
+          __m512i acc[TB][8];
+          for (int t = 0; t < TB; ++t)
+            for (int i = 0; i < 8; ++i) acc[t][i] = _mm512_setzero_si512();
+          for (int r = 0; r < kActBlock; r += 4) {
+            const int32_t* p = rows + r * W + c0;
+            const __m512i A = _mm512_maskz_loadu_epi32(wm, p), B = _mm512_maskz_loadu_epi32(wm, p + W);
+            const __m512i C = _mm512_maskz_loadu_epi32(wm, p + 2 * W), D = _mm512_maskz_loadu_epi32(wm, p + 3 * W);
+            const __m512i ab0 = _mm512_unpacklo_epi8(A, B), ab1 = _mm512_unpackhi_epi8(A, B);
+            const __m512i cd0 = _mm512_unpacklo_epi8(C, D), cd1 = _mm512_unpackhi_epi8(C, D);
+            const __m512i u[4] = {_mm512_unpacklo_epi16(ab0, cd0), _mm512_unpackhi_epi16(ab0, cd0),
+                                  _mm512_unpacklo_epi16(ab1, cd1), _mm512_unpackhi_epi16(ab1, cd1)};
+            __m512i xv[TB];
+            for (int t = 0; t < TB; ++t) xv[t] = _mm512_set1_epi32(xw[t][r / 4]);
+            for (int j = 0; j < 4; ++j) {
+              const __m512i lo = _mm512_and_si512(u[j], nib), hi = _mm512_and_si512(_mm512_srli_epi32(u[j], 4), nib);
+              for (int t = 0; t < TB; ++t) {
+                acc[t][2 * j] = _mm512_dpbusd_epi32(acc[t][2 * j], lo, xv[t]);
+                acc[t][2 * j + 1] = _mm512_dpbusd_epi32(acc[t][2 * j + 1], hi, xv[t]);
+              }
+            }
+          }
+          for (int t = 0; t < TB; ++t)
+            for (int i = 0; i < 8; ++i) {
+              __m512& f = facc[static_cast<size_t>((t * nb + b) * 8 + i)];
+              f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][i]), dv[t], f);
+            }
+        }
       }
     }
     // Fold the group: scales (channel order, gathered per accumulator) and zeros.
@@ -323,10 +357,12 @@ void int8_activation_matmul(const float* x, int64_t n, const QuantMatrixView& w,
 #pragma omp parallel
   {
     const auto [b0, b1] = thread_share(n_blocks);
-    std::vector<__m512> facc, yacc;
+    thread_local std::vector<__m512> facc, yacc;  // each worker's own, kept between calls (no allocation per step)
     if (b1 > b0) {
       int64_t t = 0;
       if (awq) {
+        for (; t + 8 <= n; t += 8) awq_sweep<8>(a, w, b0, b1, t, y, facc, yacc);
+        for (; t + 4 <= n; t += 4) awq_sweep<4>(a, w, b0, b1, t, y, facc, yacc);
         for (; t + 2 <= n; t += 2) awq_sweep<2>(a, w, b0, b1, t, y, facc, yacc);
         for (; t < n; ++t) awq_sweep<1>(a, w, b0, b1, t, y, facc, yacc);
       } else if (w.bits == 4) {

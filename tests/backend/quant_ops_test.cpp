@@ -175,7 +175,7 @@ TEST_P(QuantMatmulTest, MatchesMatmulOnDequantizedWeights) {
   EXPECT_FALSE(int8_runs) << c.name << ": no VNNI in this build";
   (void)expect_int8;
 #endif
-  for (int64_t n : {1, 2, 3, 5}) {  // GEMV and the GEMM token blocks (4, 2, 1)
+  for (int64_t n : {1, 2, 3, 5, 9}) {  // GEMV and the GEMM token blocks (8, 4, 2, 1)
     std::vector<float> x(static_cast<size_t>(n * c.n_in));
     for (auto& v : x) v = xd(rng);
     // x̂: x rounded to int8 per 32 inputs by this test's own code (d = max|x| / 127).
