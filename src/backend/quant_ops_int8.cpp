@@ -77,7 +77,8 @@ inline std::pair<int64_t, int64_t> thread_share(int64_t n_units) {
 
 // x[n, K] quantized once per call (the calling thread's scratch, reused).
 struct QuantizedActivations {
-  std::vector<int8_t> q;     // [n, K]; gptq 4-bit: each run of 8 as (0 2 4 6 1 3 5 7), the nibbles' order
+  std::vector<int32_t> q;    // [n, K] int8, four to a word (the operands vpdpbusd broadcasts);
+                             // gptq 4-bit: each run of 8 as (0 2 4 6 1 3 5 7), the nibbles' order
   std::vector<float> d;      // [n, K / kActBlock]
   std::vector<float> gsum;   // [n, G]: Σ x̂ over each weight group
   int64_t K = 0, G = 0;
@@ -88,7 +89,7 @@ void quantize_activations(const float* x, int64_t n, int64_t K, int64_t group_si
   const int64_t nb = K / kActBlock, G = K / group_size, per_group = group_size / kActBlock;
   a.K = K;
   a.G = G;
-  a.q.resize(static_cast<size_t>(n * K));
+  a.q.resize(static_cast<size_t>(n * K / 4));
   a.d.resize(static_cast<size_t>(n * nb));
   a.gsum.assign(static_cast<size_t>(n * G), 0.0f);
   const __m512 sign = _mm512_set1_ps(-0.0f);
@@ -106,9 +107,9 @@ void quantize_activations(const float* x, int64_t n, int64_t K, int64_t group_si
         b0 = _mm_shuffle_epi8(b0, order);
         b1 = _mm_shuffle_epi8(b1, order);
       }
-      int8_t* qs = a.q.data() + t * K + b * kActBlock;
+      int32_t* qs = a.q.data() + (t * K + b * kActBlock) / 4;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), b0);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 16), b1);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 4), b1);
       a.d[static_cast<size_t>(t * nb + b)] = d;
       a.gsum[static_cast<size_t>(t * G + b / per_group)] +=
           d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
@@ -144,7 +145,7 @@ void gptq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t
       const int32_t* xw[TB];
       __m512 dv[TB];
       for (int t = 0; t < TB; ++t) {
-        xw[t] = reinterpret_cast<const int32_t*>(a.q.data() + (t0 + t) * K + xb * kActBlock);
+        xw[t] = a.q.data() + ((t0 + t) * K + xb * kActBlock) / 4;
         dv[t] = _mm512_set1_ps(a.d[static_cast<size_t>((t0 + t) * nxb + xb)]);
       }
       const int32_t* rows = w.qweight + xb * RW * N;
@@ -232,7 +233,7 @@ void awq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t 
       const int32_t* xw[TB];
       __m512 dv[TB];
       for (int t = 0; t < TB; ++t) {
-        xw[t] = reinterpret_cast<const int32_t*>(a.q.data() + (t0 + t) * K + xb * kActBlock);
+        xw[t] = a.q.data() + ((t0 + t) * K + xb * kActBlock) / 4;
         dv[t] = _mm512_set1_ps(a.d[static_cast<size_t>((t0 + t) * nxb + xb)]);
       }
       const int32_t* rows = w.qweight + xb * kActBlock * W;
