@@ -65,7 +65,7 @@ inline void matmul_tile(const float* x, int64_t k, const void* w, int64_t m, int
     for (int r = 0; r < RB; ++r) {
       // The hardware prefetcher stops at each 4 KiB page: ask for the line
       // kPrefetchBytes ahead of every row's stream so DRAM stays busy.
-      prefetch(wrow[r] + i * static_cast<int64_t>(wsize) + kPrefetchBytes);
+      if ((i * static_cast<int64_t>(wsize)) % 64 == 0) prefetch(wrow[r] + i * static_cast<int64_t>(wsize) + kPrefetchBytes);
       const Vec wv = loadv<D>(wrow[r], i);
       for (int t = 0; t < TB; ++t) acc[r][t] = fmav(wv, xv[t], acc[r][t]);
     }
@@ -98,24 +98,35 @@ inline void matmul_rows(const float* x, int64_t k, const void* w, int64_t m, int
   }
 }
 
-template <DType D>
-void matmul_typed(const float* x, int64_t n, const void* w, int64_t m, int64_t k, float* y) {
-  constexpr int kRows = 4;
+template <DType D, int RB>
+void matmul_row_blocks(const float* x, int64_t n, const void* w, int64_t m, int64_t k, float* y) {
   constexpr int64_t kTokenBlock = 64;  // x block stays in L2 while W streams
-  const int64_t n_row_blocks = (m + kRows - 1) / kRows;
+  const int64_t n_row_blocks = (m + RB - 1) / RB;
 #pragma omp parallel
   for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
     const int64_t t1 = std::min(n, t0 + kTokenBlock);
 #pragma omp for schedule(static)
     for (int64_t rb = 0; rb < n_row_blocks; ++rb) {
-      const int64_t j0 = rb * kRows;
-      if (j0 + kRows <= m) {
-        matmul_rows<D, kRows>(x, k, w, m, j0, t0, t1, y);
+      const int64_t j0 = rb * RB;
+      if (j0 + RB <= m) {
+        matmul_rows<D, RB>(x, k, w, m, j0, t0, t1, y);
       } else {
         for (int64_t j = j0; j < m; ++j) matmul_rows<D, 1>(x, k, w, m, j, t0, t1, y);
       }
     }
   }
+}
+
+template <DType D>
+void matmul_typed(const float* x, int64_t n, const void* w, int64_t m, int64_t k, float* y) {
+#if defined(__AVX512F__)
+  // Up to 3 tokens (batch-1 decode, small batches): 8 weight rows in flight
+  // per thread keep more DRAM requests outstanding (measured on 4864x896
+  // bf16, 2 threads: 19.3 GB/s with 4 rows, 22.7 with 8), and 8 x 3
+  // accumulators still fit AVX-512's 32 registers.
+  if (n < 4) return matmul_row_blocks<D, 8>(x, n, w, m, k, y);
+#endif
+  matmul_row_blocks<D, 4>(x, n, w, m, k, y);
 }
 
 #ifdef SHARDLM_AVX2
