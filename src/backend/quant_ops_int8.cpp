@@ -124,6 +124,9 @@ void quantize_activations(const float* x, int64_t n, int64_t K, int64_t group_si
 // holds inputs 4r..4r+3 as bytes, in order. Each thread sweeps its channel
 // blocks [b0, b1) one activation block (32 rows) at a time; the per-block
 // float sums and the per-group totals live in a per-thread scratch.
+// Each word row's line four channel blocks ahead (RW rows read at once).
+constexpr int64_t kGptqPrefetch = 64;
+
 template <int BITS, int TB>
 void gptq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t b0, int64_t b1, int64_t t0,
                 float* y, std::vector<__m512>& facc, std::vector<__m512>& yacc) {
@@ -157,6 +160,7 @@ void gptq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t
         __m512i acc0[TB], acc1[TB];
         for (int t = 0; t < TB; ++t) acc0[t] = acc1[t] = _mm512_setzero_si512();
         for (int r = 0; r < RW; ++r) {
+          _mm_prefetch(reinterpret_cast<const char*>(rows + r * N + n0 + kGptqPrefetch), _MM_HINT_T0);
           const __m512i wv = _mm512_maskz_loadu_epi32(m, rows + r * N + n0);
           if constexpr (BITS == 8) {
             for (int t = 0; t < TB; ++t) {
