@@ -5,12 +5,18 @@
 #   1. every CUDA op against the CPU reference ops (cuda_ops_test: the
 #      kernels; cuda_backend_test: CudaBackend through the Backend interface);
 #   2. whole-model greedy tokens, Qwen2.5-7B- and Qwen3-8B-shaped synthetic
-#      checkpoints (4 layers), `--device cuda` against the CPU backend;
+#      checkpoints (4 layers), `--device cuda` against the CPU backend, and
+#      decode steps replayed from CUDA graphs (--cuda-graphs on) against
+#      eager ones (off): the tokens must be equal and the graphs replayed;
+#      and greedy tokens sampled on the device (--sampling-device device:
+#      only the ids cross) against the host sampler's;
 #   3. TP 2, 3, 4, 6 on the one device (ranks as threads sharing it through
 #      the device-local communicator) giving the TP1 tokens;
 #   4. decode tok/s at batch 1, 8, 64 on full-depth Qwen2.5-1.5B and 7B
 #      shapes against the HBM roofline (bytes read per step ÷ the device's
-#      measured copy bandwidth), and the issue's two targets on the 7B shape;
+#      measured copy bandwidth), and the issue's two targets on the 7B shape
+#      (with graphs, the default); the 1.5B shape again with --cuda-graphs off
+#      beside it, so the table shows what the graphs buy;
 #   5. serve --device cuda + `shardlm bench` at concurrency 1, 16, 64.
 # Each step has its own time limit; a failure is counted, never fatal. Prints
 # one table, then a last line "N passed, N failed"; exits 0 only when nothing
@@ -21,9 +27,10 @@
 # the synthetic checkpoints, ~28 GB), GPU_JOBS (nproc), GPU_ARCH (90),
 # GPU_PEAK_TFLOPS (989: H100/H200 SXM dense BF16, for the compute bound).
 # GPU_CHECK_DRY_RUN=1 checks this script's own logic on a machine without a
-# GPU: --device cpu stands in for cuda, on small shapes; the GPU binaries
-# report skipped (failed), and the run ends "DRY RUN" with exit 3 whatever
-# passed, since nothing ran on a GPU.
+# GPU: --device cpu stands in for cuda, on small shapes (and --cuda-graphs
+# off for on, since the CPU refuses on); the GPU binaries report skipped
+# (failed), and the run ends "DRY RUN" with exit 3 whatever passed, since
+# nothing ran on a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -33,10 +40,10 @@ jobs=${GPU_JOBS:-$(nproc 2>/dev/null || echo 8)}
 arch=${GPU_ARCH:-90}
 peak_tflops=${GPU_PEAK_TFLOPS:-989}
 dry=${GPU_CHECK_DRY_RUN:-0}
-dev=cuda
+dev=cuda graphs_on=on sampling_on=device
 like_a=qwen2.5-7b like_b=qwen3-8b like_small=qwen2.5-1.5b like_big=qwen2.5-7b layers_full=0
 if [[ $dry == 1 ]]; then
-  dev=cpu like_a=qwen2.5-0.5b like_b=qwen3-0.6b like_small=qwen2.5-0.5b like_big=qwen2.5-0.5b layers_full=2
+  dev=cpu graphs_on=off sampling_on=host like_a=qwen2.5-0.5b like_b=qwen3-0.6b like_small=qwen2.5-0.5b like_big=qwen2.5-0.5b layers_full=2
   work=${GPU_WORK_DIR:-/tmp/shardlm-gpu-check-dry}
 fi
 t_start=$SECONDS
@@ -176,9 +183,11 @@ wait_models() {
 wait_models
 
 # 2. Whole-model greedy tokens, CUDA vs CPU (both with a bf16 KV cache).
-tokens() {  # tokens MODEL_DIR DEVICE TP
+tokens() {  # tokens MODEL_DIR DEVICE TP [GRAPHS [SAMPLING]]: GRAPHS on|off on a GPU (default off), SAMPLING host|device
+  local graphs=()
+  [[ $2 != cpu ]] && graphs=(--cuda-graphs "${4:-off}" --sampling-device "${5:-host}")
   "$cli" generate "$1" --prompt-ids 1,2,3,4,5,6,7,8 --max-tokens 16 --json --kv-cache-dtype bf16 --device "$2" \
-    --tp "$3" | sed -n 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/p' | tail -n 1
+    --tp "$3" "${graphs[@]}" 2>"$work/tokens_stderr.log" | sed -n 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/p' | tail -n 1
 }
 same_tokens() {  # same_tokens DIR
   local cpu gpu
@@ -189,6 +198,30 @@ same_tokens() {  # same_tokens DIR
 }
 step "2 tokens qwen2.5-7b (4 layers)" 150 same_tokens "$work/qwen2.5-7b-4l"
 step "2 tokens qwen3-8b (4 layers)" 150 same_tokens "$work/qwen3-8b-4l"
+graphs_same() {  # graphs_same DIR: decode replayed from CUDA graphs gives the eager tokens
+  local eager graphed replays
+  eager=$(tokens "$1" "$dev" 1 off) || return 1
+  graphed=$(tokens "$1" "$dev" 1 "$graphs_on") || return 1
+  [[ -n $eager && $eager == "$graphed" ]] || { echo "graphs off [$eager] vs on [$graphed]"; return 1; }
+  replays=$(sed -n 's/.*; \([0-9]*\) decode steps replayed.*/\1/p' "$work/tokens_stderr.log" | tail -n 1)
+  if [[ $dry == 1 ]]; then
+    echo "dry run: --cuda-graphs off twice (the CPU has no graphs): [$graphed]"
+    return 0
+  fi
+  [[ ${replays:-0} -gt 0 ]] || { echo "tokens equal but no step was replayed: $(grep 'CUDA graphs' "$work/tokens_stderr.log")"; return 1; }
+  echo "16 greedy tokens equal with graphs on and off; $replays decode steps replayed"
+}
+step "2 graphs on = off qwen2.5-7b" 150 graphs_same "$work/qwen2.5-7b-4l"
+step "2 graphs on = off qwen3-8b" 150 graphs_same "$work/qwen3-8b-4l"
+sampling_same() {  # sampling_same DIR: greedy sampled on the device gives the host sampler's tokens
+  local host device
+  host=$(tokens "$1" "$dev" 1 "$graphs_on" host) || return 1
+  device=$(tokens "$1" "$dev" 1 "$graphs_on" "$sampling_on") || return 1
+  [[ -n $host && $host == "$device" ]] || { echo "host sampling [$host] vs device [$device]"; return 1; }
+  [[ $dry == 1 ]] && { echo "dry run: host sampling twice (the CPU has no device sampler): [$device]"; return 0; }
+  echo "16 greedy tokens equal, sampled on the device and on the host (graphs $graphs_on)"
+}
+step "2 device = host sampling qwen2.5-7b" 150 sampling_same "$work/qwen2.5-7b-4l"
 
 # 3. TP on one device (ranks share the GPU through a device-local communicator).
 step "3 device-local communicator" 60 gtest_run "$build/tests/comm/cuda/device_local_comm_test" \
@@ -205,9 +238,17 @@ for tp in 2 3 4 6; do step "3 tp $tp on one device" 90 tp_same "$tp"; done
 
 # 4. Decode throughput against the HBM roofline (and the compute bound):
 # batches 1, 8 and 64 over one load of each model, then one row per batch.
-decode_runs() {  # decode_runs DIR LIKE
+decode_runs() {  # decode_runs DIR LIKE [GRAPHS]: GRAPHS on (default on a GPU) or off
+  local graphs=() key=$2
+  [[ $dev != cpu ]] && graphs=(--cuda-graphs "${3:-on}")
+  [[ ${3:-on} == off ]] && key="$2-eager"
   "$cli" generate "$1" --device "$dev" --decode-bench 1,8,64 --decode-context 512 --decode-steps 32 --json \
-    >"$work/decode_$2.jsonl" && echo "decode bench of $2 ran"
+    "${graphs[@]}" >"$work/decode_$key.jsonl" || return 1
+  if [[ $dev != cpu && ${3:-on} == on ]] && ! grep -q '"graph_replays":[1-9]' "$work/decode_$key.jsonl"; then
+    echo "decode bench of $2 ran, but no step was replayed from a CUDA graph"
+    return 1
+  fi
+  echo "decode bench of $key ran"
 }
 decode_row() {  # decode_row LIKE BATCH
   local out tps bytes wbytes
@@ -229,6 +270,9 @@ for like in qwen2.5-1.5b qwen2.5-7b; do
   step "4 decode $like (one load)" 180 decode_runs "$work/$like-full" "$like"
   for b in 1 8 64; do step "4 decode $like batch $b" 10 decode_row "$like" "$b"; done
 done
+# The same 1.5B rows without graphs (eager launches), for the comparison.
+step "4 decode qwen2.5-1.5b graphs off" 120 decode_runs "$work/qwen2.5-1.5b-full" qwen2.5-1.5b off
+for b in 1 8 64; do step "4 decode qwen2.5-1.5b-eager batch $b" 10 decode_row qwen2.5-1.5b-eager "$b"; done
 target() {  # target NAME KEY MIN_FRACTION: the row passes when tok/s >= MIN x the chosen bound
   local f="$work/decode_$2.txt"  # KEY = LIKE_BATCH
   [[ -f $f ]] || { record "$1" FAIL "no decode result"; return; }
@@ -251,7 +295,7 @@ serve_pid=$!
 serve_wait() {
   for _ in $(seq 120); do
     curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null 2>&1 && {
-      grep -E 'allocated \(measured\)' "$work/serve.log" | head -n 1
+      grep -E 'allocated \(measured\)|CUDA graphs' "$work/serve.log" | tr '\n' ' ' | head -c 400
       return 0
     }
     kill -0 "$serve_pid" 2>/dev/null || { tail -n 2 "$work/serve.log"; return 1; }

@@ -15,6 +15,11 @@ void Backend::require_support(WeightScheme scheme, int bits) const {
        "); run it on the cpu backend, or use the unquantized checkpoint");
 }
 
+void Backend::sample_rows(const Tensor&, std::span<const DeviceSampleRow>, int32_t*, float*) {
+  fail(ErrorCode::kUnsupported, "sampling on the device is not supported on ", name(),
+       "; its rows are sampled on the host");
+}
+
 void Backend::moe_route(const Tensor&, int64_t, bool, Tensor&, Tensor&) {
   fail(ErrorCode::kUnsupported, "moe_route (mixture-of-experts routing) is not supported on ", name(),
        "; run this MoE model on the CPU backend");

@@ -17,9 +17,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
+#include "backend/device/graph_buckets.h"
 #include "backend/device/memory_accounting.h"
 #include "backend/ops.h"
 #include "backend/quant_ops.h"
@@ -46,6 +49,20 @@ struct Linear {
 // [inter_local, hidden], down [hidden, inter_local].
 struct ExpertLinears {
   Tensor gate, up, down;
+};
+
+// One row's sampling as a device sampler runs it (backend/cuda/sampling.h has
+// the semantics: temperature, greedy below sampling's kGreedyTemperature,
+// min-p, top-k, top-p, a Philox draw seeded with (seed, step)). Penalties are
+// not passed yet: rows with penalties are sampled on the host
+// (sampling/device_sampling.h).
+struct DeviceSampleRow {
+  float temperature = 1.0f;
+  int32_t top_k = -1;  // <= 0: off
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t step = 0;   // tokens this sequence has drawn so far
 };
 
 class Backend {
@@ -129,6 +146,34 @@ class Backend {
   // all_gather. src: [rows, w], dst: [rows, d] with col_begin + w <= d, same
   // dtype. The base implementation copies host memory (CPU backends).
   virtual void copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin);
+
+  // ---- decode-step graphs (backend/device/decode_graphs.h) ----
+  // A runner that captures what enqueue_step(n_rows) enqueues on this
+  // backend's context into a graph per bucket and replays it, or nullptr
+  // when the backend has none (the CPU: its ops run as they are called).
+  virtual std::unique_ptr<GraphStepRunner> make_graph_runner(std::function<void(int n_rows)> enqueue_step) {
+    (void)enqueue_step;
+    return nullptr;
+  }
+  // Changes whenever a buffer the backend's ops use internally moved (a
+  // scratch regrown): a graph recorded before then is stale.
+  virtual uint64_t buffer_epoch() const { return 0; }
+  // > 0: every all-decode step sizes its attention for contexts up to
+  // max_context and for at least max_rows sequences (its split-K partition
+  // count and workspace), whatever its own longest context, so one graph
+  // serves every step of a bucket. 0: each step sizes its own (eager).
+  virtual void set_decode_graph_bounds(int64_t max_rows, int64_t max_context) {
+    (void)max_rows;
+    (void)max_context;
+  }
+
+  // ---- sampling where the logits are ----
+  // True when sample_rows is implemented (a GPU: the logits never cross).
+  virtual bool has_device_sampler() const { return false; }
+  // ids[r], logprobs[r] (host memory): row r of logits [n_rows, vocab] f32 on
+  // this device sampled as rows[r] says; logprobs are the chosen tokens' raw
+  // log_softmax. Only the ids and logprobs cross. Base: Error(kUnsupported).
+  virtual void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs);
 
   // ---- mixture of experts (backend/moe_ops.h has the contracts) ----
   // True when moe_route and moe_experts are implemented (a MoE model checks at load).

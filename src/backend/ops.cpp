@@ -40,9 +40,6 @@ inline float load1(const void* base, int64_t i) {
 }
 
 constexpr int64_t kPrefetchBytes = 512;
-// From this many tokens on, matmul widens each weight panel once for all of
-// them (backend/packed_gemm.h) instead of once per 4-token tile.
-constexpr int64_t kPackedMinTokens = 16;
 
 // y[t, j] for RB weight rows from row j0 and TB tokens from t0: each weight
 // vector is widened once and used for TB tokens.
@@ -164,6 +161,96 @@ inline void axpy(float a, const void* v, float* out, int64_t n) {
 }
 #endif
 
+#ifdef SHARDLM_SIMD_TRANSPOSE
+// Scores of HN Q heads against 16-position blocks of K, without a horizontal
+// sum per dot product: each block of K rows is transposed in registers
+// (16 × 16 at a time) to kt[d][position], then every head's scores for the
+// 16 positions build up in one vector: p[h][j] = scale · q_h · K_j.
+// q[h]: the head's [hd] query; krow(j): K row of position j; p rows len apart.
+template <DType D, int HN, class KRow>
+void group_scores(const float* const* q, int64_t hd, int64_t j0, int64_t j1, const KRow& krow, float scale,
+                  float* p, int64_t len) {
+  alignas(64) float kt[256 * 16];  // hd <= 256
+  for (int64_t jb = j0; jb < j1; jb += 16) {
+    const int64_t cnt = std::min<int64_t>(16, j1 - jb);
+    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+      Vec v[16];
+      for (int r = 0; r < 16; ++r) v[r] = r < cnt ? loadv<D>(krow(jb + r), d0) : zerov();
+      transpose(v);
+      for (int c = 0; c < 16; ++c) storex(kt + (d0 + kTransposedColumn[c]) * 16, v[c]);
+    }
+    Vec acc[HN];
+    for (int h = 0; h < HN; ++h) acc[h] = zerov();
+    for (int64_t d = 0; d < hd; ++d) {
+      const Vec kd = loadx(kt + d * 16);
+      for (int h = 0; h < HN; ++h) acc[h] = fmav(setv(q[h][d]), kd, acc[h]);
+    }
+    const __mmask16 keep = static_cast<__mmask16>((1u << cnt) - 1);
+    for (int h = 0; h < HN; ++h)
+      _mm512_mask_storeu_ps(p + h * len + (jb - j0), keep, _mm512_mul_ps(acc[h], setv(scale)));
+  }
+}
+
+// o_h = Σ_j p[h][j] · V_j for HN heads with the outputs in registers (HV
+// vectors each), so a V row is read once for the HN heads and no partial
+// output goes through memory. o[h]: the head's [hd = 16 HV] output.
+template <DType D, int HV, int HN, class VRow>
+void group_values(const float* p, int64_t len, int64_t j0, const VRow& vrow, float* const* o) {
+  Vec acc[HN][HV];
+  for (int h = 0; h < HN; ++h)
+    for (int i = 0; i < HV; ++i) acc[h][i] = zerov();
+  for (int64_t j = 0; j < len; ++j) {
+    const void* vp = vrow(j0 + j);
+    Vec vv[HV];
+    for (int i = 0; i < HV; ++i) vv[i] = loadv<D>(vp, 16 * i);
+    for (int h = 0; h < HN; ++h) {
+      const Vec w = setv(p[h * len + j]);
+      for (int i = 0; i < HV; ++i) acc[h][i] = fmav(w, vv[i], acc[h][i]);
+    }
+  }
+  for (int h = 0; h < HN; ++h)
+    for (int i = 0; i < HV; ++i) storex(o[h] + 16 * i, acc[h][i]);
+}
+
+// Dispatch on the group's head count: scores 8 heads per pass; values as
+// many heads as leave their outputs in registers (24 of 32 zmm).
+template <DType D, class KRow>
+void all_scores(const float* const* q, int64_t nh, int64_t hd, int64_t j0, int64_t j1, const KRow& krow, float scale,
+                float* p, int64_t len) {
+  for (int64_t h0 = 0; h0 < nh; h0 += 8) {
+    const float* const* qh = q + h0;
+    float* ph = p + h0 * len;
+    switch (std::min<int64_t>(8, nh - h0)) {
+      case 1: group_scores<D, 1>(qh, hd, j0, j1, krow, scale, ph, len); break;
+      case 2: group_scores<D, 2>(qh, hd, j0, j1, krow, scale, ph, len); break;
+      case 3: group_scores<D, 3>(qh, hd, j0, j1, krow, scale, ph, len); break;
+      case 4: group_scores<D, 4>(qh, hd, j0, j1, krow, scale, ph, len); break;
+      case 5: group_scores<D, 5>(qh, hd, j0, j1, krow, scale, ph, len); break;
+      case 6: group_scores<D, 6>(qh, hd, j0, j1, krow, scale, ph, len); break;
+      case 7: group_scores<D, 7>(qh, hd, j0, j1, krow, scale, ph, len); break;
+      default: group_scores<D, 8>(qh, hd, j0, j1, krow, scale, ph, len); break;
+    }
+  }
+}
+
+template <DType D, int HV, class VRow>
+void all_values(const float* p, int64_t nh, int64_t len, int64_t j0, const VRow& vrow, float* const* o) {
+  constexpr int kHeads = 24 / HV;
+  for (int64_t h0 = 0; h0 < nh; h0 += kHeads) {
+    const float* ph = p + h0 * len;
+    float* const* oh = o + h0;
+    switch (std::min<int64_t>(kHeads, nh - h0)) {
+      case 1: group_values<D, HV, 1>(ph, len, j0, vrow, oh); break;
+      case 2: group_values<D, HV, 2>(ph, len, j0, vrow, oh); break;
+      case 3: group_values<D, HV, 3>(ph, len, j0, vrow, oh); break;
+      case 4: group_values<D, HV, (kHeads >= 4 ? 4 : 3)>(ph, len, j0, vrow, oh); break;
+      case 5: group_values<D, HV, (kHeads >= 5 ? 5 : 3)>(ph, len, j0, vrow, oh); break;
+      default: group_values<D, HV, (kHeads >= 6 ? 6 : 3)>(ph, len, j0, vrow, oh); break;
+    }
+  }
+}
+#endif
+
 // One unit of attention work: the Q heads [h0, h1) that share local KV head
 // kvh, for one batch row, over context positions [j0, j1).
 struct AttentionItem {
@@ -232,15 +319,31 @@ void attention_typed(const float* q, const KvLayerView& c, const AttentionSeq* s
       const AttentionSeq& s = seqs[a.seq];
       const int64_t row = s.token_begin + a.t, nh = a.h1 - a.h0, len = a.j1 - a.j0;
       p.resize(static_cast<size_t>(nh * len));
-      for (int64_t j = a.j0; j < a.j1; ++j) {
-        const int64_t slot = static_cast<int64_t>(s.block_table[j / bs]) * bs + j % bs;
-        const char* kp = static_cast<const char*>(c.k) + static_cast<size_t>((slot * nkv + a.kvh) * hd) * esize;
-        for (int64_t h = 0; h < nh; ++h)
-          p[h * len + (j - a.j0)] = dot<D>(q + (row * nq + a.h0 + h) * hd, kp, hd) * scale;
-      }
       float* dst_base = a.partial >= 0 ? partials.data() + a.partial * partial_stride : nullptr;
       float sums[64], maxes[64];  // per head of the group (groups are at most 64 heads here)
       SHARDLM_CHECK(nh <= 64, "attention: a KV group of ", nh, " Q heads exceeds 64");
+      const float* q_heads[64];
+      float* o_heads[64];
+      for (int64_t h = 0; h < nh; ++h) {
+        q_heads[h] = q + (row * nq + a.h0 + h) * hd;
+        o_heads[h] = dst_base ? dst_base + h * (hd + 2) + 2 : out + (row * nq + a.h0 + h) * hd;
+      }
+      auto cache_row = [&](const void* base, int64_t j) {
+        const int64_t slot = static_cast<int64_t>(s.block_table[j / bs]) * bs + j % bs;
+        return static_cast<const char*>(base) + static_cast<size_t>((slot * nkv + a.kvh) * hd) * esize;
+      };
+      auto k_row = [&](int64_t j) { return cache_row(c.k, j); };
+      auto v_row = [&](int64_t j) { return cache_row(c.v, j); };
+#ifdef SHARDLM_SIMD_TRANSPOSE
+      const bool fast = hd % 16 == 0 && hd <= 256;
+      if (fast) {
+        all_scores<D>(q_heads, nh, hd, a.j0, a.j1, k_row, scale, p.data(), len);
+      } else
+#endif
+        for (int64_t j = a.j0; j < a.j1; ++j) {
+          const char* kp = k_row(j);
+          for (int64_t h = 0; h < nh; ++h) p[h * len + (j - a.j0)] = dot<D>(q_heads[h], kp, hd) * scale;
+        }
       for (int64_t h = 0; h < nh; ++h) {
         float* ph = p.data() + h * len;
         float mx = -INFINITY;
@@ -249,15 +352,19 @@ void attention_typed(const float* q, const KvLayerView& c, const AttentionSeq* s
         for (int64_t j = 0; j < len; ++j) sum += (ph[j] = std::exp(ph[j] - mx));
         maxes[h] = mx;
         sums[h] = sum;
-        float* o = dst_base ? dst_base + h * (hd + 2) + 2 : out + (row * nq + a.h0 + h) * hd;
-        std::fill(o, o + hd, 0.0f);
       }
-      for (int64_t j = a.j0; j < a.j1; ++j) {
-        const int64_t slot = static_cast<int64_t>(s.block_table[j / bs]) * bs + j % bs;
-        const char* vp = static_cast<const char*>(c.v) + static_cast<size_t>((slot * nkv + a.kvh) * hd) * esize;
-        for (int64_t h = 0; h < nh; ++h) {
-          float* o = dst_base ? dst_base + h * (hd + 2) + 2 : out + (row * nq + a.h0 + h) * hd;
-          axpy<D>(p[h * len + (j - a.j0)], vp, o, hd);
+#ifdef SHARDLM_SIMD_TRANSPOSE
+      if (hd == 64) {
+        all_values<D, 4>(p.data(), nh, len, a.j0, v_row, o_heads);
+      } else if (hd == 128) {
+        all_values<D, 8>(p.data(), nh, len, a.j0, v_row, o_heads);
+      } else
+#endif
+      {
+        for (int64_t h = 0; h < nh; ++h) std::fill(o_heads[h], o_heads[h] + hd, 0.0f);
+        for (int64_t j = a.j0; j < a.j1; ++j) {
+          const char* vp = v_row(j);
+          for (int64_t h = 0; h < nh; ++h) axpy<D>(p[h * len + (j - a.j0)], vp, o_heads[h], hd);
         }
       }
       for (int64_t h = 0; h < nh; ++h) {
@@ -319,7 +426,7 @@ void check_seqs(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs) 
 
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y) {
   const int64_t m = w.rows, k = w.cols;
-  if (n >= kPackedMinTokens && packed_matmul_available(w.dtype)) {
+  if (packed_matmul_available(w.dtype) && n >= packed_matmul_min_tokens(w.dtype)) {
     packed_matmul(x, n, w.data, w.dtype, m, k, y);
   } else switch (w.dtype) {
     case DType::kF32: matmul_typed<DType::kF32>(x, n, w.data, m, k, y); break;

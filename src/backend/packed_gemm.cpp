@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
 
+#include "backend/amx_gemm.h"
 #include "backend/simd.h"
 #include "core/error.h"
 
@@ -27,38 +29,6 @@ constexpr int kMR = 6;   // 12 accumulators + 2 + 1, of 16 ymm
 #endif
 constexpr int64_t kKC = 256;  // k per panel: kKC × kNR f32 = 32 KiB (AVX-512), 16 KiB (AVX2)
 
-#if defined(__AVX512F__)
-// After transpose(), v[c] holds column kTransposedColumn[c] of the block (the
-// unpack stages leave columns 1 and 2 of every four swapped; the panel's
-// store order undoes it for free).
-constexpr int kTransposedColumn[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
-
-// In-register transpose of a 16 × 16 f32 block v[row][column], up to the
-// column order above: 64 shuffles for 256 elements.
-inline void transpose(Vec v[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4)
-    for (int j = 0; j < 2; ++j) {
-      v[i + j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
-      v[i + j + 2] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
-    }
-  // Each 128-bit lane q of v[4a + b] now holds rows 4a..4a+3 of column 4q + {0, 2, 1, 3}[b].
-  for (int i = 0; i < 16; i += 8)
-    for (int j = 0; j < 4; ++j) {
-      t[i + j] = _mm512_shuffle_f32x4(v[i + j], v[i + j + 4], 0x88);      // lanes 0,2 | 0,2
-      t[i + j + 4] = _mm512_shuffle_f32x4(v[i + j], v[i + j + 4], 0xdd);  // lanes 1,3 | 1,3
-    }
-  for (int j = 0; j < 8; ++j) {
-    v[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
-    v[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
-  }
-}
-#endif
-
 // panel[i, r] = W[j0 + r, k0 + i] as f32, for i < kc and r < kNR; rows past
 // m are zero, so the kernel never branches on the panel's edge.
 template <DType D>
@@ -70,7 +40,7 @@ void pack_panel(const void* w, int64_t m, int64_t k, int64_t j0, int64_t k0, int
     return static_cast<const char*>(w) + static_cast<size_t>((j0 + r) * k + k0) * es;
   };
   int64_t i_done = 0;
-#if defined(__AVX512F__)
+#ifdef SHARDLM_SIMD_TRANSPOSE
   if (rows == kNR) {  // whole panel: 16 × 16 blocks transposed in registers
     for (; i_done + kLanes <= kc; i_done += kLanes)
       for (int64_t g = 0; g < kNR; g += kLanes) {
@@ -138,9 +108,13 @@ void run_item(const float* x, const void* w, int64_t m, int64_t k, int64_t p, in
   for (int64_t k0 = 0; k0 < k; k0 += kKC) {
     const int64_t kc = std::min(kKC, k - k0);
     pack_panel<D>(w, m, k, j0, k0, kc, s.row_buf.data(), s.panel.data());
-    for (int64_t t = t0; t < t1; t += kMR) {
-      const int64_t mr = std::min<int64_t>(kMR, t1 - t);
+    // Register tiles of near-equal height (16 tokens: 8 + 8, not 12 + 4),
+    // since a short tile does as many loads for fewer FMAs.
+    const int64_t n_tiles = (t1 - t0 + kMR - 1) / kMR;
+    for (int64_t tile = 0, t = t0; tile < n_tiles; ++tile) {
+      const int64_t mr = (t1 - t + (n_tiles - tile) - 1) / (n_tiles - tile);
       kKernels[mr - 1](x + t * k + k0, k, s.panel.data(), kc, k0 > 0, out + (t - t0) * ldo, ldo);
+      t += mr;
     }
   }
   if (partial)
@@ -180,7 +154,13 @@ bool packed_matmul_available(DType weight_dtype) {
   return weight_dtype == DType::kF32 || weight_dtype == DType::kBF16 || weight_dtype == DType::kF16;
 }
 
+int64_t packed_matmul_min_tokens(DType weight_dtype) {
+  return weight_dtype == DType::kBF16 && amx_available() ? 8 : 16;
+}
+
 void packed_matmul(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y) {
+  if (weight_dtype == DType::kBF16 && amx_available())
+    return amx_matmul_bf16(x, n, static_cast<const uint16_t*>(w), m, k, y);
   switch (weight_dtype) {
     case DType::kF32: packed_typed<DType::kF32>(x, n, w, m, k, y); break;
     case DType::kBF16: packed_typed<DType::kBF16>(x, n, w, m, k, y); break;
@@ -193,6 +173,7 @@ void packed_matmul(const float* x, int64_t n, const void* w, DType weight_dtype,
 #else  // no SIMD: backend::matmul keeps its portable loops
 
 bool packed_matmul_available(DType) { return false; }
+int64_t packed_matmul_min_tokens(DType) { return INT64_MAX; }
 void packed_matmul(const float*, int64_t, const void*, DType weight_dtype, int64_t, int64_t, float*) {
   fail(ErrorCode::kUnsupported, "packed_matmul: this build has no SIMD kernels (", dtype_safetensors_name(weight_dtype),
        ")");

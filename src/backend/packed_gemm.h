@@ -3,6 +3,7 @@
 // (kNR output rows × kKC of k, a few tens of KiB, in L1/L2), never as a whole
 // copy, and each panel is reused by every token of the call through an
 // outer-product register tile (kMR tokens × kNR outputs of accumulators).
+// bf16 weights go to AMX tiles where the CPU and OS allow (backend/amx_gemm.h).
 // Internal to the backend layer: backend::matmul chooses it by token count.
 #pragma once
 
@@ -15,6 +16,11 @@ namespace shardlm::backend {
 // Whether packed_matmul has a kernel for this build and weight dtype
 // (f32, bf16, f16 with AVX2+FMA+F16C or AVX-512).
 bool packed_matmul_available(DType weight_dtype);
+
+// From how many tokens on packed_matmul beats the per-token GEMV tile:
+// 8 for bf16 on AMX tiles (backend/amx_gemm.h), 16 for the AVX kernel
+// (measured single-threaded on Qwen2.5-0.5B's layer shapes).
+int64_t packed_matmul_min_tokens(DType weight_dtype);
 
 // x: [n, k] f32 rows; w: [m, k] rows of weight_dtype; y: [n, m] f32 (overwritten).
 void packed_matmul(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);

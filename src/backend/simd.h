@@ -84,6 +84,38 @@ inline float hsum(Vec v) {
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define SHARDLM_SIMD_TRANSPOSE 1
+// After transpose(), v[c] holds column kTransposedColumn[c] of the block (the
+// unpack stages leave columns 1 and 2 of every four swapped; callers store
+// v[c] where that column goes, which undoes it for free).
+constexpr int kTransposedColumn[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+
+// In-register transpose of a 16 × 16 f32 block v[row][column], up to the
+// column order above: 64 shuffles for 256 elements.
+inline void transpose(Vec v[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      v[i + j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+      v[i + j + 2] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+    }
+  // Each 128-bit lane q of v[4a + b] now holds rows 4a..4a+3 of column 4q + {0, 2, 1, 3}[b].
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_f32x4(v[i + j], v[i + j + 4], 0x88);      // lanes 0,2 | 0,2
+      t[i + j + 4] = _mm512_shuffle_f32x4(v[i + j], v[i + j + 4], 0xdd);  // lanes 1,3 | 1,3
+    }
+  for (int j = 0; j < 8; ++j) {
+    v[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    v[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+  }
+}
+#endif
 
 // Prefetch the cache line holding p into L1 (a hint: p may be past the end).
 inline void prefetch(const void* p) {

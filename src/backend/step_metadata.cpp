@@ -10,7 +10,12 @@ void StepMetadata::clear() {
   pending_.clear();
   packed_.clear();
   seqs_.clear();
-  n_tokens_ = n_logits_ = 0;
+  n_tokens_ = n_logits_ = n_padding_ = n_padding_pending_ = 0;
+}
+
+void StepMetadata::add_padding_rows(int64_t n) {
+  SHARDLM_CHECK(n >= 0, "padding rows: ", n);
+  n_padding_pending_ += n;
 }
 
 void StepMetadata::add_seq(std::span<const int32_t> ids, int32_t n_past, std::span<const int32_t> block_table,
@@ -24,10 +29,13 @@ void StepMetadata::add_seq(std::span<const int32_t> ids, int32_t n_past, std::sp
 }
 
 void StepMetadata::finish() {
-  n_tokens_ = static_cast<int64_t>(ids_.size());
-  n_logits_ = 0;
+  n_padding_ = n_padding_pending_;
+  const int64_t n_real_tokens = static_cast<int64_t>(ids_.size());
+  n_tokens_ = n_real_tokens + n_padding_;
+  n_logits_ = n_padding_;
   for (const Pending& p : pending_) n_logits_ += p.need_logits ? 1 : 0;
-  const int64_t n_seqs = static_cast<int64_t>(pending_.size());
+  const int64_t n_real_seqs = static_cast<int64_t>(pending_.size());
+  const int64_t n_seqs = n_real_seqs + n_padding_;
   packed_.resize(static_cast<size_t>(2 * n_tokens_ + n_logits_ + kSeqRecord * n_seqs) + tables_.size());
   int32_t* ids = packed_.data();
   int32_t* pos = ids + n_tokens_;
@@ -38,7 +46,7 @@ void StepMetadata::finish() {
   std::copy(tables_.begin(), tables_.end(), tables);
   seqs_.resize(static_cast<size_t>(n_seqs));
   int32_t begin = 0, n_rows = 0;
-  for (int64_t s = 0; s < n_seqs; ++s) {
+  for (int64_t s = 0; s < n_real_seqs; ++s) {
     const Pending& p = pending_[static_cast<size_t>(s)];
     for (int32_t t = 0; t < p.n_tokens; ++t) pos[begin + t] = p.n_past + t;
     if (p.need_logits) logit_rows[n_rows++] = begin + p.n_tokens - 1;
@@ -46,6 +54,14 @@ void StepMetadata::finish() {
     r[0] = begin, r[1] = p.n_tokens, r[2] = p.n_past, r[3] = p.table_offset, r[4] = p.n_table;
     seqs_[static_cast<size_t>(s)] = {begin, p.n_tokens, p.n_past, tables + p.table_offset, p.n_table};
     begin += p.n_tokens;
+  }
+  for (int64_t s = n_real_seqs; s < n_seqs; ++s, ++begin) {
+    ids[begin] = 0;
+    pos[begin] = 0;
+    logit_rows[n_rows++] = begin;
+    int32_t* r = records + kSeqRecord * s;
+    r[0] = begin, r[1] = 0, r[2] = 0, r[3] = 0, r[4] = 0;
+    seqs_[static_cast<size_t>(s)] = {begin, 0, 0, tables, 0};
   }
 }
 

@@ -31,12 +31,20 @@ class StepMetadata {
   // ids.size() - 1, with the block table covering them; need_logits asks for
   // the logits of its last new token.
   void add_seq(std::span<const int32_t> ids, int32_t n_past, std::span<const int32_t> block_table, bool need_logits);
+  // Appends n padding rows after the sequences (a CUDA-graph bucket's spare
+  // rows): each is one token (id 0, position 0) with its own logit row and a
+  // sequence record of n_tokens = 0, n_past = 0 and no block table, which
+  // every op skips (no KV write, no attention). A step of k decode sequences
+  // padded to a bucket of b rows then has n_tokens = n_seqs = n_logits = b,
+  // so its packed layout (every offset below) depends on b alone.
+  void add_padding_rows(int64_t n);
   // Lays out the packed buffer and the host views; call after the last add_seq.
   void finish();
 
   int64_t n_tokens() const { return n_tokens_; }
   int64_t n_seqs() const { return static_cast<int64_t>(seqs_.size()); }
   int64_t n_logits() const { return n_logits_; }
+  int64_t n_padding() const { return n_padding_; }  // padding rows, the last of the seqs / tokens / logits
   const int32_t* token_ids() const { return packed_.data(); }                       // [n_tokens]
   const int32_t* positions() const { return packed_.data() + n_tokens_; }           // [n_tokens]
   const int32_t* logit_rows() const { return packed_.data() + 2 * n_tokens_; }      // [n_logits]
@@ -55,7 +63,7 @@ class StepMetadata {
   std::vector<Pending> pending_;
   std::vector<int32_t> packed_;
   std::vector<AttentionSeq> seqs_;
-  int64_t n_tokens_ = 0, n_logits_ = 0;
+  int64_t n_tokens_ = 0, n_logits_ = 0, n_padding_ = 0, n_padding_pending_ = 0;
 };
 
 }  // namespace shardlm::backend

@@ -19,6 +19,7 @@
 #include "loader/generation_config.h"
 #include "cli/auto_layout_flag.h"
 #include "cli/device_flag.h"
+#include "backend/device/decode_graphs.h"
 #include "backend/device/device_choice.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
@@ -26,6 +27,7 @@
 #include "loader/model_spec.h"
 #include "model/decode_bench.h"
 #include "model/generate.h"
+#include "sampling/device_sampling.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 #if __has_include("tokenizer/chat_template/chat_template.h")
@@ -57,6 +59,8 @@ struct GenerateCliOptions {
   std::string kv_dtype;  // "": f32 on cpu (exact), bf16 on cuda; bf16 halves the bytes at ~1e-3 relative logit error
   std::string device = "cpu";
   std::string decode_bench;  // "1,8,64": time decode steps of these many sequences instead of generating
+  std::string cuda_graphs;   // --cuda-graphs on|off ("" = the device's default)
+  std::string sampling_device = "host";  // --sampling-device host|device
   int64_t decode_context = 256;
   int64_t decode_steps = 32;
   int64_t block_size = 16;
@@ -121,6 +125,7 @@ int run_decode_bench(const GenerateCliOptions& o) {
   if (d.layout.tp == kAutoDegree) fail(ErrorCode::kInvalidArgument, "--decode-bench needs an explicit --tp");
   d.layout.pp = o.pp;
   d.device = device_for_thread_ranks(o.device, d.layout.tp * d.layout.pp);
+  d.graphs.enabled = backend::parse_cuda_graphs_flag(o.cuda_graphs, !d.device.is_cpu());
   std::vector<int64_t> batches;
   for (int32_t b : parse_ids(o.decode_bench)) {
     if (b < 1 || b > 4096)
@@ -140,6 +145,7 @@ int run_decode_bench(const GenerateCliOptions& o) {
     fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype \"", o.kv_dtype, "\": use auto, bf16, f16, f32 or fp8 (E4M3)");
   }
   const std::vector<DecodeBenchResult> results = decode_bench_batches(spec, open_checkpoint(dir), d, batches);
+  if (!results.empty() && !results[0].graphs.empty()) std::fprintf(stderr, "%s\n", results[0].graphs.c_str());
   for (size_t k = 0; k < batches.size(); ++k) {
     const DecodeBenchResult& r = results[k];
     if (o.json) {
@@ -147,7 +153,8 @@ int run_decode_bench(const GenerateCliOptions& o) {
                           {"context", d.context},           {"steps", r.n_steps},           {"seconds", r.seconds},
                           {"tok_per_s", r.tokens_per_second}, {"ms_per_step", 1e3 * r.seconds / r.n_steps},
                           {"weight_bytes", r.weight_bytes}, {"kv_bytes_read_per_step", r.kv_bytes_read},
-                          {"bytes_per_step", r.bytes_per_step()}};
+                          {"bytes_per_step", r.bytes_per_step()}, {"cuda_graphs", d.graphs.enabled},
+                          {"graph_replays", r.graph_replays}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("decode batch %lld at context %lld on %s, %s: %.1f tok/s (%.3f ms/step; %lld bytes read per step)\n",
@@ -201,6 +208,7 @@ int run_generate(const GenerateCliOptions& o) {
   g.block_size = o.block_size;
   const bool under_mpi = mpi_world_size() > 1;
   if (!under_mpi) g.device = device_for_thread_ranks(o.device, tp_auto ? 1 : g.layout.tp * g.layout.pp);
+  if (!under_mpi) g.graphs.enabled = backend::parse_cuda_graphs_flag(o.cuda_graphs, !g.device.is_cpu());
   if (o.kv_dtype.empty()) {
     g.kv_dtype = default_kv_dtype(g.device);
   } else if (o.kv_dtype == "auto") {
@@ -217,6 +225,25 @@ int run_generate(const GenerateCliOptions& o) {
   params.min_p = o.min_p;
   params.seed = o.seed;
   params.validate();
+  if (o.sampling_device == "device") {
+    if (under_mpi)
+      fail(ErrorCode::kUnsupported, "--sampling-device device: generate under mpirun samples on the host; drop the flag");
+    if (g.device.is_cpu())
+      fail(ErrorCode::kInvalidArgument, "--sampling-device device needs a GPU (--device cuda): the CPU backend has no "
+           "device sampler (its logits are already in host memory)");
+    if (!o.dump_logits.empty())
+      fail(ErrorCode::kInvalidArgument, "--dump-logits needs the logits on the host; use --sampling-device host");
+    const SamplingFallback why = row_sampling_fallback(RowSamplingNeeds{&params}, /*device_sampler=*/true);
+    if (why == SamplingFallback::kNone) {
+      g.device_sampling = true;
+      g.device_row.temperature = static_cast<float>(params.temperature);
+      g.device_row.top_k = params.top_k;
+      g.device_row.top_p = static_cast<float>(params.top_p);
+      g.device_row.min_p = static_cast<float>(params.min_p);
+    } else {
+      std::fprintf(stderr, "%s\n", SamplingFallbackLog().note(why).c_str());
+    }
+  }
   auto sampler = std::make_shared<std::optional<Sampler>>();
   g.pick = [&, sampler](const float* logits, int64_t vocab, const std::vector<int32_t>&) -> int32_t {
     if (!sampler->has_value()) sampler->emplace(params, prompt, vocab);
@@ -246,6 +273,9 @@ int run_generate(const GenerateCliOptions& o) {
       fail(ErrorCode::kInvalidArgument, "--dump-routing is for the threads path; run without mpirun to record the routing");
 #ifdef SHARDLM_HAVE_MPI
     g.device = device_for_mpi_process(o.device);  // one GPU per process: local rank % GPUs
+    if (o.cuda_graphs == "on")
+      fail(ErrorCode::kUnsupported, "--cuda-graphs on: generate under mpirun runs its steps eagerly (graphs are "
+           "wired into the threads path, TP = PP = 1); run without mpirun, or drop the flag");
     if (o.kv_dtype.empty()) g.kv_dtype = default_kv_dtype(g.device);
     MpiRuntime runtime(nullptr, nullptr);
     auto world = runtime.world();
@@ -261,6 +291,8 @@ int run_generate(const GenerateCliOptions& o) {
   } else {
     if (tp_auto) g.layout = choose_layout();
     r = generate_local(spec, open_checkpoint(dir), prompt, g);
+    if (!r.graphs.empty())
+      std::fprintf(stderr, "%s; %lld decode steps replayed\n", r.graphs.c_str(), static_cast<long long>(r.graph_replays));
   }
   if (!o.dump_logits.empty()) {
     std::ofstream out(o.dump_logits, std::ios::binary);
@@ -335,6 +367,13 @@ void setup(CLI::App& app) {
   sub->add_option("--kv-cache-dtype", o->kv_dtype,
                   "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
   add_device_option(sub, &o->device);
+  add_cuda_graphs_option(sub, &o->cuda_graphs);
+  sub->add_option("--sampling-device", o->sampling_device,
+                  "host or device: device samples where the logits are (a GPU), so only the token id crosses; "
+                  "a request that needs what the device sampler lacks (a seed, penalties, ...) says so and samples on "
+                  "the host")
+      ->check(CLI::IsMember({"host", "device"}))
+      ->capture_default_str();
   sub->add_option("--decode-bench", o->decode_bench,
                   "Instead of generating: time decode steps of B sequences, for each B of a list like 1,8,64 (one "
                   "load; prints tok/s and bytes read per step)");

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "backend/device/device_choice.h"
+#include "backend/device/decode_graphs.h"
 #include "cli/auto_layout_flag.h"
 #include "cli/device_flag.h"
 #include "cli/command.h"
@@ -42,6 +43,7 @@ struct ServeOptions {
   int64_t block_size = 16;
   std::string kv_cache_dtype = "auto";
   std::string device = "cpu";
+  std::string cuda_graphs;  // --cuda-graphs on|off ("" = the device's default)
   int64_t max_pending_requests = 1024;
   int64_t max_waiting_requests = -1;  // >= 0: live bound = max_num_seqs + this
   int max_executor_restarts = 3;
@@ -98,6 +100,11 @@ int run_serve(const ServeOptions& given) {
                                      : device_for_thread_ranks(o.device, mpi.layout().tp * mpi.layout().pp *
                                                                              std::max(1, mpi.layout().dp));
   mpi.set_device(device);
+  // Every process checks --cuda-graphs, so that a refusal stops them all.
+  const bool cuda_graphs = backend::parse_cuda_graphs_flag(o.cuda_graphs, !device.is_cpu());
+  if (cuda_graphs && mpi.active() && o.cuda_graphs == "on")
+    fail(ErrorCode::kUnsupported, "--cuda-graphs on: under mpirun the ranks' steps run eagerly (graphs are wired "
+         "into the threads path at TP = PP = 1); drop the flag");
   if (!mpi.is_driver()) return mpi.run_worker();
   server::EngineBackendOptions bo;
   bo.model_dir = o.model;
@@ -107,6 +114,7 @@ int run_serve(const ServeOptions& given) {
   bo.layout = mpi.layout();
   bo.device = device;
   bo.ranks_share_device = !mpi.active();
+  bo.cuda_graphs = cuda_graphs;
   bo.max_model_len = o.max_model_len;
   bo.max_num_seqs = o.max_num_seqs;
   bo.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -244,6 +252,7 @@ void setup(CLI::App& app) {
   sub->add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str()->check(CLI::IsMember({8, 16, 32, 64, 128}));
   sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (the weights' dtype), bf16, f16, f32, fp8 (E4M3)")->capture_default_str();
   add_device_option(sub, &o->device);
+  add_cuda_graphs_option(sub, &o->cuda_graphs);
   auto* pending = sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
                       ->capture_default_str()->check(CLI::Range(1, 1 << 24));
   sub->add_option("--max-waiting-requests", o->max_waiting_requests,

@@ -16,6 +16,13 @@ void add_device_option(CLI::App* sub, std::string* value) {
       ->capture_default_str();
 }
 
+void add_cuda_graphs_option(CLI::App* sub, std::string* value) {
+  sub->add_option("--cuda-graphs", *value,
+                  "on or off: decode steps replayed from CUDA graphs captured per batch-size bucket (default on "
+                  "with --device cuda at TP = PP = 1; refused on the CPU, which has no graphs)")
+      ->check(CLI::IsMember({"on", "off"}));
+}
+
 Device device_for_thread_ranks(const std::string& flag, int n_ranks) {
   const backend::DeviceFlag f = backend::parse_device_flag(flag);
   if (f.device.is_cpu()) return f.device;

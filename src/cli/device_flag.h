@@ -16,6 +16,9 @@ namespace shardlm::cli {
 
 // Adds --device (default cpu) to a subcommand.
 void add_device_option(CLI::App* sub, std::string* value);
+// Adds --cuda-graphs on|off (default: on for a GPU, off on the CPU;
+// backend::parse_cuda_graphs_flag reads it once the device is known).
+void add_cuda_graphs_option(CLI::App* sub, std::string* value);
 
 // The device of ranks that run as threads of this process (all on one GPU,
 // sharing it). Throws what device_for_rank throws (no GPU, index past them).

@@ -1,6 +1,7 @@
 #include "comm/local_comm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -17,21 +18,41 @@ namespace shardlm {
 // barrier keeps buffers alive until everyone has read.
 class LocalWorld {
  public:
-  explicit LocalWorld(int n) : n_(n), posted_(n, nullptr), scratch_(), mailboxes_(n * n) {}
+  explicit LocalWorld(int n)
+      : n_(n),
+        spin_(n <= static_cast<int>(std::thread::hardware_concurrency())),
+        posted_(n, nullptr),
+        scratch_(),
+        mailboxes_(n * n) {}
 
   int size() const { return n_; }
 
   void barrier() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    throw_if_aborted();
-    const uint64_t gen = generation_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
+    uint64_t gen = 0;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      throw_if_aborted();
+      gen = generation_.load(std::memory_order_relaxed);
+      if (++arrived_ == n_) {
+        arrived_ = 0;
+        generation_.store(gen + 1, std::memory_order_release);
+        cv_.notify_all();
+        return;
+      }
     }
-    cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
+    // TP ranks as threads meet here twice per collective, several times per
+    // layer; when each has a core of its own, the others are usually a few
+    // microseconds away, less than a futex sleep and wake-up costs. So spin
+    // briefly first, unless the ranks outnumber the cores (then spinning
+    // would take the core a late rank needs).
+    if (spin_) {
+      for (int i = 0; i < kSpinRounds; ++i) {
+        if (generation_.load(std::memory_order_acquire) != gen) return;
+        cpu_relax();
+      }
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != gen || aborted_; });
     throw_if_aborted();
   }
 
@@ -79,11 +100,21 @@ class LocalWorld {
     if (aborted_) throw Error(ErrorCode::kDistributed, abort_message_);
   }
 
+  static void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+  static constexpr int kSpinRounds = 4000;  // a few tens of microseconds of pause instructions
+
   const int n_;
+  const bool spin_;
   std::mutex mutex_;
   std::condition_variable cv_;
   int arrived_ = 0;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};
   bool aborted_ = false;
   std::string abort_message_;
   std::vector<const void*> posted_;

@@ -107,9 +107,15 @@ void LocalGroupExecutor::run_rank(int rank) {
     RankComms& comms = ctx->comms;
     auto model = CausalLM::load(spec_, weights_, layout, tp_rank, pp_rank, *comms.tp, *comms.pp, ctx->backend);
     KvCache cache = model->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype);
+    const std::string graphs = options_.graphs.enabled ? model->enable_decode_graphs(options_.graphs) : "";
+    const backend::DecodeGraphs* dg = rank == 0 ? model->decode_graphs() : nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (rank == 0) kv_block_bytes_rank0_ = model->kv_block_bytes(options_.block_size, options_.kv_dtype);
+      if (rank == 0) {
+        kv_block_bytes_rank0_ = model->kv_block_bytes(options_.block_size, options_.kv_dtype);
+        graph_status_ = graphs;
+        n_graph_replays_ = 0;
+      }
       rank_memory_[rank] = RankMemory{tp_rank, pp_rank, model->weight_bytes(), cache.bytes()};
       ++n_loaded_;
     }
@@ -141,6 +147,7 @@ void LocalGroupExecutor::run_rank(int rank) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         ++job->n_done;
+        if (dg) n_graph_replays_ = dg->cache().n_replays();
       }
       cv_.notify_all();
     }
@@ -201,6 +208,16 @@ void LocalGroupExecutor::execute(const ForwardBatch& batch, float* logits) {
   }
   submit(batch);
   collect(logits);
+}
+
+std::string LocalGroupExecutor::graph_status() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return graph_status_;
+}
+
+int64_t LocalGroupExecutor::n_graph_replays() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return n_graph_replays_;
 }
 
 int64_t LocalGroupExecutor::n_overlapped_starts() const {

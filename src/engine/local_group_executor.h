@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/device/decode_graphs.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "engine/model_executor.h"
@@ -33,6 +34,9 @@ struct LocalGroupOptions {
   DType kv_dtype = DType::kBF16;
   int n_threads_per_rank = 0;      // backend threads; 0: hardware threads / ranks
   Device device;                   // cpu, or the GPU every rank (thread) shares (model/rank_group.h)
+  // Decode steps through CUDA graphs (CausalLM::enable_decode_graphs): set
+  // enabled, max_batch and max_context (the engine's max_model_len).
+  backend::DecodeGraphOptions graphs;
   // Test hook: rank `fail_rank` throws when it reaches batch `fail_at_batch`
   // (0-based, counted from load), once: a restarted group runs clean.
   int fail_rank = -1;
@@ -62,6 +66,10 @@ class LocalGroupExecutor final : public ModelExecutor {
 
   // Bytes one KV block takes on rank 0 (what the block pool divides by).
   int64_t kv_block_bytes_rank0() const { return kv_block_bytes_rank0_; }
+  // Rank 0's "CUDA graphs: ..." line from its load ("" when graphs were not asked for).
+  std::string graph_status() const;
+  // Decode steps rank 0 replayed from a graph so far.
+  int64_t n_graph_replays() const;
 
   // What each rank holds once loaded, in rank order (tp fastest): the
   // startup log prints these beside plan's prediction.
@@ -88,6 +96,8 @@ class LocalGroupExecutor final : public ModelExecutor {
   int n_ranks_;
   int64_t vocab_size_;
   int64_t kv_block_bytes_rank0_ = 0;
+  std::string graph_status_;
+  int64_t n_graph_replays_ = 0;  // rank 0's count, copied after each of its steps (under mutex_)
   std::vector<RankMemory> rank_memory_;
 
   // A submitted batch; every rank runs it once, in index order.

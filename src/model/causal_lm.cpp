@@ -1,6 +1,7 @@
 #include "model/causal_lm.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -228,6 +229,18 @@ bool CausalLM::forward(const ForwardBatch& batch, KvCache& cache, float* logits)
   return true;
 }
 
+void CausalLM::forward_sampled(const ForwardBatch& batch, KvCache& cache,
+                               std::span<const backend::DeviceSampleRow> rows, int32_t* ids, float* logprobs) {
+  if (layout_.tp > 1 || layout_.pp > 1 || !backend_->has_device_sampler())
+    fail(ErrorCode::kUnsupported, "sampling on the device needs TP = PP = 1 and a backend with a device sampler; ",
+         backend_->name(), " at ", layout_.to_string(), " samples on the host");
+  const int64_t n_logits = batch.n_logits();
+  SHARDLM_CHECK(static_cast<int64_t>(rows.size()) == n_logits, "forward_sampled: ", rows.size(), " rows for ",
+                n_logits, " logits");
+  run_stage(batch, cache, nullptr);  // the logits stay in logits_out_ (the graph path's too)
+  if (n_logits > 0) backend_->sample_rows(logits_out_.slice_rows(0, n_logits), rows, ids, logprobs);
+}
+
 void CausalLM::receive_logits(const ForwardBatch& batch, float* logits) {
   SHARDLM_CHECK(is_driver() && layout_.pp > 1, "receive_logits is for the driver of a pipeline");
   const int64_t n_logits = batch.n_logits();
@@ -235,7 +248,7 @@ void CausalLM::receive_logits(const ForwardBatch& batch, float* logits) {
     pp_.recv(logits, static_cast<size_t>(n_logits * spec_.vocab_size) * sizeof(float), layout_.pp - 1);
 }
 
-void CausalLM::pack_step(const ForwardBatch& batch, const KvCache& cache) {
+void CausalLM::pack_step(const ForwardBatch& batch, const KvCache& cache, int64_t n_padding) {
   meta_.clear();
   int64_t begin = 0;
   for (const SequenceChunk& c : batch.seqs) {
@@ -253,28 +266,32 @@ void CausalLM::pack_step(const ForwardBatch& batch, const KvCache& cache) {
   if (begin != batch.n_tokens())
     fail(ErrorCode::kInvalidArgument, "forward batch: chunks hold ", begin, " tokens but token_ids has ",
          batch.n_tokens());
+  meta_.add_padding_rows(n_padding);
   meta_.finish();
 }
 
-void CausalLM::run_stage(const ForwardBatch& batch, KvCache& cache, float* logits) {
-  const int64_t h = spec_.hidden_size;
-  SHARDLM_CHECK(cache.n_layers() == shard_.layers.size() && cache.n_kv_heads() == shard_.kv_heads.size(),
-                "KV cache made for another shard");
-  pack_step(batch, cache);
+void CausalLM::reserve_step_buffers(int64_t n_tokens, int64_t n_logits) {
   backend::Backend& b = *backend_;
-  const int64_t n = meta_.n_tokens();
-  b.begin_step(meta_);
-  if (n > hidden_capacity_) {
-    hidden_ = b.alloc(b.activation_dtype(), {n, h});
-    hidden_capacity_ = n;
+  const int64_t h = spec_.hidden_size;
+  if (n_tokens > hidden_capacity_) {
+    hidden_ = b.alloc(b.activation_dtype(), {n_tokens, h});
+    hidden_capacity_ = n_tokens;
   }
-  workspace_.reserve(b, dims_, n);
-  Tensor hidden = hidden_.slice_rows(0, n);  // [n_tokens, hidden]
-  if (shard_.first_stage) {
-    embed_tokens(b, embed_, shard_.vocab, spec_.vocab_size, meta_, hidden, tp_);
-  } else {
-    pp_.recv(hidden.data(), hidden.nbytes(), shard_.pp_rank - 1);
+  workspace_.reserve(b, dims_, n_tokens);
+  if (shard_.last_stage && n_logits > logits_capacity_) {
+    const DType a = b.activation_dtype();
+    last_hidden_ = b.alloc(a, {n_logits, h});
+    if (layout_.tp > 1) {
+      logits_local_ = b.alloc(a, {n_logits, shard_.vocab.size()});
+      logits_gathered_ = b.alloc(a, {n_logits, spec_.vocab_size});
+    }
+    logits_out_ = b.alloc(DType::kF32, {n_logits, spec_.vocab_size});
+    logits_capacity_ = n_logits;
   }
+}
+
+void CausalLM::run_layers(Tensor& hidden, KvCache& cache) {
+  backend::Backend& b = *backend_;
   const StepContext step{meta_, inv_freq_};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DecoderLayerWeights& w = layers_[i];
@@ -286,6 +303,35 @@ void CausalLM::run_stage(const ForwardBatch& batch, KvCache& cache, float* logit
       mlp_block(b, dims_, w, step, hidden, tp_, workspace_);
     }
   }
+}
+
+void CausalLM::make_logits(const Tensor& hidden, Tensor& out) {
+  backend::Backend& b = *backend_;
+  const int64_t n_logits = meta_.n_logits();
+  Tensor x = last_hidden_.slice_rows(0, n_logits);  // [n_logits, hidden]
+  b.gather_logit_rows(hidden, meta_, x);
+  b.rms_norm(x, final_norm_, dims_.eps, x);
+  Tensor local = logits_local_.defined() ? logits_local_.slice_rows(0, n_logits) : Tensor{};
+  Tensor gathered = logits_gathered_.defined() ? logits_gathered_.slice_rows(0, n_logits) : Tensor{};
+  lm_head_logits(b, x, lm_head_, vocab_ranges_, out, local, gathered, tp_);
+}
+
+void CausalLM::run_stage(const ForwardBatch& batch, KvCache& cache, float* logits) {
+  SHARDLM_CHECK(cache.n_layers() == shard_.layers.size() && cache.n_kv_heads() == shard_.kv_heads.size(),
+                "KV cache made for another shard");
+  if (graphs_ && run_graph_step(batch, cache, logits)) return;
+  pack_step(batch, cache, 0);
+  backend::Backend& b = *backend_;
+  const int64_t n = meta_.n_tokens();
+  b.begin_step(meta_);
+  reserve_step_buffers(n, meta_.n_logits());
+  Tensor hidden = hidden_.slice_rows(0, n);  // [n_tokens, hidden]
+  if (shard_.first_stage) {
+    embed_tokens(b, embed_, shard_.vocab, spec_.vocab_size, meta_, hidden, tp_);
+  } else {
+    pp_.recv(hidden.data(), hidden.nbytes(), shard_.pp_rank - 1);
+  }
+  run_layers(hidden, cache);
   if (!shard_.last_stage) {
     b.synchronize();
     pp_.send_async(hidden.data(), hidden.nbytes(), shard_.pp_rank + 1);
@@ -293,32 +339,110 @@ void CausalLM::run_stage(const ForwardBatch& batch, KvCache& cache, float* logit
   }
   const int64_t n_logits = meta_.n_logits();
   if (n_logits == 0) return;
-  if (n_logits > logits_capacity_) {
-    const DType a = b.activation_dtype();
-    last_hidden_ = b.alloc(a, {n_logits, h});
-    if (layout_.tp > 1) {
-      logits_local_ = b.alloc(a, {n_logits, shard_.vocab.size()});
-      logits_gathered_ = b.alloc(a, {n_logits, spec_.vocab_size});
-    }
-    logits_out_ = b.alloc(DType::kF32, {n_logits, spec_.vocab_size});
-    logits_capacity_ = n_logits;
-  }
-  Tensor x = last_hidden_.slice_rows(0, n_logits);  // [n_logits, hidden]
-  b.gather_logit_rows(hidden, meta_, x);
-  b.rms_norm(x, final_norm_, dims_.eps, x);
   const bool deliver_here = shard_.tp_rank == 0 && logits != nullptr;
   // On a host backend the driver's buffer is written directly; otherwise the
   // logits land in the rank's own buffer and are copied out.
   Tensor out = deliver_here && b.device().is_cpu() ? Tensor::view(logits, DType::kF32, {n_logits, spec_.vocab_size})
                                                    : logits_out_.slice_rows(0, n_logits);
-  Tensor local = logits_local_.defined() ? logits_local_.slice_rows(0, n_logits) : Tensor{};
-  Tensor gathered = logits_gathered_.defined() ? logits_gathered_.slice_rows(0, n_logits) : Tensor{};
-  lm_head_logits(b, x, lm_head_, vocab_ranges_, out, local, gathered, tp_);
+  make_logits(hidden, out);
   if (deliver_here && !b.device().is_cpu()) b.download(out, logits);
   if (!deliver_here && shard_.tp_rank == 0 && layout_.pp > 1) {
     b.synchronize();
     pp_.send_async(out.data(), out.nbytes(), 0);
   }
+}
+
+// ---- decode steps through graphs ---------------------------------------------
+
+std::string CausalLM::enable_decode_graphs(const backend::DecodeGraphOptions& options,
+                                           std::function<void(const std::string&)> log) {
+  graphs_.reset();
+  if (!options.enabled) return "CUDA graphs: off";
+  auto off = [](const std::string& why) { return "CUDA graphs: off (" + why + "); decode steps run eagerly"; };
+  if (layout_.tp > 1 || layout_.pp > 1)
+    return off(str_cat("layout ", layout_.to_string(),
+                       ": graphs are captured for TP = PP = 1 only; the collectives between ranks are not captured"));
+  if (graph_.moe.enabled) return off("mixture-of-experts layers route on the host and are not captured");
+  if (routing_trace_) return off("expert routing is being traced");
+  backend::Backend& b = *backend_;
+  // Steps that do not fit (more sequences, a longer context, any prefill) run
+  // eagerly; the graph path itself only ever runs on the driver (TP = PP = 1).
+  std::unique_ptr<backend::GraphStepRunner> runner =
+      b.make_graph_runner([this](int n_rows) { enqueue_graph_step(n_rows); });
+  if (!runner) return off(str_cat(b.name(), " has no graphs"));
+  if (!log) log = [](const std::string& line) { std::fprintf(stderr, "shardlm: %s\n", line.c_str()); };
+  graphs_ = std::make_unique<backend::DecodeGraphs>(options, std::move(runner), std::move(log));
+  // Every buffer a graph step touches is allocated now at the largest
+  // bucket's size, so that steps up to it never move them.
+  reserve_step_buffers(options.max_batch, options.max_batch);
+  return "CUDA graphs: " + graphs_->describe();
+}
+
+bool CausalLM::run_graph_step(const ForwardBatch& batch, KvCache& cache, float* logits) {
+  const int64_t n_seqs = static_cast<int64_t>(batch.seqs.size());
+  bool all_decode = n_seqs > 0 && batch.n_tokens() == n_seqs;
+  int64_t max_context = 0;
+  for (const SequenceChunk& c : batch.seqs) {
+    all_decode = all_decode && c.n_tokens == 1 && c.need_logits;
+    max_context = std::max<int64_t>(max_context, static_cast<int64_t>(c.n_past) + c.n_tokens);
+  }
+  const int bucket = graphs_->bucket_for(n_seqs, all_decode, max_context);
+  if (bucket < 0) return false;
+  // A replay runs none of the ops' host-side checks: the ones that look at
+  // user input happen here first.
+  for (int32_t id : batch.token_ids)
+    if (id < 0 || id >= spec_.vocab_size)
+      fail(ErrorCode::kInvalidArgument, "token id ", id, " is outside the vocabulary [0, ", spec_.vocab_size, ")");
+  pack_step(batch, cache, bucket - n_seqs);  // [bucket] rows: the sequences, then padding
+  backend::Backend& b = *backend_;
+  b.set_decode_graph_bounds(graphs_->options().max_batch, graphs_->options().max_context);
+  // The step's metadata goes into the backend's fixed device buffer here,
+  // outside the graph, which reads it from there.
+  b.begin_step(meta_);
+  reserve_step_buffers(bucket, bucket);
+  backend::GraphBufferKey key;
+  key.backend_epoch = b.buffer_epoch();
+  for (const Tensor* t : {&hidden_, &last_hidden_, &logits_out_, &logits_local_, &logits_gathered_, &inv_freq_})
+    key.addresses.push_back(t->defined() ? t->data() : nullptr);
+  for (const Tensor& t : {workspace_.normed(1), workspace_.q(1), workspace_.k(1), workspace_.v(1), workspace_.attn(1),
+                          workspace_.proj(1), workspace_.gate(1), workspace_.up(1)})
+    key.addresses.push_back(t.defined() ? t.data() : nullptr);
+  for (int64_t l = 0; l < cache.n_layers(); ++l) {
+    const backend::KvLayerView v = cache.layer(l);
+    key.addresses.push_back(v.k);
+    key.addresses.push_back(v.v);
+  }
+  key.addresses.push_back(reinterpret_cast<const void*>(static_cast<intptr_t>(cache.n_blocks() * cache.block_size())));
+  graph_kv_ = &cache;
+  try {
+    graphs_->run(bucket, key);
+  } catch (...) {
+    graph_kv_ = nullptr;
+    b.set_decode_graph_bounds(0, 0);
+    throw;
+  }
+  graph_kv_ = nullptr;
+  b.set_decode_graph_bounds(0, 0);
+  if (logits != nullptr) {
+    // Only the real rows come back; the padding rows' logits stay on the device.
+    if (b.device().is_cpu()) {
+      std::memcpy(logits, logits_out_.data(), static_cast<size_t>(n_seqs * spec_.vocab_size) * sizeof(float));
+    } else {
+      b.download(logits_out_.slice_rows(0, n_seqs), logits);
+    }
+  }
+  return true;
+}
+
+void CausalLM::enqueue_graph_step(int n_rows) {
+  SHARDLM_CHECK(graph_kv_ != nullptr && n_rows == meta_.n_tokens() && n_rows == meta_.n_logits(),
+                "a decode graph step of ", n_rows, " rows outside run_graph_step (", meta_.n_tokens(), " packed)");
+  backend::Backend& b = *backend_;
+  Tensor hidden = hidden_.slice_rows(0, n_rows);  // [bucket, hidden]
+  embed_tokens(b, embed_, shard_.vocab, spec_.vocab_size, meta_, hidden, tp_);
+  run_layers(hidden, *graph_kv_);
+  Tensor out = logits_out_.slice_rows(0, n_rows);  // [bucket, vocab]
+  make_logits(hidden, out);
 }
 
 }  // namespace shardlm

@@ -11,11 +11,13 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device/decode_graphs.h"
 #include "comm/communicator.h"
 #include "model/family.h"
 #include "model/forward_batch.h"
@@ -60,6 +62,12 @@ class CausalLM {
   // follow the order of the sequences with need_logits. Returns true where
   // logits were written.
   bool forward(const ForwardBatch& batch, KvCache& cache, float* logits);
+  // forward, with the logits sampled where they are (Backend::sample_rows):
+  // rows[i] samples the i-th sequence with need_logits; ids and logprobs
+  // ([batch.n_logits()], host) get the chosen tokens. TP = PP = 1 and a
+  // backend with a device sampler only (kUnsupported otherwise).
+  void forward_sampled(const ForwardBatch& batch, KvCache& cache, std::span<const backend::DeviceSampleRow> rows,
+                       int32_t* ids, float* logprobs);
 
   // The step split for pipelining, so that a stage can start batch k+1 while
   // later stages still run batch k. run_stage: the first stage embeds, the
@@ -73,6 +81,20 @@ class CausalLM {
   // Pipeline rank 0 of tp rank 0 (the driver), pp > 1: receives the logits
   // the last stage sent for `batch` (batches are received in run order).
   void receive_logits(const ForwardBatch& batch, float* logits);
+
+  // Decode steps through graphs (backend/device/decode_graphs.h) from now
+  // on, where they can be: the backend has a graph runner (CUDA), TP = PP =
+  // 1, a dense model. A qualifying step (every sequence decodes one token
+  // with logits, at most options.max_batch of them, contexts up to
+  // options.max_context) is padded to its bucket and replayed from a graph
+  // captured after one eager warm-up; every other step runs eagerly as
+  // before. The buffers graph steps touch are allocated here, at the largest
+  // bucket's size. Returns the startup log's line ("CUDA graphs: on: ..." or
+  // "CUDA graphs: off (why)"). log: where a failed capture is reported (one
+  // line per bucket; default stderr). Throws kInvalidArgument for bad options.
+  std::string enable_decode_graphs(const backend::DecodeGraphOptions& options,
+                                   std::function<void(const std::string&)> log = {});
+  const backend::DecodeGraphs* decode_graphs() const { return graphs_.get(); }
 
   bool is_driver() const { return shard_.tp_rank == 0 && shard_.pp_rank == 0; }
   const ModelSpec& spec() const { return spec_; }
@@ -99,7 +121,18 @@ class CausalLM {
   CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank, Communicator& tp, Communicator& pp,
            std::shared_ptr<backend::Backend> backend);
   void load_weights(std::shared_ptr<const WeightSource> weights);
-  void pack_step(const ForwardBatch& batch, const KvCache& cache);
+  // meta_ for batch, then n_padding padding rows.
+  void pack_step(const ForwardBatch& batch, const KvCache& cache, int64_t n_padding);
+  // hidden_, workspace_ and the logits buffers for a step of this size (grown, never shrunk).
+  void reserve_step_buffers(int64_t n_tokens, int64_t n_logits);
+  // This stage's layers over hidden [meta_.n_tokens(), hidden].
+  void run_layers(Tensor& hidden, KvCache& cache);
+  // Last stage: out [meta_.n_logits(), vocab] from hidden's logit rows.
+  void make_logits(const Tensor& hidden, Tensor& out);
+  // A qualifying decode step through graphs_; false (nothing done) when it does not qualify.
+  bool run_graph_step(const ForwardBatch& batch, KvCache& cache, float* logits);
+  // The graph runner's step: the ops of meta_ (padded to n_rows) into logits_out_.
+  void enqueue_graph_step(int n_rows);
 
   ModelSpec spec_;
   Layout layout_;
@@ -126,6 +159,8 @@ class CausalLM {
   Tensor logits_local_, logits_gathered_, logits_out_;  // [n_logits capacity, vocab_local / vocab / vocab]
   int64_t hidden_capacity_ = 0, logits_capacity_ = 0;
   std::vector<std::vector<int32_t>>* routing_trace_ = nullptr;  // [layer][tokens × top_k]
+  std::unique_ptr<backend::DecodeGraphs> graphs_;  // enable_decode_graphs; null: every step eager
+  KvCache* graph_kv_ = nullptr;                    // the cache of the graph step being run
 };
 
 }  // namespace shardlm

@@ -38,6 +38,13 @@ std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::
       weight_bytes += model->weight_bytes();
       kv_bytes_per_token += model->kv_block_bytes(o.block_size, o.kv_dtype) / o.block_size;
     }
+    std::string graphs;
+    if (o.graphs.enabled) {
+      backend::DecodeGraphOptions g = o.graphs;
+      g.max_batch = std::min(max_batch, std::max<int64_t>(g.max_batch, 1));
+      g.max_context = last;
+      graphs = model->enable_decode_graphs(g);
+    }
     std::vector<float> logits(static_cast<size_t>(max_batch * spec.vocab_size));
     for (size_t k = 0; k < batches.size(); ++k) {
       // Sequence s owns blocks [s × blocks_per_seq, (s + 1) × blocks_per_seq);
@@ -54,6 +61,8 @@ std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::
         for (int64_t b = 0; b < blocks_per_seq; ++b) c.block_table.push_back(static_cast<int32_t>(s * blocks_per_seq + b));
         batch.token_ids[static_cast<size_t>(s)] = static_cast<int32_t>((s * 7919 + 1) % spec.vocab_size);
       }
+      const backend::DecodeGraphs* dg = model->decode_graphs();
+      const int64_t replays_before = dg ? dg->cache().n_replays() : 0;
       auto step = [&](int64_t i) {
         for (auto& c : batch.seqs) c.n_past = static_cast<int32_t>(o.context + i);
         model->forward(batch, cache, model->is_driver() ? logits.data() : nullptr);
@@ -69,6 +78,8 @@ std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::
       if (model->is_driver()) {
         std::lock_guard<std::mutex> lock(mu);
         results[k].seconds = seconds;
+        results[k].graphs = graphs;
+        results[k].graph_replays = dg ? dg->cache().n_replays() - replays_before : 0;
       }
     }
   });

@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "backend/device/decode_graphs.h"
 #include "core/tensor.h"
 #include "loader/model_spec.h"
 #include "model/weight_source.h"
@@ -27,6 +29,7 @@ struct DecodeBenchOptions {
   int64_t n_warmup = 3;     // untimed steps first
   DType kv_dtype = DType::kBF16;
   int64_t block_size = 16;
+  backend::DecodeGraphOptions graphs;  // enabled: CUDA graphs (max_batch and max_context are filled in)
 };
 
 struct DecodeBenchResult {
@@ -35,6 +38,8 @@ struct DecodeBenchResult {
   double tokens_per_second = 0.0;  // batch × n_steps / seconds
   int64_t weight_bytes = 0;      // every rank's weights (measured by its allocator or mapped)
   int64_t kv_bytes_read = 0;     // KV bytes the timed steps read, mean per step (every rank)
+  int64_t graph_replays = 0;     // steps of this batch the driver replayed from a graph (timed and warm-up)
+  std::string graphs;            // the driver's "CUDA graphs: ..." line ("" when not asked for)
   int64_t bytes_per_step() const { return weight_bytes + kv_bytes_read; }
 };
 

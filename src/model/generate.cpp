@@ -109,13 +109,37 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
     KvCache cache = model->make_kv_cache(n_blocks, opt.block_size, opt.kv_dtype);
     std::vector<std::vector<int32_t>> routing;
     if (opt.trace_routing && model->is_driver()) model->trace_routing(&routing);
-    auto step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
+    std::string graphs;
+    if (opt.graphs.enabled) {
+      backend::DecodeGraphOptions g = opt.graphs;
+      g.max_batch = 1;  // one request
+      g.max_context = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
+      graphs = model->enable_decode_graphs(g);
+    }
+    GenerateStep step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
+    GenerateOptions o = opt;
+    backend::DeviceSampleRow row = opt.device_row;
+    int32_t sampled = 0;
+    if (opt.device_sampling) {
+      if (keep_all_logits)
+        fail(ErrorCode::kInvalidArgument, "generate: sampling on the device keeps the logits there; none can be kept");
+      // forward_sampled refuses TP/PP > 1 and a backend without a sampler.
+      step = [&](const ForwardBatch& batch, float*) {
+        const size_t n = static_cast<size_t>(batch.n_logits());
+        model->forward_sampled(batch, cache, std::span<const backend::DeviceSampleRow>(&row, n), &sampled, nullptr);
+        row.step += n;
+      };
+      o.pick = [&](const float*, int64_t, const std::vector<int32_t>&) { return sampled; };
+    }
     GenerateResult local =
-        generate_steps(step, spec.vocab_size, n_blocks, prompt, opt, keep_all_logits, &r.world, model->is_driver());
+        generate_steps(step, spec.vocab_size, n_blocks, prompt, o, keep_all_logits, &r.world, model->is_driver());
+    if (opt.device_sampling) local.prompt_logits.clear();  // never left the device
     if (model->is_driver()) {
       local.weight_bytes_rank0 = model->weight_bytes();
       model->trace_routing(nullptr);
       local.routing = std::move(routing);
+      local.graphs = graphs;
+      if (const backend::DecodeGraphs* dg = model->decode_graphs()) local.graph_replays = dg->cache().n_replays();
       std::lock_guard<std::mutex> lock(mu);
       result = std::move(local);
     }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
+#include "backend/device/decode_graphs.h"
 #include "comm/communicator.h"
 #include "model/forward_batch.h"
 #include "model/weight_source.h"
@@ -29,6 +31,14 @@ struct GenerateOptions {
   // generated token but the last) in GenerateResult::routing. Needs pp == 1
   // (the driver runs every layer); kInvalidArgument otherwise.
   bool trace_routing = false;
+  // Decode steps through CUDA graphs (CausalLM::enable_decode_graphs); its
+  // max_context is filled in from the prompt and max_tokens.
+  backend::DecodeGraphOptions graphs;
+  // Sample on the device (Backend::sample_rows) with these parameters instead
+  // of pick: only the token id crosses per step. TP = PP = 1 and a backend
+  // with a device sampler (kUnsupported otherwise); prompt_logits stay empty.
+  bool device_sampling = false;
+  backend::DeviceSampleRow device_row;
   // Picks the next token from logits [vocab_size] on the driver; nullptr = greedy.
   std::function<int32_t(const float* logits, int64_t vocab_size, const std::vector<int32_t>& generated)> pick;
 };
@@ -43,6 +53,8 @@ struct GenerateResult {
   int64_t weight_bytes_rank0 = 0;     // bytes held by the driver rank
   // trace_routing: [layer][positions × top_k] expert ids, best first (empty for dense layers).
   std::vector<std::vector<int32_t>> routing;
+  std::string graphs;                 // the driver's "CUDA graphs: ..." line ("" when not asked for)
+  int64_t graph_replays = 0;          // decode steps the driver replayed from a graph
 };
 
 // Greedy with the lowest id on ties.

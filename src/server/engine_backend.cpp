@@ -149,6 +149,7 @@ std::string LoadReport::text() const {
   out << "KV cache holds " << with_commas(kv_tokens) << " tokens per replica (" << with_commas(per_token)
       << " B/token on rank 0); max model len " << with_commas(max_model_len) << " tokens; "
       << "max concurrency at max model len: " << (max_model_len > 0 ? kv_tokens / max_model_len : 0) << " sequences";
+  if (!graphs.empty()) out << "\n" << graphs;
   return out.str();
 }
 
@@ -257,6 +258,9 @@ void EngineBackend::load() {
     lo.kv_dtype = kv_dtype;
     lo.n_threads_per_rank = std::max(1, static_cast<int>(hw) / n_ranks_total);
     lo.device = options_.device;
+    lo.graphs.enabled = options_.cuda_graphs;
+    lo.graphs.max_batch = std::min<int64_t>(options_.max_num_seqs, backend::kDefaultGraphMaxBatch);
+    lo.graphs.max_context = report_.max_model_len;
     if (d == 0) {
       lo.fail_rank = options_.fail_rank;
       lo.fail_at_batch = options_.fail_at_batch;
@@ -264,9 +268,13 @@ void EngineBackend::load() {
     std::vector<LocalGroupExecutor::RankMemory> allocated;
     if (options_.make_executor) {
       r->executor = options_.make_executor(spec, lo, &allocated);
+      if (d == 0 && options_.cuda_graphs)
+        report_.graphs = "CUDA graphs: off (under mpirun the ranks' steps run eagerly; graphs are wired into the "
+                         "threads path at TP = PP = 1)";
     } else {
       auto local = std::make_unique<LocalGroupExecutor>(spec, weights, lo);
       allocated = local->rank_memory();
+      if (d == 0) report_.graphs = local->graph_status();
       r->executor = std::move(local);
     }
     r->engine = std::make_unique<Engine>(ec, *r->executor, detokenizer_.get());

@@ -42,6 +42,9 @@ struct EngineBackendOptions {
   Device device;                         // cpu, or this process's GPU
   bool ranks_share_device = true;        // GPU: every rank of every replica is a thread on `device`
                                          // (false under mpirun: one process per GPU)
+  // Decode steps through CUDA graphs (--cuda-graphs; backend::parse_cuda_graphs_flag):
+  // buckets up to min(max_num_seqs, kDefaultGraphMaxBatch), contexts up to max model len.
+  bool cuda_graphs = false;
   int64_t max_waiting_requests = 1024;   // more live requests than this: 429
   int32_t max_executor_restarts = 3;     // per replica; then fatal() (serve exits non-zero)
   // Test hook (--debug-fail-rank-at-batch): rank fail_rank of replica 0
@@ -65,6 +68,7 @@ struct LoadReport {
   int64_t kv_tokens = 0;               // per replica
   int64_t max_model_len = 0;
   double measured_tolerance = 0.0;     // allowed |measured − plan| / plan: 0 on the CPU, 1% on a GPU
+  std::string graphs;                  // replica 0's "CUDA graphs: ..." line ("" when not asked for)
   std::string text() const;            // the startup log
 };
 

@@ -30,6 +30,29 @@ TEST(DeviceCli, CudaWithoutAUsableGpuIsRefusedWithTheReason) {
   }
 }
 
+TEST(DeviceCli, CudaGraphsOnTheCpuAreRefusedAndOffIsAccepted) {
+  for (const char* cmd : {"generate --prompt-ids 1,2,3 --max-tokens 2", "generate --decode-bench 1 --tp 1",
+                          "serve --port 1"}) {
+    const auto r = testing::run_command(cli() + " " + cmd + " --cuda-graphs on");
+    EXPECT_NE(r.rc, 0) << cmd;
+    EXPECT_NE(r.err.find("--cuda-graphs on needs a GPU (--device cuda)"), std::string::npos) << cmd << "\n" << r.err;
+  }
+  const auto bad = testing::run_command(cli() + " generate --prompt-ids 1,2,3 --cuda-graphs maybe");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--cuda-graphs"), std::string::npos) << bad.err;
+  const auto off = testing::run_command(cli() + " generate --prompt-ids 1,2,3 --max-tokens 2 --cuda-graphs off --json");
+  EXPECT_EQ(off.rc, 0) << off.err;
+  EXPECT_EQ(off.err.find("CUDA graphs"), std::string::npos) << off.err;  // nothing to say on the CPU
+}
+
+TEST(DeviceCli, SamplingOnTheDeviceNeedsAGpu) {
+  const auto r = testing::run_command(cli() + " generate --prompt-ids 1,2,3 --max-tokens 2 --sampling-device device");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--sampling-device device needs a GPU"), std::string::npos) << r.err;
+  const auto host = testing::run_command(cli() + " generate --prompt-ids 1,2,3 --max-tokens 2 --sampling-device host --json");
+  EXPECT_EQ(host.rc, 0) << host.err;
+}
+
 TEST(DeviceCli, CpuIsTheDefaultAndRunsAsBefore) {
   const auto r = testing::run_command(cli() + " generate --prompt-ids 1,2,3 --max-tokens 2 --device cpu --json");
   ASSERT_EQ(r.rc, 0) << r.err;

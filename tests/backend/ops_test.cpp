@@ -65,12 +65,13 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<4>(info.param) ? "_bias" : "");
     });
 
-// The packed GEMM (from 16 tokens on): k past one 256-wide panel block and
-// not a multiple of it, m not a multiple of a panel (16 or 32 outputs), token
-// counts that leave a partial register tile.
+// The packed GEMM (from 16 tokens on; bf16 on AMX from 8): k past one
+// 256-wide panel block and not a multiple of it (nor of AMX's 32), m not a
+// multiple of a panel (16 or 32 outputs), token counts that leave a partial
+// register tile or AMX tile (16 rows).
 INSTANTIATE_TEST_SUITE_P(
     PackedShapes, MatmulTest,
-    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16), ::testing::Values(16, 29),
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16), ::testing::Values(9, 16, 29, 50),
                        ::testing::Values(33, 100), ::testing::Values(300, 600), ::testing::Values(false)),
     [](const auto& info) {
       return std::string(name_of(std::get<0>(info.param))) + "_n" + std::to_string(std::get<1>(info.param)) + "_m" +
@@ -164,6 +165,37 @@ TEST_P(DTypeTest, SplitContextDecodeMatchesReference) {
     expect_close(got, want, 1e-4f, 1e-5f);
   }
   set_num_threads(0);
+}
+
+// The register-tiled paths (scores 8 heads per pass, values as many heads as
+// fit in registers) across head sizes and group sizes, with a prefill chunk
+// over a cached prefix that crosses several 16-position blocks.
+TEST_P(DTypeTest, GroupedHeadsMatchReferenceAcrossHeadSizes) {
+  const DType dtype = GetParam();
+  for (int64_t hd : {64, 128, 96})
+    for (int64_t group : {1, 3, 7, 10}) {
+      std::mt19937 rng(static_cast<uint32_t>(hd * 31 + group));
+      const int64_t block = 16, n_blocks = 8, nkv = 2;
+      AttentionHeads heads{2 * group, 0, 0, group};
+      std::vector<uint8_t> kbuf(static_cast<size_t>(n_blocks * block * nkv * hd) * dtype_size(dtype));
+      std::vector<uint8_t> vbuf(kbuf.size());
+      KvLayerView cache{kbuf.data(), vbuf.data(), dtype, n_blocks, block, nkv, hd};
+      std::vector<int32_t> table{5, 2, 7, 0, 3, 6, 1, 4};
+      auto past_k = random_f32(n_blocks * block * nkv * hd, rng), past_v = random_f32(past_k.size(), rng);
+      for (size_t i = 0; i < past_k.size(); ++i) {
+        store_from_f32(kbuf.data(), dtype, i, past_k[i]);
+        store_from_f32(vbuf.data(), dtype, i, past_v[i]);
+      }
+      std::vector<AttentionSeq> seqs{{0, 5, 37, table.data(), 8}};  // 5 new tokens after 37 cached
+      auto k = random_f32(5 * nkv * hd, rng), v = random_f32(k.size(), rng);
+      kv_cache_write(cache, seqs.data(), 1, k.data(), v.data());
+      auto q = random_f32(5 * heads.n_q_heads * hd, rng);
+      std::vector<float> got(q.size()), want(q.size());
+      paged_attention(q.data(), cache, seqs.data(), 1, heads, got.data());
+      ref::paged_attention(q.data(), cache, seqs.data(), 1, heads, want.data());
+      SCOPED_TRACE("head_dim " + std::to_string(hd) + ", group " + std::to_string(group));
+      expect_close(got, want, 1e-4f, 1e-5f);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, DTypeTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),

@@ -4,6 +4,8 @@
 #include <mutex>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_graph.h"
+#include "backend/cuda/sampling.h"
 #include "backend/cuda/device_memory.h"
 #include "core/error.h"
 
@@ -137,7 +139,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   if (stream_) cudaStreamSynchronize(stream_);
-  for (Scratch* s : {&meta_dev_, &x_bf16_, &out_bf16_, &attn_ws_}) free_scratch(*s);
+  for (Scratch* s : {&meta_dev_, &x_bf16_, &out_bf16_, &attn_ws_, &sample_rows_, &sample_work_, &sample_out_})
+    free_scratch(*s);
   {
     std::lock_guard<std::mutex> lock(measure_mutex());
     gemm_.reset();
@@ -217,11 +220,21 @@ void CudaBackend::synchronize() { SHARDLM_CUDA_CHECK(cudaStreamSynchronize(strea
 
 void* CudaBackend::scratch(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.data;
+  // Growing means a synchronize and a cudaMalloc, which a stream capture
+  // forbids: say so plainly. The capture then fails and the step runs
+  // eagerly, growing the buffer; its new epoch drops every graph, so the
+  // failed bucket is tried again after its next warm-up.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
+    fail(ErrorCode::kInternal, "a CUDA scratch buffer of ", s.bytes, " bytes would grow to ", bytes,
+         " during a CUDA graph capture (the warm-up step of this batch size did not size it)");
+  }
   free_scratch(s);
   const size_t want = (bytes + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
   std::lock_guard<std::mutex> lock(measure_mutex());
   alloc_->accounting.measure(MemCategory::kWorkspace, want, [&] { SHARDLM_CUDA_CHECK(cudaMalloc(&s.data, want)); });
   s.bytes = want;
+  ++buffer_epoch_;  // a graph that baked the old address in is stale
   return s.data;
 }
 
@@ -255,8 +268,21 @@ void CudaBackend::begin_step(const StepMetadata& meta) {
     const AttentionSeq& q = meta.seqs()[s];
     step_max_context_ = std::max(step_max_context_, q.n_past + q.n_tokens);
     step_max_chunk_ = std::max(step_max_chunk_, q.n_tokens);
-    step_all_decode_ = step_all_decode_ && q.n_tokens == 1;
+    step_all_decode_ = step_all_decode_ && q.n_tokens <= 1;  // padding rows (0 tokens) of a graph bucket included
   }
+  // A graph step's attention is sized by the bound, not by this step, so the
+  // partition count its graph baked in serves every later step.
+  if (step_all_decode_ && graph_max_context_ > 0) step_max_context_ = std::max(step_max_context_, graph_max_context_);
+}
+
+std::unique_ptr<GraphStepRunner> CudaBackend::make_graph_runner(std::function<void(int n_rows)> enqueue_step) {
+  return std::make_unique<CudaGraphRunner>(stream_, std::move(enqueue_step));
+}
+
+void CudaBackend::set_decode_graph_bounds(int64_t max_rows, int64_t max_context) {
+  SHARDLM_CHECK(max_rows >= 0 && max_context >= 0, "decode graph bounds: rows ", max_rows, ", context ", max_context);
+  graph_max_rows_ = max_rows;
+  graph_max_context_ = max_context;
 }
 
 void CudaBackend::check_step(const StepMetadata& meta, const char* op) const {
@@ -361,7 +387,9 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayerView& cache, con
   auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(elems) * sizeof(bf16)));
   const float* qp = f32(q, "attention q");
   if (step_all_decode_) {
-    const size_t ws_bytes = decode_attention_workspace_bytes(step_n_seqs_, heads.n_q_heads, hd, step_max_context_);
+    // Sized for the largest graph bucket when graphs are on, so that no bucket regrows it (and moves it).
+    const size_t ws_bytes = decode_attention_workspace_bytes(std::max(step_n_seqs_, graph_max_rows_), heads.n_q_heads,
+                                                             hd, step_max_context_);
     void* ws = ws_bytes ? scratch(attn_ws_, ws_bytes) : nullptr;
     paged_attention_decode(qp, heads.n_q_heads * hd, dc, dh, device_seqs(), step_max_context_, ws, ob, stream_);
   } else {
@@ -393,6 +421,46 @@ void CudaBackend::copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin
                                        static_cast<size_t>(dst.dim(1)) * e, src.data(), static_cast<size_t>(w) * e,
                                        static_cast<size_t>(w) * e, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
                                        stream_));
+}
+
+void CudaBackend::sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids,
+                              float* logprobs) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  SHARDLM_CHECK(logits.rank() == 2 && logits.dim(0) == n, "sample_rows: logits ", logits.describe(), " for ", n,
+                " rows");
+  if (n == 0) return;
+  const int64_t vocab = logits.dim(1);
+  const float* lg = f32(logits, "sample_rows logits");
+  std::vector<DeviceSamplingRow> host(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    const DeviceSampleRow& s = rows[static_cast<size_t>(r)];
+    DeviceSamplingRow& d = host[static_cast<size_t>(r)];
+    d.temperature = s.temperature;
+    d.top_k = s.top_k;
+    d.top_p = s.top_p;
+    d.min_p = s.min_p;
+    d.seed = s.seed;
+    d.step = s.step;
+  }
+  // No penalty entries (pen.offsets null): rows with penalties are sampled on the host.
+  const size_t rows_bytes = host.size() * sizeof(DeviceSamplingRow);
+  char* rows_dev = static_cast<char*>(scratch(sample_rows_, rows_bytes));
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(rows_dev, host.data(), rows_bytes, cudaMemcpyHostToDevice, stream_));
+  const DevicePenalties pen{};
+  auto* work = static_cast<float*>(scratch(sample_work_, static_cast<size_t>(n * vocab) * sizeof(float)));
+  // [ids n][logprobs n][top ids n × k][top logprobs n × k]
+  const size_t k = kMaxDeviceLogprobs;
+  char* out = static_cast<char*>(scratch(sample_out_, static_cast<size_t>(n) * (2 + 2 * k) * 4));
+  auto* d_ids = reinterpret_cast<int32_t*>(out);
+  auto* d_lp = reinterpret_cast<float*>(out + n * 4);
+  auto* d_top = reinterpret_cast<int32_t*>(out + n * 8);
+  auto* d_top_lp = reinterpret_cast<float*>(out + n * 8 + n * k * 4);
+  sample(lg, n, vocab, reinterpret_cast<const DeviceSamplingRow*>(rows_dev), pen, work, d_ids, d_lp, d_top, d_top_lp,
+         stream_);
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(ids, d_ids, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (logprobs)
+    SHARDLM_CUDA_CHECK(cudaMemcpyAsync(logprobs, d_lp, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  SHARDLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 std::shared_ptr<Backend> make_cuda_backend(const BackendOptions& options) {

@@ -77,6 +77,15 @@ class CudaBackend final : public Backend {
   void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) override;
   void copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin) override;
 
+  // CUDA graphs of decode steps on this backend's stream (CudaGraphRunner).
+  std::unique_ptr<GraphStepRunner> make_graph_runner(std::function<void(int n_rows)> enqueue_step) override;
+  uint64_t buffer_epoch() const override { return buffer_epoch_; }
+  void set_decode_graph_bounds(int64_t max_rows, int64_t max_context) override;
+
+  // backend/cuda/sampling.h's sampler over logits already on this device.
+  bool has_device_sampler() const override { return true; }
+  void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs) override;
+
   // Measured bytes per category (weights, kv_cache, workspace, runtime) and
   // what was asked for: DeviceMemoryAccounting::summary().
   std::string memory_summary() const;
@@ -106,6 +115,9 @@ class CudaBackend final : public Backend {
   int64_t step_max_context_ = 0, step_max_chunk_ = 0;
   bool step_all_decode_ = false;
   Scratch x_bf16_, out_bf16_, attn_ws_;
+  Scratch sample_rows_, sample_work_, sample_out_;  // sample_rows: its rows, [n, vocab] work, ids/logprobs/top
+  uint64_t buffer_epoch_ = 0;  // bumped whenever a scratch buffer moves
+  int64_t graph_max_rows_ = 0, graph_max_context_ = 0;  // set_decode_graph_bounds (0: off)
   // reserve_weights' block: weight tensors share ownership of it.
   std::shared_ptr<void> weight_pool_;
   size_t weight_pool_bytes_ = 0, weight_pool_used_ = 0;

@@ -25,7 +25,7 @@ class CudaGraphRunner final : public GraphStepRunner {
   void abandon_capture(int bucket) noexcept override;
   void replay(int bucket) override;
   // Destroys every graph (call with DecodeGraphCache::invalidate()).
-  void clear() noexcept;
+  void clear() noexcept override;
 
  private:
   cudaStream_t stream_;

@@ -39,6 +39,8 @@ class GraphStepRunner {
   virtual void end_capture(int bucket) = 0;
   virtual void abandon_capture(int bucket) noexcept = 0;  // after a throw between begin and end
   virtual void replay(int bucket) = 0;
+  // Drops every captured graph (with DecodeGraphCache::invalidate()).
+  virtual void clear() noexcept {}
 };
 
 enum class GraphState { kEmpty, kCapturing, kReady, kFailed };

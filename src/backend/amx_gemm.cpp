@@ -1,0 +1,234 @@
+#include "backend/amx_gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define SHARDLM_AMX 1
+#endif
+
+namespace shardlm::backend {
+
+#ifdef SHARDLM_AMX
+namespace {
+
+constexpr int64_t kTileRows = 16;  // tokens per A/C tile
+constexpr int64_t kTileK = 32;     // k per A/B tile (bf16)
+constexpr int64_t kPanelCols = 32; // two B/C tiles of 16 output columns
+
+// Tiles: C00 C01 C10 C11 (2 token blocks × 2 column blocks), A, B0, B1.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void configure_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 7; ++t) {
+    cfg.rows[t] = kTileRows;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// After transpose16(), v[c] holds column kTransposed[c] (see packed_gemm.cpp:
+// the same 4-stage shuffle on 32-bit lanes).
+constexpr int kTransposed[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+inline void transpose16(__m512i v[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      v[i + j] = _mm512_unpacklo_epi64(t[i + j], t[i + j + 2]);
+      v[i + j + 2] = _mm512_unpackhi_epi64(t[i + j], t[i + j + 2]);
+    }
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_i32x4(v[i + j], v[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_i32x4(v[i + j], v[i + j + 4], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    v[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    v[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+  }
+}
+
+// The B operand of a 16-column block in AMX's pair-interleaved layout, for
+// all of k: panel[s][r][c] (k step s, row r, column c) is the 32-bit word
+// holding W[j0 + c][32 s + 2 r .. + 1]. Columns past m and k past the end
+// are zero. panel: [k_pad / 32][16][16] words.
+void pack_b(const uint16_t* w, int64_t m, int64_t k, int64_t j0, int64_t k_pad, uint32_t* panel) {
+  const int64_t cols = std::min<int64_t>(16, m - j0);
+  for (int64_t s = 0; s < k_pad / kTileK; ++s) {
+    const int64_t k0 = s * kTileK;
+    uint32_t* dst = panel + s * 256;
+    if (cols == 16 && k0 + kTileK <= k) {
+      __m512i v[16];
+      for (int c = 0; c < 16; ++c) v[c] = _mm512_loadu_si512(w + (j0 + c) * k + k0);
+      transpose16(v);
+      for (int r = 0; r < 16; ++r) _mm512_store_si512(dst + kTransposed[r] * 16, v[r]);
+    } else {
+      for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c) {
+          const int64_t i = k0 + 2 * r;
+          uint32_t lo = 0, hi = 0;
+          if (c < cols && i < k) lo = w[(j0 + c) * k + i];
+          if (c < cols && i + 1 < k) hi = w[(j0 + c) * k + i + 1];
+          dst[r * 16 + c] = lo | (hi << 16);
+        }
+    }
+  }
+}
+
+inline uint16_t to_bf16(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline float from_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// 16 f32 → bf16, rounding to nearest even (the scalar to_bf16, lane-wise).
+inline __m256i to_bf16x16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+inline __m512 from_bf16x16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+struct Shared {
+  std::vector<uint16_t> hi, lo;  // [n_pad, k_pad]
+};
+
+}  // namespace
+
+bool amx_available() {
+  static const bool ok = [] {
+    if (const char* env = std::getenv("SHARDLM_AMX"); env && std::string_view(env) == "off") return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+void amx_matmul_bf16(const float* x, int64_t n, const uint16_t* w, int64_t m, int64_t k, float* y) {
+  SHARDLM_CHECK(amx_available(), "amx_matmul_bf16 without AMX");
+  const int64_t k_pad = (k + kTileK - 1) / kTileK * kTileK;
+  const int64_t n_pad = (n + kTileRows - 1) / kTileRows * kTileRows;
+  static thread_local Shared shared_buf;  // the calling thread's; reached below through `sh`
+  Shared& sh = shared_buf;
+  sh.hi.resize(static_cast<size_t>(n_pad * k_pad));
+  sh.lo.resize(sh.hi.size());
+  uint16_t* xh = sh.hi.data();
+  uint16_t* xl = sh.lo.data();
+  const int64_t n_panels = (m + kPanelCols - 1) / kPanelCols;
+  const int64_t n_blocks = (n_pad + 2 * kTileRows - 1) / (2 * kTileRows);  // 32-token blocks (the last may be 16)
+#pragma omp parallel
+  {
+    // x = x_hi + x_lo in bf16, rows and k padded with zeros.
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n_pad; ++t) {
+      uint16_t* h = xh + t * k_pad;
+      uint16_t* l = xl + t * k_pad;
+      int64_t i = 0;
+      if (t < n)
+        for (; i + 16 <= k; i += 16) {
+          const __m512 v = _mm512_loadu_ps(x + t * k + i);
+          const __m256i vh = to_bf16x16(v);
+          const __m512 rest = _mm512_sub_ps(v, from_bf16x16(vh));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + i), vh);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + i), to_bf16x16(rest));
+        }
+      for (; i < k_pad; ++i) {
+        const float v = t < n && i < k ? x[t * k + i] : 0.0f;
+        h[i] = to_bf16(v);
+        l[i] = to_bf16(v - from_bf16(h[i]));
+      }
+    }
+    configure_tiles();
+    static thread_local std::vector<uint32_t> panel;  // two column blocks: [2][k_pad / 32][16][16]
+    panel.resize(static_cast<size_t>(2 * k_pad / kTileK * 256) + 16);
+    uint32_t* b0 = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(panel.data()) + 63) & ~uintptr_t{63});
+    uint32_t* b1 = b0 + k_pad / kTileK * 256;
+    alignas(64) float c_tile[kTileRows * 16];
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < n_panels; ++p) {
+      const int64_t j0 = p * kPanelCols;
+      pack_b(w, m, k, j0, k_pad, b0);
+      pack_b(w, m, k, j0 + 16, k_pad, b1);
+      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+        const int64_t t0 = blk * 2 * kTileRows;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        const int64_t stride = k_pad * 2;  // bytes between x rows
+        const bool two_blocks = t0 + kTileRows < n_pad;
+        for (int64_t s = 0; s < k_pad / kTileK; ++s) {
+          _tile_loadd(5, b0 + s * 256, 64);
+          _tile_loadd(6, b1 + s * 256, 64);
+          for (const uint16_t* part : {xh, xl}) {
+            _tile_loadd(4, part + t0 * k_pad + s * kTileK, stride);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_dpbf16ps(1, 4, 6);
+            if (two_blocks) {
+              _tile_loadd(4, part + (t0 + kTileRows) * k_pad + s * kTileK, stride);
+              _tile_dpbf16ps(2, 4, 5);
+              _tile_dpbf16ps(3, 4, 6);
+            }
+          }
+        }
+        // C tiles out: rows past n and columns past m are dropped.
+        for (int tile = 0; tile < 4; ++tile) {
+          const int64_t r0 = t0 + (tile / 2) * kTileRows, c0 = j0 + (tile % 2) * 16;
+          if (r0 >= n || c0 >= m) continue;
+          switch (tile) {
+            case 0: _tile_stored(0, c_tile, 64); break;
+            case 1: _tile_stored(1, c_tile, 64); break;
+            case 2: _tile_stored(2, c_tile, 64); break;
+            default: _tile_stored(3, c_tile, 64); break;
+          }
+          const int64_t rows = std::min<int64_t>(kTileRows, n - r0), cols = std::min<int64_t>(16, m - c0);
+          for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(y + (r0 + r) * m + c0, c_tile + r * 16, static_cast<size_t>(cols) * sizeof(float));
+        }
+      }
+    }
+    _tile_release();
+  }
+}
+
+#else  // no AMX in this build
+
+bool amx_available() { return false; }
+void amx_matmul_bf16(const float*, int64_t, const uint16_t*, int64_t, int64_t, float*) {
+  fail(ErrorCode::kUnsupported, "amx_matmul_bf16: this build has no AMX kernel");
+}
+
+#endif
+
+}  // namespace shardlm::backend
