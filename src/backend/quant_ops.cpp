@@ -1,14 +1,19 @@
 // Optimised quantized matmuls: AVX-512 kernels that unpack and dequantize in
-// registers, threaded over output channels with OpenMP. Builds without
-// AVX-512 (no AVX2 kernels yet) run the scalar reference: correct, slow.
+// registers, threaded over output channels with OpenMP (the f32-activation
+// path; the int8-activation AWQ/GPTQ kernels are in quant_ops_int8.cpp).
+// Builds without AVX-512 (no AVX2 kernels yet) run the scalar reference:
+// correct, slow.
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
 
 #include "backend/quant_ops.h"
+#include "backend/quant_ops_int8.h"
 #include "core/error.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -376,7 +381,10 @@ void fp8_tile(const float* x, const QuantMatrixView& w, int64_t j0, int64_t t0, 
 
 template <int RB>
 void fp8_rows(const float* x, int64_t n, const QuantMatrixView& w, int64_t j0, float* y) {
+  // Four tokens per pass unpack each weight vector once for all four (a
+  // batch of 8 decodes in two passes over the rows, not four).
   int64_t t = 0;
+  for (; t + 4 <= n; t += 4) fp8_tile<RB, 4>(x, w, j0, t, y);
   for (; t + 2 <= n; t += 2) fp8_tile<RB, 2>(x, w, j0, t, y);
   for (; t < n; ++t) fp8_tile<RB, 1>(x, w, j0, t, y);
 }
@@ -421,8 +429,47 @@ void check_view(const QuantMatrixView& w) {
 
 }  // namespace
 
+const char* quant_activations_name(QuantActivations a) { return a == QuantActivations::kInt8 ? "int8" : "f32"; }
+
+namespace {
+// -1 until read from the environment (or set); then a QuantActivations.
+std::atomic<int> g_quant_activations{-1};
+}  // namespace
+
+QuantActivations default_quant_activations() {
+  int v = g_quant_activations.load(std::memory_order_relaxed);
+  if (v >= 0) return static_cast<QuantActivations>(v);
+  QuantActivations from_env = QuantActivations::kInt8;
+  if (const char* env = std::getenv("SHARDLM_QUANT_ACTIVATIONS"); env != nullptr && std::strcmp(env, "int8") != 0) {
+    if (std::strcmp(env, "f32") != 0)
+      fail(ErrorCode::kInvalidArgument, "SHARDLM_QUANT_ACTIVATIONS is '", env,
+           "': expected int8 (the default: int8 activations for AWQ/GPTQ) or f32 (the exact dequantize-to-f32 "
+           "kernels)");
+    from_env = QuantActivations::kF32;
+  }
+  int expected = -1;
+  g_quant_activations.compare_exchange_strong(expected, static_cast<int>(from_env));
+  return static_cast<QuantActivations>(g_quant_activations.load(std::memory_order_relaxed));
+}
+
+void set_default_quant_activations(QuantActivations activations) {
+  g_quant_activations.store(static_cast<int>(activations), std::memory_order_relaxed);
+}
+
+bool int8_activations_run(const QuantMatrixView& w) { return int8_activations_apply(w); }
+
 void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const VectorView* bias, float* y) {
+  quant_matmul(x, n, w, bias, y, default_quant_activations());
+}
+
+void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const VectorView* bias, float* y,
+                  QuantActivations activations) {
   check_view(w);
+  if (activations == QuantActivations::kInt8 && int8_activations_apply(w)) {
+    int8_activation_matmul(x, n, w, y);
+    add_bias(bias, n, w.n_out, y);
+    return;
+  }
 #ifdef SHARDLM_QUANT_AVX512
   switch (w.scheme) {
     case WeightScheme::kAwq: awq_matmul(x, n, w, y); break;

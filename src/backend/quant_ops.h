@@ -69,10 +69,35 @@ struct QuantMatrixView {
 // The view of a rank's QuantizedWeight (fp8 takes the E4M3 matrix `fp8`).
 QuantMatrixView quant_view(const QuantizedWeight& q, const Tensor& fp8);
 
+// How the AWQ and GPTQ kernels take the activations x:
+//   kF32  x as it is; the weights are dequantized to f32 in registers (exact
+//         up to f32 rounding: the reference checks run this way);
+//   kInt8 x quantized to int8 per 32 inputs (d = max|x| / 127, as llama.cpp's
+//         Q8 activations), then integer dot products with AVX-512 VNNI. The
+//         result is W · x̂ with |x − x̂| <= max|x| / 254 per block of 32.
+//         Where no int8 kernel applies (a build without VNNI, GPTQ act-order,
+//         n_in or the group not a multiple of 32) the f32 kernels run.
+// FP8 weights always take f32 activations.
+enum class QuantActivations { kF32, kInt8 };
+// "f32", "int8"
+const char* quant_activations_name(QuantActivations a);
+// The process's choice, read once from the environment:
+// SHARDLM_QUANT_ACTIVATIONS=int8 (the default when unset) or f32. Any other
+// value throws Error(kInvalidArgument) naming the variable and the values.
+QuantActivations default_quant_activations();
+// Replaces the process's choice (tests; a future CLI flag). Matmuls already
+// running keep the value they read.
+void set_default_quant_activations(QuantActivations activations);
+
 // y[n, n_out] = x[n, n_in] × Wᵀ (+ bias[n_out]). Threads over output
 // channels (a decode step streams the packed words once with every core);
-// AVX-512 where the build has it, portable loops otherwise.
+// AVX-512 where the build has it, portable loops otherwise. The first form
+// takes default_quant_activations().
 void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const VectorView* bias, float* y);
+void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const VectorView* bias, float* y,
+                  QuantActivations activations);
+// Whether quant_matmul(..., kInt8) runs the int8 kernels on `w` in this build.
+bool int8_activations_run(const QuantMatrixView& w);
 
 namespace ref {
 // W[n_out, n_in] as f32 (the oracle of the tests; never used on a hot path).

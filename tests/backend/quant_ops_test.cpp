@@ -164,24 +164,64 @@ TEST_P(QuantMatmulTest, MatchesMatmulOnDequantizedWeights) {
   auto b = make_backend({Device{}, 2});
   ASSERT_TRUE(b->supports(l.quant.scheme, l.quant.bits));
   std::normal_distribution<float> xd(0.0f, 1.0f);
-  for (int64_t n : {1, 2, 3, 5}) {  // GEMV and the GEMM token blocks (4, 2, 1)
+  const QuantMatrixView view = quant_view(l.quant, l.weight);
+  // The int8-activation kernels run wherever the build has them (AVX-512 VNNI)
+  // on AWQ and on GPTQ whose groups follow the rows; elsewhere kInt8 is kF32.
+  const bool int8_runs = int8_activations_run(view);
+  const bool expect_int8 = (c.format == "awq" || c.format == "gptq" || c.format == "gptq-int8") && !c.desc_act;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  EXPECT_EQ(int8_runs, expect_int8) << c.name;
+#else
+  EXPECT_FALSE(int8_runs) << c.name << ": no VNNI in this build";
+  (void)expect_int8;
+#endif
+  for (int64_t n : {1, 2, 3, 5, 9}) {  // GEMV and the GEMM token blocks (8, 4, 2, 1)
     std::vector<float> x(static_cast<size_t>(n * c.n_in));
     for (auto& v : x) v = xd(rng);
+    // x̂: x rounded to int8 per 32 inputs by this test's own code (d = max|x| / 127).
+    std::vector<float> xh(x.size()), xerr(x.size());
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t k0 = 0; k0 < c.n_in; k0 += 32) {
+        const int64_t k1 = std::min<int64_t>(c.n_in, k0 + 32);
+        float amax = 0;
+        for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[t * c.n_in + k]));
+        const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int64_t k = k0; k < k1; ++k) {
+          const size_t i = static_cast<size_t>(t * c.n_in + k);
+          xh[i] = d * std::nearbyint(x[i] * inv);
+          xerr[i] = amax / 254.0f;  // the stated bound on |x - x̂|
+        }
+      }
     Tensor xt = b->alloc(DType::kF32, {n, c.n_in}), yt = b->alloc(DType::kF32, {n, c.n_out});
     b->upload(x.data(), xt);
     b->matmul(xt, l, yt);
-    std::vector<float> y(static_cast<size_t>(n * c.n_out)), yr(y.size());
-    b->download(yt, y.data());
-    ref::quant_matmul(x.data(), n, quant_view(l.quant, l.weight), nullptr, yr.data());
+    std::vector<float> yb(static_cast<size_t>(n * c.n_out)), y(yb.size()), y8(yb.size()), yr(yb.size());
+    b->download(yt, yb.data());
+    quant_matmul(x.data(), n, view, nullptr, y.data(), QuantActivations::kF32);
+    quant_matmul(x.data(), n, view, nullptr, y8.data(), QuantActivations::kInt8);
+    ref::quant_matmul(x.data(), n, view, nullptr, yr.data());
+    const bool backend_int8 = default_quant_activations() == QuantActivations::kInt8 && int8_runs;
     double max_ref = 0;
     for (int64_t t = 0; t < n; ++t)
       for (int64_t j = 0; j < c.n_out; ++j) {
-        double s = 0;
-        for (int64_t k = 0; k < c.n_in; ++k) s += static_cast<double>(x[t * c.n_in + k]) * deq[j * c.n_in + k];
+        double s = 0, sh = 0, bound = 0;
+        for (int64_t k = 0; k < c.n_in; ++k) {
+          const size_t xi = static_cast<size_t>(t * c.n_in + k);
+          const double wv = deq[j * c.n_in + k];
+          s += static_cast<double>(x[xi]) * wv;
+          sh += static_cast<double>(xh[xi]) * wv;
+          bound += std::fabs(wv) * xerr[xi];
+        }
         max_ref = std::max(max_ref, std::fabs(s));
         const size_t i = static_cast<size_t>(t * c.n_out + j);
-        ASSERT_NEAR(y[i], s, 1e-4 * (1 + std::fabs(s))) << c.name << " n=" << n << " token " << t << " channel " << j;
+        ASSERT_NEAR(y[i], s, 1e-4 * (1 + std::fabs(s))) << c.name << " f32 n=" << n << " token " << t << " channel " << j;
         ASSERT_NEAR(yr[i], s, 1e-5 * (1 + std::fabs(s))) << c.name << " ref n=" << n;
+        const double want8 = int8_runs ? sh : s;
+        ASSERT_NEAR(y8[i], want8, 1e-4 * (1 + std::fabs(want8)))
+            << c.name << " int8 n=" << n << " token " << t << " channel " << j;
+        ASSERT_LE(std::fabs(y8[i] - s), bound + 1e-4 * (1 + std::fabs(s))) << c.name << " int8 error bound";
+        const double want_b = backend_int8 ? sh : s;
+        ASSERT_NEAR(yb[i], want_b, 1e-4 * (1 + std::fabs(want_b))) << c.name << " backend n=" << n;
       }
     ASSERT_GT(max_ref, 0.1) << "a test whose outputs are all ~0 proves nothing";
   }

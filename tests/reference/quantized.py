@@ -92,6 +92,45 @@ def quantization_config(model_dir):
     return q
 
 
+def int8_activation_modules(model_dir):
+    """The Linear modules shardlm multiplies with int8 activations by default
+    (SHARDLM_QUANT_ACTIVATIONS=int8): AWQ, and GPTQ without act-order (desc_act),
+    whose input size and group size are multiples of 32."""
+    q = quantization_config(model_dir)
+    if q is None or q["quant_method"] not in ("awq", "gptq") or q.get("desc_act"):
+        return set()
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    out = set()
+    for name in files:
+        with open(os.path.join(model_dir, name), "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n).decode("utf-8"))
+        for t, info in header.items():
+            if not t.endswith(".qweight"):
+                continue
+            rows = info["shape"][0] * (1 if q["quant_method"] == "awq" else 32 // q["bits"])
+            g = q["group_size"] if q["group_size"] > 0 else rows
+            if rows % 32 == 0 and g % 32 == 0:
+                out.add(t[: -len(".qweight")])
+    return out
+
+
+def quantize_activations(x):
+    """x [..., K] rounded to int8 per 32 inputs as shardlm does: d = max|x| / 127,
+    x_hat = d * round(x / d) (round half to even)."""
+    s = x.shape
+    xb = x.reshape(s[:-1] + (s[-1] // 32, 32))
+    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    safe = np.where(amax > 0, amax, 1.0)
+    q = np.where(amax > 0, np.round(xb * (127.0 / safe)), 0.0)
+    return (q * (amax / 127.0)).reshape(s)
+
+
 def unpack_awq(raw, module, q):
     bits, g = q["bits"], q["group_size"]
     mask = (1 << bits) - 1

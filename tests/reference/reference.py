@@ -31,7 +31,9 @@ transformers forward (Qwen2Model, Qwen3Model, LlamaModel) in float64:
 
 Quantized checkpoints (config.json quantization_config: AWQ, GPTQ, FP8) are
 unpacked by quantized.py, with its own code, and the forward runs on the
-dequantized weights.
+dequantized weights. With --activations int8 the inputs of the AWQ/GPTQ
+Linears that shardlm runs on int8 activations are rounded the same way first
+(quantized.quantize_activations, its own code).
 
 Greedy decoding (argmax, lowest id on ties) with an incremental KV cache.
 Stops at max_tokens or at an eos id (config.json eos_token_id and
@@ -132,8 +134,12 @@ def round_e4m3(x):
 
 
 class Model:
-    def __init__(self, model_dir, kv_cache_dtype="f64"):
+    def __init__(self, model_dir, kv_cache_dtype="f64", activations="f64"):
         self.kv_round = round_e4m3 if kv_cache_dtype == "fp8" else (lambda a: a)
+        self.int8_modules = set()
+        if activations == "int8":
+            import quantized
+            self.int8_modules = quantized.int8_activation_modules(model_dir)
         with open(os.path.join(model_dir, "config.json")) as f:
             self.config = c = json.load(f)
         self.arch = c["architectures"][0]
@@ -190,6 +196,9 @@ class Model:
         return x * cos + rot * sin
 
     def linear(self, x, name, bias=False):
+        if name in self.int8_modules:
+            import quantized
+            x = quantized.quantize_activations(x)
         y = x @ self.w[name + ".weight"].T
         if bias and (name + ".bias") in self.w:
             y = y + self.w[name + ".bias"]
@@ -208,7 +217,7 @@ class Model:
         if not self.sparse_layer(l):
             gate = self.linear(h, p + "mlp.gate_proj")
             up = self.linear(h, p + "mlp.up_proj")
-            return (gate / (1 + np.exp(-gate)) * up) @ self.w[p + "mlp.down_proj.weight"].T
+            return self.linear(gate / (1 + np.exp(-gate)) * up, p + "mlp.down_proj")
         c = self.config
         k = c["num_experts_per_tok"]
         if self.arch == "MixtralForCausalLM":
@@ -310,9 +319,12 @@ def main():
     ap.add_argument("--ignore-eos", action="store_true")
     ap.add_argument("--kv-cache-dtype", choices=["f64", "fp8"], default="f64",
                     help="fp8: keys and values rounded to float8_e4m3fn as they enter the cache")
+    ap.add_argument("--activations", choices=["f64", "int8"], default="f64",
+                    help="int8: the inputs of AWQ/GPTQ Linears (not act-order) rounded to int8 per 32, as "
+                         "shardlm's default SHARDLM_QUANT_ACTIVATIONS=int8 does")
     args = ap.parse_args()
     prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
-    model = Model(args.model_dir, args.kv_cache_dtype)
+    model = Model(args.model_dir, args.kv_cache_dtype, args.activations)
     for t in prompt:
         if not 0 <= t < model.vocab:
             raise SystemExit(f"prompt id {t} outside [0, {model.vocab})")

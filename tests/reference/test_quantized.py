@@ -76,7 +76,9 @@ def headers(model_dir):
 
 
 def greedy(model_dir, max_tokens=12):
-    m = reference.Model(model_dir)
+    # shardlm generate runs with this process's SHARDLM_QUANT_ACTIVATIONS (int8 unless set to f32).
+    acts = "f64" if os.environ.get("SHARDLM_QUANT_ACTIVATIONS") == "f32" else "int8"
+    m = reference.Model(model_dir, activations=acts)
     return reference.generate(m, [1, 2, 3, 4, 5], max_tokens, ignore_eos=True)[1]
 
 
