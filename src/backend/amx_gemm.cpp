@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/simd.h"
 #include "core/error.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
@@ -45,31 +46,6 @@ void configure_tiles() {
   _tile_loadconfig(&cfg);
 }
 
-// After transpose16(), v[c] holds column kTransposed[c] (see packed_gemm.cpp:
-// the same 4-stage shuffle on 32-bit lanes).
-constexpr int kTransposed[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
-inline void transpose16(__m512i v[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4)
-    for (int j = 0; j < 2; ++j) {
-      v[i + j] = _mm512_unpacklo_epi64(t[i + j], t[i + j + 2]);
-      v[i + j + 2] = _mm512_unpackhi_epi64(t[i + j], t[i + j + 2]);
-    }
-  for (int i = 0; i < 16; i += 8)
-    for (int j = 0; j < 4; ++j) {
-      t[i + j] = _mm512_shuffle_i32x4(v[i + j], v[i + j + 4], 0x88);
-      t[i + j + 4] = _mm512_shuffle_i32x4(v[i + j], v[i + j + 4], 0xdd);
-    }
-  for (int j = 0; j < 8; ++j) {
-    v[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-    v[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
-  }
-}
-
 // The B operand of a 16-column block in AMX's pair-interleaved layout, for
 // all of k: panel[s][r][c] (k step s, row r, column c) is the 32-bit word
 // holding W[j0 + c][32 s + 2 r .. + 1]. Columns past m and k past the end
@@ -80,10 +56,12 @@ void pack_b(const uint16_t* w, int64_t m, int64_t k, int64_t j0, int64_t k_pad, 
     const int64_t k0 = s * kTileK;
     uint32_t* dst = panel + s * 256;
     if (cols == 16 && k0 + kTileK <= k) {
-      __m512i v[16];
-      for (int c = 0; c < 16; ++c) v[c] = _mm512_loadu_si512(w + (j0 + c) * k + k0);
-      transpose16(v);
-      for (int r = 0; r < 16; ++r) _mm512_store_si512(dst + kTransposed[r] * 16, v[r]);
+      // bf16 pairs moved as 32-bit lanes by the f32 transpose (shuffles only:
+      // the bits are never read as floats).
+      __m512 v[16];
+      for (int c = 0; c < 16; ++c) v[c] = _mm512_castsi512_ps(_mm512_loadu_si512(w + (j0 + c) * k + k0));
+      simd::transpose(v);
+      for (int r = 0; r < 16; ++r) _mm512_store_ps(reinterpret_cast<float*>(dst + simd::kTransposedColumn[r] * 16), v[r]);
     } else {
       for (int r = 0; r < 16; ++r)
         for (int c = 0; c < 16; ++c) {
