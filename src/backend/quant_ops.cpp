@@ -14,6 +14,7 @@
 
 #include "backend/quant_ops.h"
 #include "backend/quant_ops_int8.h"
+#include "backend/quant_simd.h"
 #include "core/error.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -32,29 +33,14 @@ namespace {
 void add_bias(const VectorView* bias, int64_t n, int64_t m, float* y) {
   if (!bias) return;
   SHARDLM_CHECK(bias->n == m, "bias has ", bias->n, " elements, the Linear ", m, " outputs");
-  std::vector<float> b(static_cast<size_t>(m));
-  for (int64_t j = 0; j < m; ++j) b[j] = load_as_f32(bias->data, bias->dtype, static_cast<size_t>(j));
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t j = 0; j < m; ++j) y[t * m + j] += b[j];
+    for (int64_t j = 0; j < m; ++j) y[t * m + j] += load_as_f32(bias->data, bias->dtype, static_cast<size_t>(j));
 }
 
 #ifdef SHARDLM_QUANT_AVX512
 
-inline __mmask16 lanes_mask(int64_t valid) {
-  return valid >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid) - 1u);
-}
-
-// 16 scales from a row of F16, BF16 or F32 (masked lanes read nothing).
-inline __m512 load_scales(const void* base, DType dtype, int64_t index, __mmask16 m) {
-  switch (dtype) {
-    case DType::kF16:
-      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + index));
-    case DType::kBF16:
-      return _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + index)), 16));
-    default: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(base) + index);
-  }
-}
+using quant_simd::lanes_mask;
+using quant_simd::load_scales;
 
 // ---- GPTQ: qweight [n_in / P, n_out], 16 consecutive channels per vector ----
 // One block of 16 output channels from n0 (m: the valid ones) for tokens

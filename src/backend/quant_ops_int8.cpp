@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/quant_simd.h"
 #include "core/error.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
@@ -55,20 +56,8 @@ bool int8_activations_apply(const QuantMatrixView& w) {
 
 namespace {
 
-inline __mmask16 lanes_mask(int64_t valid) {
-  return valid >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid) - 1u);
-}
-
-inline __m512 load_scales(const void* base, DType dtype, int64_t index, __mmask16 m) {
-  switch (dtype) {
-    case DType::kF16:
-      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + index));
-    case DType::kBF16:
-      return _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + index)), 16));
-    default: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(base) + index);
-  }
-}
+using quant_simd::lanes_mask;
+using quant_simd::load_scales;
 
 inline std::pair<int64_t, int64_t> thread_share(int64_t n_units) {
   const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
