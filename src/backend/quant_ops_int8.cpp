@@ -116,6 +116,18 @@ void quantize_activations(const float* x, int64_t n, int64_t K, int64_t group_si
 // Each word row's line four channel blocks ahead (RW rows read at once).
 constexpr int64_t kGptqPrefetch = 64;
 
+// Activation block xb of tokens t0 .. t0 + TB: its int8 words (4 inputs
+// each), its scale d, and d / 16 for accumulators of in-place high nibbles.
+template <int TB>
+inline void block_operands(const QuantizedActivations& a, int64_t K, int64_t nxb, int64_t t0, int64_t xb,
+                           const int32_t* xw[TB], __m512 dv[TB], __m512 dv16[TB]) {
+  for (int t = 0; t < TB; ++t) {
+    xw[t] = a.q.data() + ((t0 + t) * K + xb * kActBlock) / 4;
+    dv[t] = _mm512_set1_ps(a.d[static_cast<size_t>((t0 + t) * nxb + xb)]);
+    dv16[t] = _mm512_mul_ps(dv[t], _mm512_set1_ps(1.0f / 16.0f));
+  }
+}
+
 template <int BITS, int TB>
 void gptq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t b0, int64_t b1, int64_t t0,
                 float* y, std::vector<__m512>& facc, std::vector<__m512>& yacc) {
@@ -137,11 +149,7 @@ void gptq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t
     for (int64_t xb = g * gs / kActBlock; xb < (g + 1) * gs / kActBlock; ++xb) {
       const int32_t* xw[TB];
       __m512 dv[TB], dv16[TB];  // the block's d; d / 16 for the in-place high nibbles
-      for (int t = 0; t < TB; ++t) {
-        xw[t] = a.q.data() + ((t0 + t) * K + xb * kActBlock) / 4;
-        dv[t] = _mm512_set1_ps(a.d[static_cast<size_t>((t0 + t) * nxb + xb)]);
-        dv16[t] = _mm512_mul_ps(dv[t], _mm512_set1_ps(1.0f / 16.0f));
-      }
+      block_operands<TB>(a, K, nxb, t0, xb, xw, dv, dv16);
       const int32_t* rows = w.qweight + xb * RW * N;
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t n0 = (b0 + b) * 16;
@@ -243,12 +251,8 @@ void awq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t 
   for (int64_t g = 0; g < K / gs; ++g) {
     for (int64_t xb = g * gs / kActBlock; xb < (g + 1) * gs / kActBlock; ++xb) {
       const int32_t* xw[TB];
-      __m512 dv[TB], dv16[TB];  // the block's d; d / 16 for the odd (in-place high nibble) accumulators
-      for (int t = 0; t < TB; ++t) {
-        xw[t] = a.q.data() + ((t0 + t) * K + xb * kActBlock) / 4;
-        dv[t] = _mm512_set1_ps(a.d[static_cast<size_t>((t0 + t) * nxb + xb)]);
-        dv16[t] = _mm512_mul_ps(dv[t], _mm512_set1_ps(1.0f / 16.0f));
-      }
+      __m512 dv[TB], dv16[TB];  // the block's d; d / 16 for the in-place high nibbles
+      block_operands<TB>(a, K, nxb, t0, xb, xw, dv, dv16);
       const int32_t* rows = w.qweight + xb * kActBlock * W;
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t c0 = (b0 + b) * 16;
