@@ -40,9 +40,11 @@ function(shardlm_layer name)
   endif()
 endfunction()
 
-# shardlm_test(NAME SOURCES... LIBS ...): one GoogleTest binary, registered with ctest.
+# shardlm_test(NAME [SERIAL] SOURCES... LIBS ...): one GoogleTest binary,
+# registered with ctest. SERIAL: its tests compare wall-clock timings with a
+# script, so ctest runs each of them with nothing else running beside it.
 function(shardlm_test name)
-  cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(T "SERIAL" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} shardlm_test_support GTest::gtest GTest::gtest_main)
   add_dependencies(${name} shardlm)
@@ -57,5 +59,9 @@ function(shardlm_test name)
   # env(1), which gtest_discover_tests honours as the target's "emulator".
   set_target_properties(${name} PROPERTIES CROSSCOMPILING_EMULATOR
     "/usr/bin/env;SHARDLM_SOURCE_DIR=${CMAKE_SOURCE_DIR};SHARDLM_BINARY_DIR=${CMAKE_BINARY_DIR};SHARDLM_CLI=$<TARGET_FILE:shardlm>")
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60)
+  if(T_SERIAL)
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES RUN_SERIAL TRUE LABELS timing)
+  else()
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60)
+  endif()
 endfunction()

@@ -83,6 +83,11 @@ int64_t model_kv_bytes_per_token(const ModelSpec& spec, KvCacheDType kv) {
 
 MemoryBudget compute_memory_budget(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
                                    int64_t memory_bytes, const MemoryBudgetOptions& options) {
+  return compute_memory_budget(spec, ModelTensors(spec), layout, tp_rank, pp_rank, memory_bytes, options);
+}
+
+MemoryBudget compute_memory_budget(const ModelSpec& spec, const ModelTensors& tensors, const Layout& layout,
+                                   int tp_rank, int pp_rank, int64_t memory_bytes, const MemoryBudgetOptions& options) {
   if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0))
     fail(ErrorCode::kInvalidArgument, "--gpu-memory-utilization ", options.gpu_memory_utilization,
          ": must be in (0, 1], the fraction of each device's memory shardlm may use (vLLM's default is 0.9)");
@@ -105,7 +110,7 @@ MemoryBudget compute_memory_budget(const ModelSpec& spec, const Layout& layout, 
   b.memory_bytes = memory_bytes;
   b.gpu_memory_utilization = options.gpu_memory_utilization;
   b.budget_bytes = static_cast<int64_t>(std::floor(static_cast<double>(memory_bytes) * options.gpu_memory_utilization));
-  b.weight_bytes = rank_weight_bytes(spec, layout, tp_rank, pp_rank);
+  b.weight_bytes = rank_weight_bytes(spec, tensors, layout, tp_rank, pp_rank);
   b.workspace = workspace_breakdown(spec, layout, tp_rank, pp_rank, options);
   b.workspace_bytes = b.workspace.total();
   b.reserve_bytes = options.reserve_bytes;

@@ -102,6 +102,9 @@ struct MemoryBudget {
 // token counts or block size, or a rank outside the layout.
 MemoryBudget compute_memory_budget(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
                                    int64_t memory_bytes, const MemoryBudgetOptions& options);
+// The same, with the model's tensors built once by the caller (plan).
+MemoryBudget compute_memory_budget(const ModelSpec& spec, const ModelTensors& tensors, const Layout& layout,
+                                   int tp_rank, int pp_rank, int64_t memory_bytes, const MemoryBudgetOptions& options);
 
 // Every rank of a replica holds the KV of the same tokens (its heads, its
 // layers): sets each rank's n_kv_blocks to the smallest capacity among them

@@ -52,11 +52,11 @@ struct RankRead {
 class Evaluator {
  public:
   Evaluator(const ModelSpec& spec, const DeviceInventory& devices, const PlanOptions& options)
-      : spec_(spec), devices_(devices), options_(options) {}
+      : spec_(spec), tensors_(spec), devices_(devices), options_(options) {}
 
   LayoutEvaluation evaluate(Layout layout) {
     LayoutEvaluation e;
-    layout.pp_layer_partition = pipeline_partition(spec_, layout);
+    layout.pp_layer_partition = pipeline_partition(spec_, tensors_, layout);
     e.layout = layout;
     e.vllm_partition = vllm_pp_partition(spec_.n_layers, layout.pp);
     e.vllm = vllm_check_layout(spec_, layout);
@@ -163,7 +163,7 @@ class Evaluator {
     auto key = std::make_tuple(stage_key(layout, tp_rank, pp_rank), memory);
     auto it = budgets_.find(key);
     if (it == budgets_.end())
-      it = budgets_.emplace(key, compute_memory_budget(spec_, layout, tp_rank, pp_rank, memory, options_.budget)).first;
+      it = budgets_.emplace(key, compute_memory_budget(spec_, tensors_, layout, tp_rank, pp_rank, memory, options_.budget)).first;
     MemoryBudget b = it->second;
     b.pp_rank = pp_rank;
     return b;
@@ -175,7 +175,7 @@ class Evaluator {
     if (it != reads_.end()) return it->second;
     const RankShard s = shard_for(spec_, layout, tp_rank, pp_rank);
     RankRead r;
-    for (const TensorShard& t : rank_tensors(spec_, layout, tp_rank, pp_rank)) {
+    for (const TensorShard& t : rank_tensors(spec_, tensors_, layout, tp_rank, pp_rank)) {
       // Decode reads one embedding row per sequence, unless the table is also the lm_head here.
       if (t.name == "model.embed_tokens.weight" && !(spec_.tie_word_embeddings && s.last_stage)) continue;
       if (t.name.find(".experts.") != std::string::npos) r.experts += t.bytes;
@@ -288,6 +288,7 @@ class Evaluator {
   }
 
   const ModelSpec& spec_;
+  const ModelTensors tensors_;
   const DeviceInventory& devices_;
   const PlanOptions& options_;
   std::map<std::tuple<StageKey, int64_t>, MemoryBudget> budgets_;

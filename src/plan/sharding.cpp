@@ -74,15 +74,15 @@ int64_t element_bytes(const ModelSpec& spec, const TensorSpec& t) {
   return static_cast<int64_t>(dtype_size(t.dtypes.empty() ? spec.dtype : t.dtypes[0]));
 }
 
-// Mean bytes of one decoder layer (MoE models may mix dense and sparse layers).
-int64_t layer_bytes(const ModelSpec& spec) {
-  int64_t n = 0;
-  for (const auto& t : expected_tensors(spec))
-    if (t.layer >= 0) n += shape_numel(t.shape) * element_bytes(spec, t);
-  return n / std::max<int64_t>(1, spec.n_layers);
-}
-
 }  // namespace
+
+ModelTensors::ModelTensors(const ModelSpec& spec) : all(expected_tensors(spec)) {
+  // The mean, because MoE models may mix dense and sparse layers.
+  int64_t n = 0;
+  for (const auto& t : all)
+    if (t.layer >= 0) n += shape_numel(t.shape) * element_bytes(spec, t);
+  mean_layer_bytes = n / std::max<int64_t>(1, spec.n_layers);
+}
 
 int64_t quant_in_align(const ModelSpec& spec) {
   const QuantConfig& q = spec.quant;
@@ -163,13 +163,20 @@ void check_quantized_layout(const ModelSpec& spec, const Layout& layout) {
 std::vector<int64_t> pipeline_partition(const ModelSpec& spec, const Layout& layout) {
   validate_layout(spec, layout);
   if (!layout.pp_layer_partition.empty()) return layout.pp_layer_partition;
+  if (layout.pp == 1) return {spec.n_layers};
+  return pipeline_partition(spec, ModelTensors(spec), layout);
+}
+
+std::vector<int64_t> pipeline_partition(const ModelSpec& spec, const ModelTensors& tensors, const Layout& layout) {
+  validate_layout(spec, layout);
+  if (!layout.pp_layer_partition.empty()) return layout.pp_layer_partition;
   const int pp = layout.pp;
   if (pp == 1) return {spec.n_layers};
   // Stage costs in bytes: layers × per_layer, plus the embedding on stage 0
   // and norm + lm_head on the last. Dynamic programme over (stage, layers so
   // far) minimising the largest stage, then the sum of squares, so equal-cost
   // stages get equal layers (28 layers, 3 stages, tiny vocab: 9, 10, 9).
-  const double per_layer = static_cast<double>(layer_bytes(spec));
+  const double per_layer = static_cast<double>(tensors.mean_layer_bytes);
   const double dsize = static_cast<double>(dtype_size(spec.dtype));
   const double embed = static_cast<double>(spec.vocab_size) * spec.hidden_size * dsize;
   const double head = embed + spec.hidden_size * dsize;  // lm_head (or tied embedding rows) + norm
@@ -245,7 +252,14 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank) {
-  const RankShard s = shard_for(spec, layout, tp_rank, pp_rank);
+  return rank_tensors(spec, ModelTensors(spec), layout, tp_rank, pp_rank);
+}
+
+std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const ModelTensors& tensors, const Layout& layout,
+                                      int tp_rank, int pp_rank) {
+  Layout partitioned = layout;
+  partitioned.pp_layer_partition = pipeline_partition(spec, tensors, layout);
+  const RankShard s = shard_for(spec, partitioned, tp_rank, pp_rank);
   const int64_t hd = spec.head_dim;
   const Range q_cols{s.q_heads.begin * hd, s.q_heads.end * hd};
   const Range kv_rows{s.kv_heads.begin * hd, s.kv_heads.end * hd};
@@ -296,7 +310,7 @@ std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layou
     if (t.part != QuantPart::kNone && dim >= 0) add_quant(t, dim, slice);
     else add_slice(t, dim, slice);
   };
-  for (const TensorSpec& t : expected_tensors(spec)) {
+  for (const TensorSpec& t : tensors.all) {
     if (t.layer >= 0) {
       if (!s.layers.contains(t.layer)) continue;
       const std::string suffix = layer_suffix(t.name);
@@ -332,8 +346,13 @@ std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layou
 }
 
 int64_t rank_weight_bytes(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank) {
+  return rank_weight_bytes(spec, ModelTensors(spec), layout, tp_rank, pp_rank);
+}
+
+int64_t rank_weight_bytes(const ModelSpec& spec, const ModelTensors& tensors, const Layout& layout, int tp_rank,
+                          int pp_rank) {
   int64_t n = 0;
-  for (const auto& t : rank_tensors(spec, layout, tp_rank, pp_rank)) n += t.bytes;
+  for (const auto& t : rank_tensors(spec, tensors, layout, tp_rank, pp_rank)) n += t.bytes;
   return n;
 }
 

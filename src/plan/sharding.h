@@ -69,10 +69,20 @@ int64_t quant_out_align(const ModelSpec& spec);
 // quantization when a TP slice cannot take whole groups. validate_layout calls it.
 void check_quantized_layout(const ModelSpec& spec, const Layout& layout);
 
+// The checkpoint's tensors (expected_tensors) and the mean bytes of one
+// decoder layer, built once: plan evaluates hundreds of (layout, rank) pairs
+// of one model, and a 128-expert model has tens of thousands of tensors.
+struct ModelTensors {
+  explicit ModelTensors(const ModelSpec& spec);
+  std::vector<TensorSpec> all;
+  int64_t mean_layer_bytes = 0;
+};
+
 // Layers per stage: the override when given, else contiguous stages balanced
 // by weight bytes (stage 0 carries the embedding, the last stage the final
 // norm and lm_head).
 std::vector<int64_t> pipeline_partition(const ModelSpec& spec, const Layout& layout);
+std::vector<int64_t> pipeline_partition(const ModelSpec& spec, const ModelTensors& tensors, const Layout& layout);
 
 // What one (tp_rank, pp_rank) holds. Global indices throughout.
 struct RankShard {
@@ -111,6 +121,10 @@ struct TensorShard {
 // Every tensor a rank loads, with its slice. Tied embeddings: the last stage
 // reads embed_tokens rows as its lm_head (one copy when it is also the first).
 std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank);
+std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const ModelTensors& tensors, const Layout& layout,
+                                      int tp_rank, int pp_rank);
 int64_t rank_weight_bytes(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank);
+int64_t rank_weight_bytes(const ModelSpec& spec, const ModelTensors& tensors, const Layout& layout, int tp_rank,
+                          int pp_rank);
 
 }  // namespace shardlm

@@ -1,5 +1,8 @@
 // Timing accuracy against a scripted server: first token after 200 ms, then
-// one every 20 ms. What we measure must match within 5%.
+// one every 20 ms. On an idle machine what we measure matches within 1-2%;
+// the bounds below also hold on a loaded 2-core machine under ASan (ctest
+// runs these tests alone, see CMakeLists.txt), and still fail for the wrong
+// clock: a TTFT that counts queueing, or a TPOT over n instead of n - 1.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +19,14 @@ using testing::FakeServerOptions;
 
 void expect_within(double measured, double expected, double rel, const char* what) {
   EXPECT_NEAR(measured, expected, expected * rel) << what;
+}
+
+// A latency from a request's start: the server sleeps until its schedule and
+// the client cannot see a token before it is sent, so never early; a loaded
+// machine makes it late, by tens of milliseconds.
+void expect_not_before_script(double measured, double scripted, const char* what) {
+  EXPECT_GE(measured, scripted * 0.99) << what;
+  EXPECT_LE(measured, scripted * 1.2) << what;
 }
 
 std::vector<SampleRequest> small_random(int64_t n, bool ids = false) {
@@ -44,16 +55,16 @@ TEST(Accuracy, ChatTimingsMatchTheScript) {
   EXPECT_EQ(m.total_output, 80);      // usage.completion_tokens
   EXPECT_EQ(m.total_input, 8 * 42);   // usage.prompt_tokens
   EXPECT_EQ(m.n_usage_missing, 0);
-  expect_within(m.ttft.mean_ms, 200.0, 0.05, "mean TTFT");
-  expect_within(m.ttft.median_ms, 200.0, 0.05, "median TTFT");
-  expect_within(m.tpot.mean_ms, 20.0, 0.05, "mean TPOT");
-  expect_within(m.tpot.median_ms, 20.0, 0.05, "median TPOT");
-  expect_within(m.itl.mean_ms, 20.0, 0.05, "mean ITL");
-  expect_within(m.itl.median_ms, 20.0, 0.05, "median ITL");
-  expect_within(m.e2el.mean_ms, 380.0, 0.05, "mean E2EL");
+  expect_not_before_script(m.ttft.mean_ms, 200.0, "mean TTFT");
+  expect_not_before_script(m.ttft.median_ms, 200.0, "median TTFT");
+  expect_within(m.tpot.mean_ms, 20.0, 0.15, "mean TPOT");
+  expect_within(m.tpot.median_ms, 20.0, 0.08, "median TPOT");
+  expect_within(m.itl.mean_ms, 20.0, 0.15, "mean ITL");
+  expect_within(m.itl.median_ms, 20.0, 0.08, "median ITL");
+  expect_not_before_script(m.e2el.mean_ms, 380.0, "mean E2EL");
   for (const auto& o : r.outputs) EXPECT_EQ(o.itl.size(), 9u);
   EXPECT_EQ(m.max_concurrent_requests, 4);
-  expect_within(r.duration_s, 0.76, 0.15, "two waves of 380 ms");
+  expect_not_before_script(r.duration_s, 0.76, "two waves of 380 ms");
   expect_within(m.output_throughput, 80 / r.duration_s, 1e-9, "output throughput");
   EXPECT_EQ(r.outputs[0].generated_text, " tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7 tok8 tok9");
 
@@ -86,9 +97,9 @@ TEST(Accuracy, CompletionsWithTokenIdsAndApiKey) {
   BenchmarkResult r = run_benchmark(c, requests);
   const auto& m = r.metrics;
   ASSERT_EQ(m.completed, 4);
-  expect_within(m.ttft.mean_ms, 200.0, 0.05, "mean TTFT");
-  expect_within(m.tpot.mean_ms, 20.0, 0.05, "mean TPOT");
-  expect_within(m.itl.mean_ms, 20.0, 0.05, "mean ITL");
+  expect_not_before_script(m.ttft.mean_ms, 200.0, "mean TTFT");
+  expect_within(m.tpot.mean_ms, 20.0, 0.15, "mean TPOT");
+  expect_within(m.itl.mean_ms, 20.0, 0.15, "mean ITL");
   EXPECT_EQ(m.total_output, 32);
   for (const auto& path : server.paths()) EXPECT_EQ(path, "/v1/completions");
   for (const auto& auth : server.auth_headers()) EXPECT_EQ(auth, "Bearer sk-test");
@@ -139,9 +150,13 @@ TEST(Accuracy, PoissonRequestsLeaveOnSchedule) {
   BenchmarkResult r = run_benchmark(c, requests);
   ASSERT_EQ(r.metrics.completed, 25);
   auto expected = poisson_arrival_times(25, 25.0, 3);
-  for (size_t i = 0; i < expected.size(); ++i)
-    EXPECT_NEAR(r.outputs[i].start_time, expected[i], 0.03) << "request " << i;
-  expect_within(r.duration_s, 1.0, 0.1, "25 requests at 25 req/s");
+  for (size_t i = 0; i < expected.size(); ++i) {  // late by tens of ms on a loaded machine
+    EXPECT_GE(r.outputs[i].start_time, expected[i] - 0.03) << "request " << i;
+    EXPECT_LE(r.outputs[i].start_time, expected[i] + 0.06) << "request " << i;
+  }
+  // The last request leaves at its arrival time and takes 10 ms.
+  EXPECT_GE(r.duration_s, expected.back());
+  EXPECT_LE(r.duration_s, expected.back() + 0.15);
 }
 
 }  // namespace

@@ -99,11 +99,16 @@ TEST(BenchCli, PrintsVllmTableAndSavesVllmKeys) {
   EXPECT_EQ(j["max_concurrency"], 3);
   EXPECT_EQ(j["request_rate"], "inf");
   EXPECT_EQ(j["total_output_tokens"], 60);
-  EXPECT_NEAR(j["mean_ttft_ms"].get<double>(), 200.0, 10.0);
-  EXPECT_NEAR(j["p99_ttft_ms"].get<double>(), 200.0, 10.0);
-  EXPECT_NEAR(j["median_tpot_ms"].get<double>(), 20.0, 1.0);
-  EXPECT_NEAR(j["mean_itl_ms"].get<double>(), 20.0, 1.0);
-  EXPECT_NEAR(j["p50_itl_ms"].get<double>(), 20.0, 1.0);
+  // Never before the script (200 ms, then 20 ms); late by tens of ms on a
+  // loaded machine. Counting the wait for a concurrency slot would give
+  // about 400 ms to the second wave's three requests.
+  for (const char* key : {"mean_ttft_ms", "p99_ttft_ms"}) {
+    EXPECT_GE(j[key].get<double>(), 198.0) << key;
+    EXPECT_LE(j[key].get<double>(), 260.0) << key;
+  }
+  EXPECT_NEAR(j["median_tpot_ms"].get<double>(), 20.0, 1.6);
+  EXPECT_NEAR(j["mean_itl_ms"].get<double>(), 20.0, 3.0);
+  EXPECT_NEAR(j["p50_itl_ms"].get<double>(), 20.0, 1.6);
   for (const char* key : {"std_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "duration",
                           "request_throughput", "output_throughput", "total_token_throughput",
                           "max_output_tokens_per_s", "max_concurrent_requests", "total_input_tokens"})

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -106,7 +108,7 @@ TEST(Robustness, StopFlagEndsTheRunWithWhatWasMeasured) {
   FakeServerOptions so = fast();
   so.first_token_ms = 50;
   so.token_interval_ms = 50;
-  so.n_tokens = 6;  // 300 ms per request
+  so.n_tokens = 12;  // 600 ms per request
   FakeOpenAiServer server(so);
   BenchConfig c;
   c.base_url = server.base_url();
@@ -115,22 +117,24 @@ TEST(Robustness, StopFlagEndsTheRunWithWhatWasMeasured) {
   RunHooks hooks;
   hooks.stop = &stop;
   int n_progress = 0;
+  std::chrono::steady_clock::time_point stopped_at;
+  // The stop comes once the first wave of two is done: the second wave is
+  // then in flight, 600 ms from its end, and must be cut off, not awaited.
   hooks.on_progress = [&](const ProgressSnapshot& s) {
     ++n_progress;
     EXPECT_EQ(s.n_total, 20);
+    if (s.n_done >= 2 && !stop) {
+      stopped_at = std::chrono::steady_clock::now();
+      stop = true;
+    }
   };
-  std::thread stopper([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(450));
-    stop = true;
-  });
-  auto t0 = std::chrono::steady_clock::now();
   BenchmarkResult r = run_benchmark(c, tiny(20), hooks);
-  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  stopper.join();
+  const double after_stop = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  ASSERT_TRUE(stop);
   EXPECT_TRUE(r.interrupted);
-  EXPECT_LT(wall, 1.0);
-  EXPECT_EQ(r.metrics.completed, 2);  // the first wave finished at ~300 ms
-  EXPECT_EQ(r.metrics.failed, 0);     // cut-off requests are not failures
+  EXPECT_LT(after_stop, 0.4);
+  EXPECT_EQ(r.metrics.completed, 2);
+  EXPECT_EQ(r.metrics.failed, 0);  // cut-off requests are not failures
   EXPECT_EQ(r.n_not_completed, 18);
   EXPECT_GT(n_progress, 2);
   EXPECT_NE(format_notes(r).find("Interrupted"), std::string::npos);
