@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -140,6 +143,77 @@ std::string byte_to_unicode(uint8_t b) {
   return utf8(cp[b]);
 }
 
+namespace {
+
+// Byte-pair merges learned from the training text, in rank order, each with
+// whether it spelled a new token. Greedy: the first k merges of a longer run
+// are the k-merge run, so one run of the most merges serves every size.
+struct LearnedMerges {
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::vector<bool> new_token;
+};
+
+LearnedMerges learn_merges(int max_merges) {
+  // Symbols as ids into `spelling`; words as id sequences with their counts.
+  std::vector<std::string> spelling;
+  std::unordered_map<std::string, int32_t> id_of;
+  auto intern = [&](const std::string& text) {
+    auto [it, inserted] = id_of.try_emplace(text, static_cast<int32_t>(spelling.size()));
+    if (inserted) spelling.push_back(text);
+    return it->second;
+  };
+  std::map<std::vector<int32_t>, int64_t> counted;
+  for (const auto& piece : pretokenize_ascii(kSyntheticTrainingText)) {
+    std::vector<int32_t> symbols;
+    for (unsigned char c : piece) symbols.push_back(intern(byte_to_unicode(c)));
+    ++counted[symbols];
+  }
+  std::vector<std::pair<std::vector<int32_t>, int64_t>> words(counted.begin(), counted.end());
+  std::unordered_set<std::string> merged_tokens;
+  LearnedMerges out;
+  std::unordered_map<uint64_t, int64_t> pairs;
+  auto key = [](int32_t a, int32_t b) { return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b); };
+  for (int m = 0; m < max_merges; ++m) {
+    pairs.clear();
+    for (const auto& [symbols, count] : words)
+      for (size_t i = 0; i + 1 < symbols.size(); ++i) pairs[key(symbols[i], symbols[i + 1])] += count;
+    if (pairs.empty()) break;
+    // Highest count; ties: the smallest pair of spellings, so the result is fixed.
+    int32_t best_a = -1, best_b = -1;
+    int64_t best_count = 0;
+    for (const auto& [k, count] : pairs) {
+      const auto a = static_cast<int32_t>(k >> 32), b = static_cast<int32_t>(k & 0xffffffffu);
+      if (count > best_count ||
+          (count == best_count && std::tie(spelling[a], spelling[b]) < std::tie(spelling[best_a], spelling[best_b]))) {
+        best_a = a;
+        best_b = b;
+        best_count = count;
+      }
+    }
+    const std::string joined = spelling[best_a] + spelling[best_b];
+    out.merges.push_back({spelling[best_a], spelling[best_b]});
+    // Two different pairs can spell the same token ("a"+"bc", "ab"+"c"):
+    // the token keeps its first id, as the Hugging Face trainer does.
+    out.new_token.push_back(merged_tokens.insert(joined).second);
+    const int32_t joined_id = intern(joined);
+    for (auto& [symbols, count] : words) {
+      size_t w = 0;
+      for (size_t i = 0; i < symbols.size(); ++i, ++w) {
+        if (i + 1 < symbols.size() && symbols[i] == best_a && symbols[i + 1] == best_b) {
+          symbols[w] = joined_id;
+          ++i;
+        } else {
+          symbols[w] = symbols[i];
+        }
+      }
+      symbols.resize(w);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 SyntheticTokenizer build_synthetic_tokenizer(int64_t model_vocab, int n_merges) {
   const int64_t minimum = kSyntheticByteTokens + kSyntheticSpecialTokens;
   if (model_vocab < minimum)
@@ -148,44 +222,17 @@ SyntheticTokenizer build_synthetic_tokenizer(int64_t model_vocab, int n_merges) 
   if (n_merges < 0) fail(ErrorCode::kInvalidArgument, "synthetic tokenizer: merges must be >= 0, found ", n_merges);
   n_merges = static_cast<int>(std::min<int64_t>(n_merges, model_vocab - minimum));
 
+  static const LearnedMerges default_run = learn_merges(kSyntheticDefaultMerges);
+  const LearnedMerges longer_run = n_merges > kSyntheticDefaultMerges ? learn_merges(n_merges) : LearnedMerges{};
+  const LearnedMerges& learned = n_merges > kSyntheticDefaultMerges ? longer_run : default_run;
+
   SyntheticTokenizer tok;
   for (uint8_t b : byte_token_order()) tok.tokens.push_back(byte_to_unicode(b));
-
-  // Words as sequences of symbols, with their counts.
-  std::map<std::vector<std::string>, int64_t> words;
-  for (const auto& piece : pretokenize_ascii(kSyntheticTrainingText)) {
-    std::vector<std::string> symbols;
-    for (unsigned char c : piece) symbols.push_back(byte_to_unicode(c));
-    ++words[symbols];
-  }
-  for (int m = 0; m < n_merges; ++m) {
-    std::map<std::pair<std::string, std::string>, int64_t> pairs;
-    for (const auto& [symbols, count] : words)
-      for (size_t i = 0; i + 1 < symbols.size(); ++i) pairs[{symbols[i], symbols[i + 1]}] += count;
-    if (pairs.empty()) break;
-    // Highest count; ties: the smallest pair (std::map order), so the result is fixed.
-    auto best = pairs.begin();
-    for (auto it = pairs.begin(); it != pairs.end(); ++it)
-      if (it->second > best->second) best = it;
-    const auto [a, b] = best->first;
+  const size_t n = std::min(learned.merges.size(), static_cast<size_t>(n_merges));
+  for (size_t m = 0; m < n; ++m) {
+    const auto& [a, b] = learned.merges[m];
     tok.merges.push_back({a, b});
-    // Two different pairs can spell the same token ("a"+"bc", "ab"+"c"):
-    // the token keeps its first id, as the Hugging Face trainer does.
-    if (std::find(tok.tokens.begin(), tok.tokens.end(), a + b) == tok.tokens.end()) tok.tokens.push_back(a + b);
-    std::map<std::vector<std::string>, int64_t> merged;
-    for (const auto& [symbols, count] : words) {
-      std::vector<std::string> out;
-      for (size_t i = 0; i < symbols.size(); ++i) {
-        if (i + 1 < symbols.size() && symbols[i] == a && symbols[i + 1] == b) {
-          out.push_back(a + b);
-          ++i;
-        } else {
-          out.push_back(symbols[i]);
-        }
-      }
-      merged[out] += count;
-    }
-    words = std::move(merged);
+    if (learned.new_token[m]) tok.tokens.push_back(a + b);
   }
   tok.endoftext_id = tok.n_vocab();
   tok.tokens.push_back("<|endoftext|>");

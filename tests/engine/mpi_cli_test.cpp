@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,29 +55,48 @@ class MpiGenerate : public ::testing::Test {
     const char* cli = std::getenv("SHARDLM_CLI");
     const char* build = std::getenv("SHARDLM_BINARY_DIR");
     cli_ = cli ? cli : SHARDLM_CLI_PATH;
-    // One directory per test process: ctest runs this suite's tests in parallel.
-    root_ = std::string(build ? build : SHARDLM_BUILD_DIR) + "/tests/engine/mpi_cli." + std::to_string(getpid());
+    // Outputs: one directory per test process, since ctest runs this suite's
+    // tests in parallel. Checkpoints: made once for every test process of one
+    // CLI build (make-model of all four takes ~11 s under ASan), in a
+    // directory named after the binary's modification time.
+    const std::string tests_dir = std::string(build ? build : SHARDLM_BUILD_DIR) + "/tests/engine";
+    root_ = tests_dir + "/mpi_cli." + std::to_string(getpid());
+    std::filesystem::create_directories(root_);
+    struct stat st {};
+    ASSERT_EQ(stat(cli_.c_str(), &st), 0) << cli_;
+    models_ = tests_dir + "/mpi_cli_models." + std::to_string(st.st_mtim.tv_sec) + "." +
+              std::to_string(st.st_mtim.tv_nsec);
     // 28 Q / 4 KV heads (Qwen2.5-7B's), 3 layers; 40 Q / 8 KV heads
     // (Qwen2.5-14B's), 5 layers: PP 2 and 3 split it unevenly. Hidden sizes
     // shrunk (head_dim 16) to keep every run to about a second.
-    m7_ = root_ + "/mpi_q7";
-    m14_ = root_ + "/mpi_q14";
+    m7_ = models_ + "/mpi_q7";
+    m14_ = models_ + "/mpi_q14";
     make(m7_, "--like qwen2.5-7b --layers 3 --vocab 512 --hidden 448 --intermediate 512 --seed 7");
     make(m14_, "--like qwen2.5-14b --layers 5 --vocab 512 --hidden 640 --intermediate 384 --seed 14");
     // Mixture of experts: Qwen3-30B-A3B's routing (128 experts, top-8) and
     // heads (32 Q / 4 KV); Mixtral's (8 experts, top-2), 3 layers for PP.
-    moe_ = root_ + "/mpi_qwen3_moe";
-    mixtral_ = root_ + "/mpi_mixtral";
+    moe_ = models_ + "/mpi_qwen3_moe";
+    mixtral_ = models_ + "/mpi_mixtral";
     make(moe_, "--like qwen3-30b-a3b --layers 2 --vocab 512 --hidden 256 --heads 32 --kv-heads 4 --head-dim 32 "
                "--moe-intermediate 64 --seed 3");
     make(mixtral_, "--like mixtral-8x7b --layers 3 --vocab 512 --hidden 256 --heads 32 --kv-heads 8 --head-dim 16 "
                    "--intermediate 128 --seed 5");
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(root_); }
+  // Makes the checkpoint under a name of this process's, then renames it into
+  // place: a directory that exists is whole, and of two processes that race,
+  // the second one's rename fails and it drops its copy.
   static void make(const std::string& dir, const std::string& args) {
-    if (std::filesystem::exists(dir + "/config.json")) return;
-    Proc r = run_command(cli_ + " make-model " + args + " --out " + dir);
+    if (std::filesystem::exists(dir)) return;
+    const std::string mine = dir + ".making." + std::to_string(getpid());
+    Proc r = run_command(cli_ + " make-model " + args + " --out " + mine);
     ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    std::error_code ec;
+    std::filesystem::rename(mine, dir, ec);
+    if (ec) {
+      std::filesystem::remove_all(mine);
+      ASSERT_TRUE(std::filesystem::exists(dir)) << "cannot rename " << mine << " to " << dir << ": " << ec.message();
+    }
   }
   static std::string mpirun(int np) {
     return std::string(SHARDLM_MPIRUN_PATH) + " --oversubscribe --allow-run-as-root --mca btl self,vader -np " +
@@ -128,9 +148,9 @@ class MpiGenerate : public ::testing::Test {
     EXPECT_EQ(n_lines, tp * pp) << r.err;
   }
 
-  static std::string cli_, root_, m7_, m14_, moe_, mixtral_;
+  static std::string cli_, root_, models_, m7_, m14_, moe_, mixtral_;
 };
-std::string MpiGenerate::cli_, MpiGenerate::root_, MpiGenerate::m7_, MpiGenerate::m14_, MpiGenerate::moe_,
+std::string MpiGenerate::cli_, MpiGenerate::root_, MpiGenerate::models_, MpiGenerate::m7_, MpiGenerate::m14_, MpiGenerate::moe_,
     MpiGenerate::mixtral_;
 
 TEST_F(MpiGenerate, Tp2) { expect_same_as_tp1(m7_, 2, 1); }
