@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "backend/quant_ops.h"
 #include "core/dtype.h"
 
 namespace shardlm::backend {
@@ -24,5 +25,13 @@ int64_t packed_matmul_min_tokens(DType weight_dtype);
 
 // x: [n, k] f32 rows; w: [m, k] rows of weight_dtype; y: [n, m] f32 (overwritten).
 void packed_matmul(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);
+
+// FP8 E4M3 weights with block scales through the same GEMM: each panel is
+// widened and scaled while it is packed (panels end on scale blocks along k).
+// Available when a SIMD load never straddles a scale block: block_k and the
+// slice's col_offset multiples of the vector width.
+bool packed_fp8_available(const QuantMatrixView& w);
+// x: [n, w.n_in]; y: [n, w.n_out] (overwritten).
+void packed_matmul_fp8(const float* x, int64_t n, const QuantMatrixView& w, float* y);
 
 }  // namespace shardlm::backend

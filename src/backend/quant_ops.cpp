@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "backend/quant_ops.h"
+#include "backend/packed_gemm.h"
 #include "backend/quant_ops_int8.h"
 #include "backend/quant_simd.h"
+#include "backend/simd.h"
 #include "core/error.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -321,20 +323,27 @@ void awq_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
 }
 
 // ---- FP8 E4M3: weight [n_out, n_in] row-major, like a dense matrix ----
-// Sign and the 7 exponent/mantissa bits moved into an f32's places give the
-// value × 2^-120 (subnormals included); the scale carries the 2^120 back.
-constexpr float kFp8Rebias = 1.329227995784916e36f;  // 2^120
-
-// Sign-extended to 32 bits and shifted by 20, the byte's sign lands on bit 31
-// and its exponent/mantissa on bits 20..26; the mask clears the extension.
+// Bytes widen through f16 to the value × 2^-8 (simd.h's kFp8F16Rebias: never
+// an f32 subnormal); the block scale carries the 2^8 back.
 inline __m512 fp8_lanes(const uint8_t* p, __mmask16 m) {
-  const __m512i b = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)), 20);
-  return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0x87f00000u))));
+  const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, p)), 7);
+  return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(simd::kFp8F16Mask)));
 }
 
+constexpr int64_t kFp8PrefetchBytes = 512;
+
+// y[t, j] for RB weight rows from j0 and TB tokens from t0: each row's bytes
+// are widened once per 16 lanes and used for TB tokens. One token: per scale
+// block along k, the sums are scaled into totals (RB + RB registers). More
+// tokens: each widened vector is scaled by its row's block scale first, so
+// RB × TB accumulators + RB scales + TB x vectors stay within AVX-512's 32
+// registers for the (8, 2) and (4, 4) tiles.
 template <int RB, int TB>
 void fp8_tile(const float* x, const QuantMatrixView& w, int64_t j0, int64_t t0, float* y) {
+  constexpr bool kScaleSums = TB == 1;
   const int64_t K = w.n_in, N = w.n_out, bk = w.block_k;
+  const uint8_t* row[RB];
+  for (int r = 0; r < RB; ++r) row[r] = w.weight + (j0 + r) * K;
   __m512 tot[RB][TB];
   for (int r = 0; r < RB; ++r)
     for (int t = 0; t < TB; ++t) tot[r][t] = _mm512_setzero_ps();
@@ -342,23 +351,30 @@ void fp8_tile(const float* x, const QuantMatrixView& w, int64_t j0, int64_t t0, 
   for (int64_t kb = 0; kb < K;) {
     const int64_t blk = (kb + w.col_offset) / bk;
     const int64_t ke = std::min(K, (blk + 1) * bk - w.col_offset);
-    __m512 acc[RB][TB];
+    __m512 scale[RB];
+    for (int r = 0; r < RB; ++r) {
+      const int64_t si = ((j0 + r + w.row_offset) / w.block_n) * w.scale_cols + blk;
+      scale[r] = _mm512_set1_ps(load_as_f32(w.scales, w.scales_dtype, static_cast<size_t>(si)) * simd::kFp8F16Rebias);
+    }
+    __m512 block_acc[RB][TB];
     for (int r = 0; r < RB; ++r)
-      for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
+      for (int t = 0; t < TB; ++t) block_acc[r][t] = _mm512_setzero_ps();
+    __m512 (&acc)[RB][TB] = kScaleSums ? block_acc : tot;
     for (int64_t i = kb; i < ke; i += 16) {
       const __mmask16 m = lanes_mask(ke - i);
       __m512 xv[TB];
       for (int t = 0; t < TB; ++t) xv[t] = _mm512_maskz_loadu_ps(m, x + (t0 + t) * K + i);
       for (int r = 0; r < RB; ++r) {
-        const __m512 wv = fp8_lanes(w.weight + (j0 + r) * K + i, m);
+        // As in the dense GEMV: the hardware prefetcher stops at 4 KiB pages.
+        if (i % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(row[r] + i + kFp8PrefetchBytes), _MM_HINT_T0);
+        __m512 wv = fp8_lanes(row[r] + i, m);
+        if constexpr (!kScaleSums) wv = _mm512_mul_ps(wv, scale[r]);
         for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
       }
     }
-    for (int r = 0; r < RB; ++r) {
-      const int64_t si = ((j0 + r + w.row_offset) / w.block_n) * w.scale_cols + blk;
-      const __m512 s = _mm512_set1_ps(load_as_f32(w.scales, w.scales_dtype, static_cast<size_t>(si)) * kFp8Rebias);
-      for (int t = 0; t < TB; ++t) tot[r][t] = _mm512_fmadd_ps(acc[r][t], s, tot[r][t]);
-    }
+    if constexpr (kScaleSums)
+      for (int r = 0; r < RB; ++r)
+        for (int t = 0; t < TB; ++t) tot[r][t] = _mm512_fmadd_ps(block_acc[r][t], scale[r], tot[r][t]);
     kb = ke;
   }
   for (int t = 0; t < TB; ++t)
@@ -367,26 +383,37 @@ void fp8_tile(const float* x, const QuantMatrixView& w, int64_t j0, int64_t t0, 
 
 template <int RB>
 void fp8_rows(const float* x, int64_t n, const QuantMatrixView& w, int64_t j0, float* y) {
-  // Four tokens per pass unpack each weight vector once for all four (a
-  // batch of 8 decodes in two passes over the rows, not four).
+  // Several tokens per pass unpack each weight vector once for all of them.
+  constexpr int kTB = RB >= 8 ? 2 : 4;
   int64_t t = 0;
-  for (; t + 4 <= n; t += 4) fp8_tile<RB, 4>(x, w, j0, t, y);
+  for (; t + kTB <= n; t += kTB) fp8_tile<RB, kTB>(x, w, j0, t, y);
   for (; t + 2 <= n; t += 2) fp8_tile<RB, 2>(x, w, j0, t, y);
   for (; t < n; ++t) fp8_tile<RB, 1>(x, w, j0, t, y);
 }
 
-void fp8_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
-  constexpr int kRows = 4;
-  const int64_t N = w.n_out, n_row_blocks = (N + kRows - 1) / kRows;
-#pragma omp parallel for schedule(static)
+template <int RB>
+void fp8_row_blocks(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
+  const int64_t N = w.n_out, n_row_blocks = (N + RB - 1) / RB;
+  // Dynamic chunks, as the dense GEMV: the two vCPUs run at unequal speed.
+#pragma omp parallel for schedule(dynamic, 8)
   for (int64_t rb = 0; rb < n_row_blocks; ++rb) {
-    const int64_t j0 = rb * kRows;
-    if (j0 + kRows <= N) {
-      fp8_rows<kRows>(x, n, w, j0, y);
+    const int64_t j0 = rb * RB;
+    if (j0 + RB <= N) {
+      fp8_rows<RB>(x, n, w, j0, y);
     } else {
       for (int64_t j = j0; j < N; ++j) fp8_rows<1>(x, n, w, j, y);
     }
   }
+}
+
+void fp8_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
+  // Prefill and large batches: the packed f32 GEMM, panels widened and
+  // scaled as they are packed (backend/packed_gemm.h).
+  if (n >= packed_matmul_min_tokens(DType::kF32) && packed_fp8_available(w)) return packed_matmul_fp8(x, n, w, y);
+  // Up to 3 tokens, 8 rows in flight keep more DRAM requests outstanding
+  // (as the dense GEMV).
+  if (n < 4) return fp8_row_blocks<8>(x, n, w, y);
+  fp8_row_blocks<4>(x, n, w, y);
 }
 
 #endif

@@ -175,7 +175,7 @@ TEST_P(QuantMatmulTest, MatchesMatmulOnDequantizedWeights) {
   EXPECT_FALSE(int8_runs) << c.name << ": no VNNI in this build";
   (void)expect_int8;
 #endif
-  for (int64_t n : {1, 2, 3, 5, 9}) {  // GEMV and the GEMM token blocks (8, 4, 2, 1)
+  for (int64_t n : {1, 2, 3, 5, 9, 17, 33}) {  // GEMV, the GEMM token blocks (8, 4, 2, 1), fp8 packed GEMM
     std::vector<float> x(static_cast<size_t>(n * c.n_in));
     for (auto& v : x) v = xd(rng);
     // x̂: x rounded to int8 per 32 inputs by this test's own code (d = max|x| / 127).
@@ -269,7 +269,7 @@ TEST(QuantFp8Slice, ASliceInsideAScaleBlockKeepsThatBlocksScale) {
   cols.quant.n_in = K - k0;
   cols.quant.col_offset = k0 % 128;
   auto b = make_backend({Device{}, 2});
-  for (int64_t n : {1, 3}) {
+  for (int64_t n : {1, 3, 20}) {  // 20: the packed GEMM, its panels cut at the slice's block edges
     std::vector<float> x(static_cast<size_t>(n * K));
     for (auto& v : x) v = dist(rng) * 20;
     Tensor xt = b->alloc(DType::kF32, {n, K}), yt = b->alloc(DType::kF32, {n, r1 - r0});
