@@ -60,6 +60,7 @@ struct GenerateCliOptions {
   std::string device = "cpu";
   std::string decode_bench;  // "1,8,64": time decode steps of these many sequences instead of generating
   std::string cuda_graphs;   // --cuda-graphs on|off ("" = the device's default)
+  std::string quant_activations;  // --quant-activations int8|f32 ("" = the environment's, else int8)
   std::string sampling_device = "host";  // --sampling-device host|device
   int64_t decode_context = 256;
   int64_t decode_steps = 32;
@@ -167,6 +168,7 @@ int run_decode_bench(const GenerateCliOptions& o) {
 }
 
 int run_generate(const GenerateCliOptions& o) {
+  apply_quant_activations(o.quant_activations);
   if (!o.decode_bench.empty()) return run_decode_bench(o);
   const int n_inputs = !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty();
   if (n_inputs != 1)
@@ -368,6 +370,7 @@ void setup(CLI::App& app) {
                   "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
   add_device_option(sub, &o->device);
   add_cuda_graphs_option(sub, &o->cuda_graphs);
+  add_quant_activations_option(sub, &o->quant_activations);
   sub->add_option("--sampling-device", o->sampling_device,
                   "host or device: device samples where the logits are (a GPU), so only the token id crosses; "
                   "a request that needs what the device sampler lacks (a seed, penalties, ...) says so and samples on "

@@ -44,6 +44,7 @@ struct ServeOptions {
   std::string kv_cache_dtype = "auto";
   std::string device = "cpu";
   std::string cuda_graphs;  // --cuda-graphs on|off ("" = the device's default)
+  std::string quant_activations;  // --quant-activations int8|f32 ("" = the environment's, else int8)
   int64_t max_pending_requests = 1024;
   int64_t max_waiting_requests = -1;  // >= 0: live bound = max_num_seqs + this
   int max_executor_restarts = 3;
@@ -58,6 +59,7 @@ struct ServeOptions {
 };
 
 int run_serve(const ServeOptions& given) {
+  apply_quant_activations(given.quant_activations);
   ServeOptions o = given;
   const bool default_model = o.model.empty();
   o.model = resolve_model_dir(o.model, "serve");
@@ -253,6 +255,7 @@ void setup(CLI::App& app) {
   sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (the weights' dtype), bf16, f16, f32, fp8 (E4M3)")->capture_default_str();
   add_device_option(sub, &o->device);
   add_cuda_graphs_option(sub, &o->cuda_graphs);
+  add_quant_activations_option(sub, &o->quant_activations);
   auto* pending = sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
                       ->capture_default_str()->check(CLI::Range(1, 1 << 24));
   sub->add_option("--max-waiting-requests", o->max_waiting_requests,

@@ -6,6 +6,8 @@
 
 #include "backend/backend.h"
 #include "backend/device/device_choice.h"
+#include "backend/quant_ops.h"
+#include "core/error.h"
 
 namespace shardlm::cli {
 
@@ -21,6 +23,25 @@ void add_cuda_graphs_option(CLI::App* sub, std::string* value) {
                   "on or off: decode steps replayed from CUDA graphs captured per batch-size bucket (default on "
                   "with --device cuda at TP = PP = 1; refused on the CPU, which has no graphs)")
       ->check(CLI::IsMember({"on", "off"}));
+}
+
+void add_quant_activations_option(CLI::App* sub, std::string* value) {
+  sub->add_option("--quant-activations", *value,
+                  "int8 or f32: AWQ/GPTQ matmuls quantize the activations to int8 per 32 inputs and use VNNI dot "
+                  "products (int8, the default), or dequantize the weights to f32 in registers (f32: exact, slower). "
+                  "Default: the SHARDLM_QUANT_ACTIVATIONS environment variable, else int8");
+}
+
+void apply_quant_activations(const std::string& flag) {
+  if (flag.empty()) {
+    backend::default_quant_activations();  // throws for a bad SHARDLM_QUANT_ACTIVATIONS
+    return;
+  }
+  if (flag != "int8" && flag != "f32")
+    fail(ErrorCode::kInvalidArgument, "--quant-activations '", flag,
+         "': use int8 (int8 activations with VNNI dot products, the default) or f32 (weights dequantized to f32)");
+  backend::set_default_quant_activations(flag == "int8" ? backend::QuantActivations::kInt8
+                                                        : backend::QuantActivations::kF32);
 }
 
 Device device_for_thread_ranks(const std::string& flag, int n_ranks) {

@@ -28,6 +28,14 @@ Device device_for_thread_ranks(const std::string& flag, int n_ranks);
 // GPUs), from OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE.
 Device device_for_mpi_process(const std::string& flag);
 
+// Adds --quant-activations int8|f32: how AWQ/GPTQ matmuls take the
+// activations (backend/quant_ops.h). Default: SHARDLM_QUANT_ACTIVATIONS, else int8.
+void add_quant_activations_option(CLI::App* sub, std::string* value);
+// Sets the process's choice from the flag, or checks the environment variable
+// when the flag is empty, so that a bad value stops the command before any
+// model is loaded. Throws Error(kInvalidArgument) naming the flag or variable.
+void apply_quant_activations(const std::string& flag);
+
 // --kv-cache-dtype when the user gave none: f32 on the CPU (exact), bf16 on a
 // GPU (the only cache dtype its kernels have).
 DType default_kv_dtype(const Device& device);

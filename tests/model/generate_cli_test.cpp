@@ -206,3 +206,45 @@ TEST_F(GenerateCli, MoeRoutingDumpHasTopKPerPositionAndSparseLayers) {
 }
 
 }  // namespace
+
+namespace {
+
+// --quant-activations picks the AWQ kernels' activations: f32 from the flag is
+// f32 from the environment (bit for bit), int8 is the default and differs
+// from f32 where VNNI runs, and a bad value (flag or variable) stops the
+// command, naming it, before the model loads.
+TEST_F(GenerateCli, QuantActivationsFlagChoosesTheKernelsAndRefusesBadValues) {
+  const std::string awq = dir_ + "_awq";
+  Proc r = sh(cli_ + " make-model --like qwen2.5-0.5b --layers 2 --vocab 400 --intermediate 256 --quantize awq --seed 4 "
+              "--out " + awq);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::string base = cli_ + " generate " + awq + " --prompt-ids 3,141,59,26,5 --max-tokens 3 --json --dump-logits ";
+  auto logits = [&](const std::string& env, const std::string& flag, const std::string& name) {
+    Proc g = sh(env + base + awq + "/" + name + ".logits" + flag);
+    EXPECT_EQ(g.rc, 0) << g.out;
+    return read_f32(awq + "/" + name + ".logits");
+  };
+  const auto f32_flag = logits("", " --quant-activations f32", "f32_flag");
+  const auto f32_env = logits("SHARDLM_QUANT_ACTIVATIONS=f32 ", "", "f32_env");
+  const auto int8_flag = logits("SHARDLM_QUANT_ACTIVATIONS=f32 ", " --quant-activations int8", "int8_flag");
+  const auto int8_default = logits("", "", "int8_default");
+  ASSERT_EQ(f32_flag.size(), 400u);
+  EXPECT_EQ(f32_flag, f32_env);
+  EXPECT_EQ(int8_flag, int8_default);  // the flag wins over the environment
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  EXPECT_NE(int8_default, f32_flag);
+#endif
+  r = sh(base + awq + "/bad.logits --quant-activations int4");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--quant-activations 'int4': use int8"), std::string::npos) << r.out;
+  r = sh("SHARDLM_QUANT_ACTIVATIONS=fp16 " + cli_ + " generate /nonexistent --prompt-ids 1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("SHARDLM_QUANT_ACTIVATIONS is 'fp16'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("config.json"), std::string::npos) << r.out;  // refused before the model is read
+  r = sh(cli_ + " perplexity " + awq + " /dev/null --quant-activations x");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--quant-activations 'x'"), std::string::npos) << r.out;
+  std::filesystem::remove_all(awq);
+}
+
+}  // namespace
