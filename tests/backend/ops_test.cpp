@@ -78,6 +78,19 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(std::get<2>(info.param)) + "_k" + std::to_string(std::get<3>(info.param));
     });
 
+// Up to 16 tokens with k a multiple of 32, bf16 on AMX reads the weights in
+// place as the A operand: m not a multiple of 16 (a zero-padded last block)
+// nor of a 64-output work item, one and several items, 8 to 16 tokens.
+INSTANTIATE_TEST_SUITE_P(
+    AmxFewTokens, MatmulTest,
+    ::testing::Combine(::testing::Values(DType::kBF16), ::testing::Values(8, 11, 16), ::testing::Values(16, 100, 200),
+                       ::testing::Values(32, 896), ::testing::Values(false, true)),
+    [](const auto& info) {
+      return std::string(name_of(std::get<0>(info.param))) + "_n" + std::to_string(std::get<1>(info.param)) + "_m" +
+             std::to_string(std::get<2>(info.param)) + "_k" + std::to_string(std::get<3>(info.param)) +
+             (std::get<4>(info.param) ? "_bias" : "");
+    });
+
 class DTypeTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(DTypeTest, RmsNormMatchesReference) {
