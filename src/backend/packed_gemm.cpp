@@ -85,7 +85,7 @@ void pack_panel(const Src& src, int64_t m, int64_t j0, int64_t k0, int64_t kc, f
         for (int r = 0; r < 16; ++r) v[r] = src.load(j0 + g + r, k0 + i_done);
         transpose(v);
         if constexpr (Src::kScaled)
-          for (int c = 0; c < 16; ++c) v[c] = _mm512_mul_ps(v[c], loadx(scale + g));
+          for (int c = 0; c < 16; ++c) v[c] = mulv(v[c], loadx(scale + g));
         for (int c = 0; c < 16; ++c) storex(panel + (i_done + kTransposedColumn[c]) * kNR + g, v[c]);
       }
   }

@@ -322,69 +322,77 @@ void awq_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
   }
 }
 
-// ---- FP8 E4M3: weight [n_out, n_in] row-major, like a dense matrix ----
-// Bytes widen through f16 to the value × 2^-8 (simd.h's kFp8F16Rebias: never
-// an f32 subnormal); the block scale carries the 2^8 back.
-inline __m512 fp8_lanes(const uint8_t* p, __mmask16 m) {
-  const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, p)), 7);
-  return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(simd::kFp8F16Mask)));
-}
+#endif
 
+#ifdef SHARDLM_SIMD
+// ---- FP8 E4M3: weight [n_out, n_in] row-major, like a dense matrix ----
+// AVX-512 or AVX2 (simd.h's Vec). Bytes widen through f16 to the value × 2^-8
+// (simd.h's kFp8F16Rebias: never an f32 subnormal); the block scale carries
+// the 2^8 back.
 constexpr int64_t kFp8PrefetchBytes = 512;
 
 // y[t, j] for RB weight rows from j0 and TB tokens from t0: each row's bytes
-// are widened once per 16 lanes and used for TB tokens. One token: per scale
+// are widened once per vector and used for TB tokens. One token: per scale
 // block along k, the sums are scaled into totals (RB + RB registers). More
 // tokens: each widened vector is scaled by its row's block scale first, so
-// RB × TB accumulators + RB scales + TB x vectors stay within AVX-512's 32
-// registers for the (8, 2) and (4, 4) tiles.
+// RB × TB accumulators + RB scales + TB x vectors fit the register file (32
+// zmm: the (8, 2) and (4, 4) tiles; 16 ymm: (4, 2)).
 template <int RB, int TB>
 void fp8_tile(const float* x, const QuantMatrixView& w, int64_t j0, int64_t t0, float* y) {
+  using namespace simd;
   constexpr bool kScaleSums = TB == 1;
   const int64_t K = w.n_in, N = w.n_out, bk = w.block_k;
   const uint8_t* row[RB];
   for (int r = 0; r < RB; ++r) row[r] = w.weight + (j0 + r) * K;
-  __m512 tot[RB][TB];
+  Vec tot[RB][TB];
+  float tail[RB][TB] = {};
   for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < TB; ++t) tot[r][t] = _mm512_setzero_ps();
+    for (int t = 0; t < TB; ++t) tot[r][t] = zerov();
   // Scale blocks along k: [kb, ke) is block (kb + col_offset) / bk.
   for (int64_t kb = 0; kb < K;) {
     const int64_t blk = (kb + w.col_offset) / bk;
     const int64_t ke = std::min(K, (blk + 1) * bk - w.col_offset);
-    __m512 scale[RB];
+    float scale1[RB];
+    Vec scale[RB];
     for (int r = 0; r < RB; ++r) {
       const int64_t si = ((j0 + r + w.row_offset) / w.block_n) * w.scale_cols + blk;
-      scale[r] = _mm512_set1_ps(load_as_f32(w.scales, w.scales_dtype, static_cast<size_t>(si)) * simd::kFp8F16Rebias);
+      scale1[r] = load_as_f32(w.scales, w.scales_dtype, static_cast<size_t>(si));
+      scale[r] = setv(scale1[r] * kFp8F16Rebias);
     }
-    __m512 block_acc[RB][TB];
+    Vec block_acc[RB][TB];
     for (int r = 0; r < RB; ++r)
-      for (int t = 0; t < TB; ++t) block_acc[r][t] = _mm512_setzero_ps();
-    __m512 (&acc)[RB][TB] = kScaleSums ? block_acc : tot;
-    for (int64_t i = kb; i < ke; i += 16) {
-      const __mmask16 m = lanes_mask(ke - i);
-      __m512 xv[TB];
-      for (int t = 0; t < TB; ++t) xv[t] = _mm512_maskz_loadu_ps(m, x + (t0 + t) * K + i);
+      for (int t = 0; t < TB; ++t) block_acc[r][t] = zerov();
+    Vec (&acc)[RB][TB] = kScaleSums ? block_acc : tot;
+    int64_t i = kb;
+    for (; i + kLanes <= ke; i += kLanes) {
+      Vec xv[TB];
+      for (int t = 0; t < TB; ++t) xv[t] = loadx(x + (t0 + t) * K + i);
       for (int r = 0; r < RB; ++r) {
         // As in the dense GEMV: the hardware prefetcher stops at 4 KiB pages.
-        if (i % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(row[r] + i + kFp8PrefetchBytes), _MM_HINT_T0);
-        __m512 wv = fp8_lanes(row[r] + i, m);
-        if constexpr (!kScaleSums) wv = _mm512_mul_ps(wv, scale[r]);
-        for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+        if (i % 64 == 0) prefetch(row[r] + i + kFp8PrefetchBytes);
+        Vec wv = load_fp8_over_256(row[r] + i);
+        if constexpr (!kScaleSums) wv = mulv(wv, scale[r]);
+        for (int t = 0; t < TB; ++t) acc[r][t] = fmav(wv, xv[t], acc[r][t]);
       }
     }
+    for (; i < ke; ++i)  // a block edge or the row's end off the vector width
+      for (int r = 0; r < RB; ++r) {
+        const float wv = f8e4m3_to_f32(row[r][i]) * scale1[r];
+        for (int t = 0; t < TB; ++t) tail[r][t] += wv * x[(t0 + t) * K + i];
+      }
     if constexpr (kScaleSums)
       for (int r = 0; r < RB; ++r)
-        for (int t = 0; t < TB; ++t) tot[r][t] = _mm512_fmadd_ps(block_acc[r][t], scale[r], tot[r][t]);
+        for (int t = 0; t < TB; ++t) tot[r][t] = fmav(block_acc[r][t], scale[r], tot[r][t]);
     kb = ke;
   }
   for (int t = 0; t < TB; ++t)
-    for (int r = 0; r < RB; ++r) y[(t0 + t) * N + j0 + r] = _mm512_reduce_add_ps(tot[r][t]);
+    for (int r = 0; r < RB; ++r) y[(t0 + t) * N + j0 + r] = hsum(tot[r][t]) + tail[r][t];
 }
 
 template <int RB>
 void fp8_rows(const float* x, int64_t n, const QuantMatrixView& w, int64_t j0, float* y) {
   // Several tokens per pass unpack each weight vector once for all of them.
-  constexpr int kTB = RB >= 8 ? 2 : 4;
+  constexpr int kTB = simd::kLanes == 16 && RB < 8 ? 4 : 2;
   int64_t t = 0;
   for (; t + kTB <= n; t += kTB) fp8_tile<RB, kTB>(x, w, j0, t, y);
   for (; t + 2 <= n; t += 2) fp8_tile<RB, 2>(x, w, j0, t, y);
@@ -411,11 +419,10 @@ void fp8_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
   // scaled as they are packed (backend/packed_gemm.h).
   if (n >= packed_matmul_min_tokens(DType::kF32) && packed_fp8_available(w)) return packed_matmul_fp8(x, n, w, y);
   // Up to 3 tokens, 8 rows in flight keep more DRAM requests outstanding
-  // (as the dense GEMV).
-  if (n < 4) return fp8_row_blocks<8>(x, n, w, y);
+  // (as the dense GEMV; AVX2's 16 registers take 4).
+  if (n < 4 && simd::kLanes == 16) return fp8_row_blocks<8>(x, n, w, y);
   fp8_row_blocks<4>(x, n, w, y);
 }
-
 #endif
 
 
@@ -483,6 +490,13 @@ void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const Vec
     add_bias(bias, n, w.n_out, y);
     return;
   }
+#ifdef SHARDLM_SIMD
+  if (w.scheme == WeightScheme::kFp8) {
+    fp8_matmul(x, n, w, y);
+    add_bias(bias, n, w.n_out, y);
+    return;
+  }
+#endif
 #ifdef SHARDLM_QUANT_AVX512
   switch (w.scheme) {
     case WeightScheme::kAwq: awq_matmul(x, n, w, y); break;
@@ -490,12 +504,12 @@ void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const Vec
       if (w.bits == 4) gptq_matmul<4>(x, n, w, y);
       else gptq_matmul<8>(x, n, w, y);
       break;
-    case WeightScheme::kFp8: fp8_matmul(x, n, w, y); break;
+    case WeightScheme::kFp8:
     case WeightScheme::kDense: break;
   }
   add_bias(bias, n, w.n_out, y);
 #else
-  ref::quant_matmul(x, n, w, bias, y);
+  ref::quant_matmul(x, n, w, bias, y);  // AWQ and GPTQ without AVX-512: the scalar kernels
 #endif
 }
 

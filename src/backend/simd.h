@@ -56,6 +56,7 @@ inline void storex(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec setv(float a) { return _mm512_set1_ps(a); }
 inline Vec zerov() { return _mm512_setzero_ps(); }
 inline Vec fmav(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec mulv(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline float hsum(Vec v) { return _mm512_reduce_add_ps(v); }
 #elif defined(SHARDLM_AVX2)
 // 8 lanes.
@@ -85,6 +86,7 @@ inline void storex(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec setv(float a) { return _mm256_set1_ps(a); }
 inline Vec zerov() { return _mm256_setzero_ps(); }
 inline Vec fmav(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec mulv(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 inline float hsum(Vec v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
