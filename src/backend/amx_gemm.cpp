@@ -156,20 +156,10 @@ void store_transposed(const float* c_tile, int64_t n, int64_t m, int64_t j0, int
 
 // NB blocks of 16 outputs: a[i] points at block i's first weight row.
 // Tiles: C 0..3, A 4 and 7 (alternating, so a load need not wait for the
-// previous block's products), B hi 5, B lo 6.
-// A tile streams 16 weight rows at once, 64 such streams per item: more than
-// the hardware prefetcher follows, so each row's line kPrefetchSteps tile
-// steps ahead is asked for explicitly.
-constexpr int64_t kPrefetchSteps = 8;
-
-template <int NB>
-inline void prefetch_rows(const uint16_t* const* a, int64_t k, int64_t s) {
-  if (s + kPrefetchSteps >= k / kTileK) return;
-  for (int i = 0; i < NB; ++i)
-    for (int r = 0; r < 16; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(a[i] + r * k + (s + kPrefetchSteps) * kTileK), _MM_HINT_T0);
-}
-
+// previous block's products), B hi 5, B lo 6. No software prefetch: 8 tile
+// steps ahead on each of the 64 row streams measured slower than none
+// (bench/matmul_bench, 16 tokens: lm_head 50% against 81% of the read
+// bandwidth, gate/up 73% against 93%, best of three).
 template <int NB>
 void few_tokens_blocks(const uint16_t* const* a, int64_t k, const uint32_t* b_hi, const uint32_t* b_lo) {
   const int64_t stride = k * 2;
@@ -178,7 +168,6 @@ void few_tokens_blocks(const uint16_t* const* a, int64_t k, const uint32_t* b_hi
   if constexpr (NB > 2) _tile_zero(2);
   if constexpr (NB > 3) _tile_zero(3);
   for (int64_t s = 0; s < k / kTileK; ++s) {
-    prefetch_rows<NB>(a, k, s);
     _tile_loadd(5, b_hi + s * 256, 64);
     _tile_loadd(6, b_lo + s * 256, 64);
     _tile_loadd(4, a[0] + s * kTileK, stride);
