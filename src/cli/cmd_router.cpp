@@ -27,6 +27,9 @@ void setup(CLI::App& app) {
   sub->add_option("--health-interval-ms", opts->health_interval_ms, "Backend health check period")->capture_default_str();
   sub->add_option("--threads-http", opts->n_http_threads, "Client connections served at once (threads start on demand)")
       ->capture_default_str()->check(CLI::Range(2, 1 << 16));
+  sub->add_option("--request-start-timeout", opts->request_start_timeout_s,
+                  "Seconds a new client connection may stay silent before it gets 408")
+      ->capture_default_str()->check(CLI::Range(1, 86400));
   sub->add_option("--max-attempts", opts->max_attempts, "Backends tried per request")->capture_default_str()->check(CLI::Range(1, 100));
   set_command_action(sub, [opts] {
     server::raise_open_file_limit();  // a client and an upstream socket per request

@@ -51,6 +51,7 @@ struct ServeOptions {
   std::string debug_fail = "";  // RANK:BATCH (test hook)
   int http_threads = 0;         // 0: sized from max-num-seqs and max-pending-requests
   size_t max_body_bytes = 8u << 20;
+  int request_start_timeout_s = 60;
   std::string tool_call_parser;   // "": from the chat template
   std::string reasoning_parser;
   std::string generation_config = "auto";
@@ -156,6 +157,7 @@ int run_serve(const ServeOptions& given) {
   so.served_model_names = names;
   so.api_key = api_key;
   so.max_body_bytes = o.max_body_bytes;
+  so.request_start_timeout_s = o.request_start_timeout_s;
   // One HTTP thread holds one connection for its whole request, so every
   // request the engine may hold (running + waiting) needs one, plus a few
   // for /health, /metrics and the 429s beyond the bound.
@@ -271,6 +273,9 @@ void setup(CLI::App& app) {
   sub->add_option("--debug-fail-rank-at-batch", o->debug_fail, "Test hook: RANK:BATCH makes that rank fail once")
       ->group("");
   sub->add_option("--max-request-body-bytes", o->max_body_bytes, "Larger bodies get 413")->capture_default_str();
+  sub->add_option("--request-start-timeout", o->request_start_timeout_s,
+                  "Seconds a new connection may stay silent before it gets 408")
+      ->capture_default_str()->check(CLI::Range(1, 86400));
   sub->add_option("--shutdown-grace-seconds", o->shutdown_grace_s, "On SIGINT/SIGTERM, time in-flight requests get to finish")
       ->capture_default_str()->check(CLI::Range(0.0, 3600.0));
   sub->add_option("--tool-call-parser", o->tool_call_parser,

@@ -111,6 +111,7 @@ HttpServer::HttpServer(ServingBackend& backend, ServerOptions options)
   const int n_threads = std::max(2, options_.n_http_threads);
   http_->new_task_queue = [n_threads] { return new WorkerPool(static_cast<size_t>(n_threads)); };
   http_->set_payload_max_length(options_.max_body_bytes);
+  http_->set_request_start_timeout(std::chrono::seconds(options_.request_start_timeout_s));
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
   http_->set_tcp_nodelay(true);

@@ -20,12 +20,15 @@ class Server;
 
 namespace shardlm::server {
 
+class ConnectionServer;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback unless told otherwise
   int port = 8000;                 // 0: any free port (see HttpServer::port())
   std::vector<std::string> served_model_names;  // first is reported by /v1/models
   std::string api_key;             // empty: no authentication
   size_t max_body_bytes = 8u << 20;  // larger bodies get 413
+  int request_start_timeout_s = 60;  // a new connection silent this long gets 408
   int n_http_threads = 1040;       // open connections served at once (threads start on demand); more wait in the accept queue
   RequestLimits limits;
   ApiOptions api;                  // tool-call / reasoning parsers, generation defaults
@@ -59,7 +62,7 @@ class HttpServer {
 
   ServingBackend& backend_;
   ServerOptions options_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<ConnectionServer> http_;
   int port_ = 0;
   std::shared_ptr<int> listen_fd_;
   std::atomic<bool> draining_{false};

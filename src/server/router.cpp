@@ -101,6 +101,11 @@ Router::Router(RouterOptions options)
   const int n_threads = std::max(2, options_.n_http_threads);
   http_->new_task_queue = [n_threads] { return new WorkerPool(static_cast<size_t>(n_threads)); };
   http_->set_payload_max_length(options_.max_body_bytes);
+  // As serve: a slow client's request is waited for, not closed after
+  // httplib's 5 s defaults.
+  http_->set_request_start_timeout(std::chrono::seconds(options_.request_start_timeout_s));
+  http_->set_read_timeout(30, 0);
+  http_->set_write_timeout(30, 0);
   listen_fd_ = configure_listener(*http_);
   install_routes();
 }

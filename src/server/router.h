@@ -23,6 +23,8 @@ class Server;
 
 namespace shardlm::server {
 
+class ConnectionServer;
+
 struct BackendAddress {
   std::string host;
   int port = 80;
@@ -42,6 +44,7 @@ struct RouterOptions {
   int max_attempts = 3;               // per request, over different backends
   int n_http_threads = 2048;          // open client connections served at once (threads start on demand)
   size_t max_body_bytes = 8u << 20;
+  int request_start_timeout_s = 60;   // a new connection silent this long gets 408
   RoutingOptions routing;
 };
 
@@ -67,7 +70,7 @@ class Router {
   RouterOptions options_;
   std::vector<BackendAddress> backends_;
   RoutingPolicy policy_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<ConnectionServer> http_;
   int port_ = 0;
   std::shared_ptr<int> listen_fd_;
   std::unique_ptr<std::atomic<int64_t>[]> requests_;

@@ -6,8 +6,10 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace shardlm::testing {
@@ -40,5 +42,21 @@ int free_loopback_port();
 // whose stdout and stderr go to log_path; returns its pid. The caller waits
 // for it (waitpid) or kills it.
 pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log_path);
+
+// Polls `done` until it holds, or `limit` passes (then false). For states
+// that send no event (a gauge in /metrics, another process, a counter in a
+// fake), polled often enough not to add latency. `limit` is a deadline for
+// a broken test, never a timing: the caller's failure message says what it
+// waited for.
+template <class Condition>
+bool wait_until(Condition done, std::chrono::milliseconds limit = std::chrono::seconds(60),
+                std::chrono::milliseconds every = std::chrono::milliseconds(2)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return done();
+    std::this_thread::sleep_for(every);
+  }
+  return true;
+}
 
 }  // namespace shardlm::testing
