@@ -204,7 +204,14 @@ TEST(BenchCli, SigintPrintsWhatWasMeasured) {
   pid_t pid = spawn_cli({"--base-url", server.base_url(), "--num-prompts", "40", "--max-concurrency", "2",
                          "--input-len", "8", "--save-result", json_path},
                         out, err);
-  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  // With --max-concurrency 2, request 5 leaves only after 3 have completed:
+  // its arrival means "some were measured, most were not", whatever the
+  // machine's speed (an ASan binary can take a second just to start).
+  if (!server.wait_for_requests(5)) {
+    kill(pid, SIGKILL);
+    finish(pid, out, err);
+    FAIL() << "waited 120 s for `shardlm bench` to send its 5th request; the server saw " << server.n_requests();
+  }
   kill(pid, SIGINT);
   CliRun r = finish(pid, out, err);
   EXPECT_EQ(r.exit_code, 130) << r.out << r.err;

@@ -13,6 +13,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -52,7 +54,14 @@ class FakeOpenAiServer {
     port_ = server_.bind_to_any_port("127.0.0.1");
     if (port_ <= 0) throw std::runtime_error("fake server: cannot bind 127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // httplib 0.11 has no "ready" event: poll is_running() (stop() before the
+    // accept loop starts would be lost, and the destructor's join would hang).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!server_.is_running()) {
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error("fake server: the accept loop did not start within 60 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   ~FakeOpenAiServer() {
@@ -63,6 +72,30 @@ class FakeOpenAiServer {
   int port() const { return port_; }
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int n_requests() const { return n_requests_.load(); }
+
+  // Blocks until n requests have arrived, or `limit` passes (a deadline for
+  // a broken test, not a timing: returns false, and the caller says what it
+  // was waiting for).
+  bool wait_for_requests(int n, std::chrono::seconds limit = std::chrono::seconds(120)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return arrived_.wait_for(lock, limit, [&] { return n_requests_.load() >= n; });
+  }
+
+  // When the server really received each request and wrote each of its
+  // token events, on the steady clock: what a client measured can be
+  // compared with what the server did, however late a loaded machine made
+  // the server's sleeps.
+  struct Timeline {
+    nlohmann::json body;
+    std::chrono::steady_clock::time_point arrived;
+    std::vector<std::chrono::steady_clock::time_point> token_sent;  // [n_tokens], after each write returned
+  };
+  std::vector<Timeline> timelines() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Timeline> out;
+    for (const auto& t : timelines_) out.push_back(*t);
+    return out;
+  }
 
   std::vector<nlohmann::json> bodies() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -80,13 +113,19 @@ class FakeOpenAiServer {
  private:
   void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
     auto t0 = std::chrono::steady_clock::now();
-    int index = ++n_requests_;
+    auto timeline = std::make_shared<Timeline>();
+    timeline->arrived = t0;
+    int index = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       bodies_.push_back(nlohmann::json::parse(req.body, nullptr, false));
+      timeline->body = bodies_.back();
       paths_.push_back(req.path);
       auth_.push_back(req.get_header_value("Authorization"));
+      timelines_.push_back(timeline);
+      index = ++n_requests_;
     }
+    arrived_.notify_all();
     if (options_.fail_every > 0 && index % options_.fail_every == 0) {
       res.status = 500;
       res.set_content(R"({"error": {"message": "scripted failure", "type": "server_error"}})",
@@ -94,7 +133,8 @@ class FakeOpenAiServer {
       return;
     }
     FakeServerOptions o = options_;
-    res.set_chunked_content_provider("text/event-stream", [o, t0, chat](size_t, httplib::DataSink& sink) {
+    res.set_chunked_content_provider("text/event-stream", [this, o, t0, chat, timeline](size_t,
+                                                                                        httplib::DataSink& sink) {
       auto emit = [&](const std::string& event) {
         if (!o.split_events) return sink.write(event.data(), event.size());
         size_t half = event.size() / 2;
@@ -112,6 +152,8 @@ class FakeOpenAiServer {
           chunk["choices"] = {{{"index", 0}, {"text", piece}, {"finish_reason", nullptr}}};
         chunk["usage"] = nullptr;
         if (!emit("data: " + chunk.dump() + "\n\n")) return false;
+        std::lock_guard<std::mutex> lock(mu_);
+        timeline->token_sent.push_back(std::chrono::steady_clock::now());
       }
       if (o.send_usage) {
         nlohmann::json usage = {{"choices", nlohmann::json::array()},
@@ -133,6 +175,8 @@ class FakeOpenAiServer {
   int port_ = 0;
   std::atomic<int> n_requests_{0};
   std::mutex mu_;
+  std::condition_variable arrived_;
+  std::vector<std::shared_ptr<Timeline>> timelines_;
   std::vector<nlohmann::json> bodies_;
   std::vector<std::string> paths_;
   std::vector<std::string> auth_;
