@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# shardlm and the model tests default libgomp to passive waiting by starting
+# again with it set; set here, every process of the suite starts once.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 jobs=$(nproc)
 
 # Compiling is most of the suite's time on a 2-core machine, so neither pass

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -41,14 +42,28 @@ std::vector<std::string> rewrite_vllm_short_flags(int argc, char** argv) {
   return args;
 }
 
+// The subcommands whose work runs OpenMP teams (model forward passes,
+// kernels); the first argument names the subcommand.
+bool runs_model_kernels(int argc, char** argv) {
+  if (argc < 2) return false;
+  const std::string command = argv[1];
+  for (const char* name : {"serve", "generate", "perplexity", "quantize", "doctor"})
+    if (command == name) return true;
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // libgomp reads OMP_WAIT_POLICY when it loads, before main: to default it
   // to passive, set it and start again. Spinning worker teams of several rank
   // threads (and the HTTP threads) on few cores stall each other for seconds;
-  // OMP_WAIT_POLICY=active in the environment keeps the spinning.
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+  // OMP_WAIT_POLICY=active in the environment keeps the spinning. Only the
+  // commands that run a model's kernels start again: a second start costs a
+  // whole process start-up (a second under ASan), which bench, router, plan,
+  // verify and the rest need not pay. (A .preinit_array setenv cannot do it:
+  // libc resets environ from the original block after preinit functions.)
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && runs_model_kernels(argc, argv)) {
     setenv("OMP_WAIT_POLICY", "passive", 1);
     execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
   }
