@@ -13,6 +13,18 @@ namespace {
 
 server::Router* g_router = nullptr;
 
+// --api-key '' (an unset variable in a unit file) would turn authentication
+// off without a word: refuse it as a usage error.
+CLI::Validator non_empty_api_key() {
+  return CLI::Validator(
+      [](std::string& key) {
+        return key.empty() ? std::string("an empty key would turn authentication off (an unset variable?); "
+                                         "give a key, or leave out --api-key to serve without one")
+                           : std::string();
+      },
+      "KEY", "non-empty");
+}
+
 void on_signal(int) {
   if (g_router) std::thread([] { g_router->stop(); }).detach();
 }
@@ -23,7 +35,7 @@ void setup(CLI::App& app) {
   sub->add_option("--backend", opts->backends, "Base URL of a replica, e.g. http://10.0.0.2:8000 (repeat)")->required();
   sub->add_option("--host", opts->host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", opts->port, "Port to listen on")->capture_default_str();
-  sub->add_option("--api-key", opts->api_key, "Require this key from clients (and pass it on)");
+  sub->add_option("--api-key", opts->api_key, "Require this key from clients (and pass it on)")->check(non_empty_api_key());
   sub->add_option("--health-interval-ms", opts->health_interval_ms, "Backend health check period")->capture_default_str();
   sub->add_option("--threads-http", opts->n_http_threads, "Client connections served at once (threads start on demand)")
       ->capture_default_str()->check(CLI::Range(2, 1 << 16));

@@ -23,6 +23,18 @@
 namespace shardlm::cli {
 namespace {
 
+// --api-key '' (an unset variable in a unit file) would turn authentication
+// off without a word: refuse it as a usage error.
+CLI::Validator non_empty_api_key() {
+  return CLI::Validator(
+      [](std::string& key) {
+        return key.empty() ? std::string("an empty key would turn authentication off (an unset variable?); "
+                                         "give a key, or leave out --api-key to serve without one")
+                           : std::string();
+      },
+      "KEY", "non-empty");
+}
+
 struct ServeOptions {
   std::string model;
   std::string host = "127.0.0.1";
@@ -147,8 +159,15 @@ int run_serve(const ServeOptions& given) {
   mpi.attach(&bo);
 
   std::string api_key = o.api_key;
-  if (api_key.empty())
-    if (const char* env = std::getenv("SHARDLM_API_KEY")) api_key = env;
+  if (api_key.empty()) {
+    if (const char* env = std::getenv("SHARDLM_API_KEY")) {
+      // Set but empty (an unset variable in a unit file): refusing beats serving without authentication.
+      if (*env == '\0')
+        fail(ErrorCode::kInvalidArgument, "$SHARDLM_API_KEY is set but empty, which would turn authentication off; "
+                                          "set a key, or unset the variable to serve without one");
+      api_key = env;
+    }
+  }
 
   server::EngineBackend backend(bo);
   server::ServerOptions so;
@@ -229,7 +248,8 @@ void setup(CLI::App& app) {
   sub->add_option("--host", o->host, "Address to bind (loopback unless you say otherwise)")->capture_default_str();
   sub->add_option("--port", o->port, "Port")->capture_default_str()->check(CLI::Range(0, 65535));
   sub->add_option("--served-model-name", o->served_model_names, "Name(s) clients use for the model (default: the path, or shardlm-demo for the demo model)");
-  sub->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (also $SHARDLM_API_KEY)");
+  sub->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (also $SHARDLM_API_KEY)")
+      ->check(non_empty_api_key());
   sub->add_option("--max-model-len", o->max_model_len, "Context length (default: what the KV cache holds, capped by the model)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   sub->add_option("--max-num-seqs", o->max_num_seqs, "Sequences per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));

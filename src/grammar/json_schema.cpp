@@ -20,6 +20,7 @@ using json = nlohmann::ordered_json;
 
 // Hard limit on object/array nesting of a schema itself (not recursion).
 constexpr int kMaxSchemaNesting = 64;
+constexpr int kMaxSchemaWalk = 256;  // value() calls open at once: bounds the C++ stack
 
 const std::set<std::string>& annotation_keywords() {
   static const std::set<std::string> k = {"title",      "description", "default",  "examples", "$schema",
@@ -365,6 +366,16 @@ class Converter {
 
   int32_t value(const json& s, const std::string& path, int32_t next) {
     if (next == kEmpty) return kEmpty;
+    // Every schema walk recurses here: through $ref chains over many
+    // definitions and anyOf inside anyOf too, which Nest does not count.
+    struct Walk {
+      int* n;
+      Walk(int* count, Converter* c, const std::string& p) : n(count) {
+        if (++*n > kMaxSchemaWalk) c->unsupported(p, str_cat("the schema nests more than ", kMaxSchemaWalk,
+                                                             " subschemas deep (through $ref, anyOf, properties, items)"));
+      }
+      ~Walk() { --*n; }
+    } walk(&walk_depth_, this, path);
     if (s.is_boolean()) return s.get<bool>() ? any_value(depth_, next) : kEmpty;
     if (!s.is_object()) invalid(path, "a schema must be an object or a boolean");
     for (auto it = s.begin(); it != s.end(); ++it)
@@ -430,6 +441,7 @@ class Converter {
   }
 
   int depth_ = 0;
+  int walk_depth_ = 0;  // value() calls open
 
  private:
   NfaBuilder& b_;

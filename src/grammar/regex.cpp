@@ -66,6 +66,23 @@ NodePtr chars_node(Ranges r) {
   return n;
 }
 
+// The parser and the emitter recurse once per group and once per stacked
+// quantifier, so a client's 50,000 '(' or 'a' followed by 100,000 '*' would
+// exhaust the stack. Real patterns nest a handful of groups; Python and
+// ECMAScript refuse even two quantifiers in a row ("multiple repeat"), which
+// we accept up to a short run.
+constexpr int kMaxRegexNesting = 64;      // groups inside groups
+constexpr int kMaxQuantifierRun = 8;      // quantifiers on one atom: a*+?{2}
+constexpr size_t kMaxQuotedPattern = 80;  // bytes of the pattern an error message quotes
+
+// The pattern as an error message quotes it: a client may send megabytes.
+std::string quoted(std::string_view p) {
+  if (p.size() <= kMaxQuotedPattern) return std::string(p);
+  size_t cut = kMaxQuotedPattern;
+  while (cut > 0 && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) --cut;
+  return str_cat(p.substr(0, cut), "... (", p.size(), " bytes)");
+}
+
 class Parser {
  public:
   Parser(std::string_view p, std::string_view what) : p_(p), what_(what) {}
@@ -79,11 +96,11 @@ class Parser {
 
  private:
   [[noreturn]] void bad(const std::string& msg) const {
-    fail(ErrorCode::kInvalidArgument, what_, ": invalid regular expression at offset ", i_, " of '", std::string(p_),
+    fail(ErrorCode::kInvalidArgument, what_, ": invalid regular expression at offset ", i_, " of '", quoted(p_),
          "': ", msg);
   }
   [[noreturn]] void unsupported(const std::string& construct) const {
-    fail(ErrorCode::kUnsupported, what_, ": the regular expression '", std::string(p_), "' uses ", construct,
+    fail(ErrorCode::kUnsupported, what_, ": the regular expression '", quoted(p_), "' uses ", construct,
          " (offset ", i_, "), which the grammar engine does not support");
   }
   bool peek(char c) const { return i_ < p_.size() && p_[i_] == c; }
@@ -232,7 +249,9 @@ class Parser {
   }
 
   NodePtr parse_quantifier(NodePtr atom) {
-    for (;;) {
+    for (int run = 0;; ++run) {
+      if (run == kMaxQuantifierRun && (peek('*') || peek('+') || peek('?') || peek('{')))
+        bad(str_cat("more than ", kMaxQuantifierRun, " quantifiers in a row on one item (the limit on stacked quantifiers)"));
       int64_t min = 0, max = -1;
       if (peek('*')) {
         ++i_;
@@ -291,9 +310,12 @@ class Parser {
           unsupported("an inline flag or special group (?...)");
         }
       }
+      if (++depth_ > kMaxRegexNesting)
+        bad(str_cat("groups are nested deeper than ", kMaxRegexNesting, " levels (the limit on regex nesting)"));
       NodePtr inner = parse_alt();
       if (!peek(')')) bad("missing ')'");
       ++i_;
+      --depth_;
       return inner;
     }
     if (c == '[') {
@@ -318,6 +340,7 @@ class Parser {
   std::string_view p_;
   std::string_view what_;
   size_t i_ = 0;
+  int depth_ = 0;  // groups open at i_
 };
 
 // The escaped spelling JSON needs for a code point inside a string, or

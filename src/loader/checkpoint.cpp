@@ -35,17 +35,17 @@ bool ends_with(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
 }
 
-// A file name the index may name: a plain name inside the model directory.
-bool plain_file_name(const std::string& name) {
-  return !name.empty() && name.find('/') == std::string::npos && name.find('\\') == std::string::npos &&
-         name != "." && name != "..";
-}
 
 std::string plural(size_t n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
 }
 
 }  // namespace
+
+bool is_plain_file_name(std::string_view name) {
+  return !name.empty() && name.find('/') == std::string_view::npos && name.find('\\') == std::string_view::npos &&
+         name.find('\0') == std::string_view::npos && name != "." && name != "..";
+}
 
 Checkpoint Checkpoint::inspect(const fs::path& dir) {
   std::error_code ec;
@@ -97,7 +97,7 @@ void Checkpoint::scan() {
     } else {
       index_usable = true;
       for (const auto& [tensor, file] : map->items()) {
-        if (!file.is_string() || !plain_file_name(file.get<std::string>())) {
+        if (!file.is_string() || !is_plain_file_name(file.get<std::string>())) {
           problems.push_back(make_problem(
               Severity::kError, ErrorCode::kCorruptFile, kWeightsIndexFile, tensor,
               str_cat("weight_map entry for tensor ", tensor, " is ", file.dump(),

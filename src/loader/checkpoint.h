@@ -25,6 +25,11 @@ namespace shardlm {
 constexpr const char* kSingleWeightsFile = "model.safetensors";
 constexpr const char* kWeightsIndexFile = "model.safetensors.index.json";
 
+// A name an index (or a config) may give for a file of the model: a plain
+// file name inside the model directory. Not "../x", "/etc/x", "a/b", "." or
+// "..", nor a name with a NUL: reading one of those would reach outside.
+bool is_plain_file_name(std::string_view name);
+
 class Checkpoint {
  public:
   // Opens and checks every weight file; throws an Error carrying the first

@@ -14,7 +14,10 @@
 namespace shardlm {
 
 MappedFile::MappedFile(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO (or device) in place of a shard would block open()
+  // until a writer came; it is refused below as not a regular file instead.
+  // The flag changes nothing for the regular file that is mapped.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
     if (err == ENOENT) fail(ErrorCode::kNotFound, path.string(), ": no such file");
@@ -28,7 +31,7 @@ MappedFile::MappedFile(const std::filesystem::path& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail(ErrorCode::kIo, path.string(), ": not a regular file");
+    fail(ErrorCode::kIo, path.string(), ": not a regular file (a FIFO, device or directory is never read)");
   }
   size_ = static_cast<uint64_t>(st.st_size);
   if (size_ > 0) {

@@ -234,6 +234,12 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
       fail(ErrorCode::kInvalidArgument, source, ": eos_token_id must be an integer or a list of integers, found ", eos->dump());
     }
   }
+  // The sampler writes -inf at logits[row * vocab + eos] (min_tokens): an id
+  // outside the vocabulary would be a write outside the buffer.
+  for (int64_t id : spec.eos_token_ids)
+    if (id < 0 || id >= spec.vocab_size)
+      fail(ErrorCode::kInvalidArgument, source, ": eos_token_id ", id, " is outside the vocabulary [0, ", spec.vocab_size,
+           ") of vocab_size");
   return spec;
 }
 

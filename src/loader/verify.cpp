@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "loader/checkpoint.h"
+#include "loader/generation_config.h"
 #include "loader/sha256.h"
+#include "core/defaults.h"
 
 namespace shardlm {
 
@@ -73,6 +75,11 @@ void check_tokenizer(const fs::path& dir, VerifyReport* report) {
   if (!fs::is_regular_file(dir / "tokenizer.json")) {
     report->problems.push_back(problem("tokenizer.json", "missing; the server needs it to turn text into tokens",
                                        "download tokenizer.json from the model's repository", ErrorCode::kNotFound));
+  } else if (std::error_code ec; fs::file_size(dir / "tokenizer.json", ec) > kMaxTokenizerFileBytes && !ec) {
+    report->problems.push_back(problem("tokenizer.json",
+                                       str_cat(fs::file_size(dir / "tokenizer.json", ec), " bytes, more than the limit of ",
+                                               kMaxTokenizerFileBytes >> 20, " MiB for a tokenizer file"),
+                                       "download tokenizer.json again", ErrorCode::kInvalidArgument));
   } else if (auto tok = read_json(dir / "tokenizer.json", "tokenizer.json", &report->problems)) {
     const json* vocab = nullptr;
     if (tok->is_object()) {
@@ -97,8 +104,20 @@ void check_tokenizer(const fs::path& dir, VerifyReport* report) {
   }
   if (fs::is_regular_file(dir / "generation_config.json")) {
     if (auto gen = read_json(dir / "generation_config.json", "generation_config.json", &report->problems)) {
-      if (!gen->is_object())
+      if (!gen->is_object()) {
         report->problems.push_back(problem("generation_config.json", "is not a JSON object", "download it again"));
+      } else {
+        // The checks serve makes at load: eos ids inside the vocabulary,
+        // sampling defaults in range.
+        const std::string prefix = (dir / "generation_config.json").string() + ": ";
+        try {
+          if (report->spec) load_eos_token_ids(dir, *report->spec);
+          load_generation_defaults(dir);
+        } catch (const Error& e) {
+          report->problems.push_back(problem("generation_config.json", without_prefix(e.what(), prefix),
+                                             "correct the field or remove it", e.code()));
+        }
+      }
     }
   }
 }

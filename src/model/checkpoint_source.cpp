@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "loader/checkpoint.h"
 #include "loader/safetensors.h"
 #include "model/weight_source.h"
 
@@ -33,6 +34,11 @@ class SafetensorsDirSource final : public WeightSource {
       for (const auto& [name, file] : j["weight_map"].items()) {
         if (!file.is_string())
           fail(ErrorCode::kCorruptFile, index.string(), ": weight_map[\"", name, "\"] must be a file name");
+        // verify refuses it too (Checkpoint::scan): a shard outside the model directory is never opened.
+        if (!is_plain_file_name(file.get<std::string>()))
+          fail(ErrorCode::kCorruptFile, index.string(), ": weight_map[\"", name, "\"] is ",
+               file.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+               ", not the plain name of a file in the model directory");
         paths.insert(dir / file.get<std::string>());
       }
     } else {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/bounded_json.h"
 #include "server/connection_server.h"
 #include "server/listener.h"
 #include "server/worker_pool.h"
@@ -69,6 +70,16 @@ bool cors(const std::vector<std::string>& allowed, const httplib::Request& req, 
   res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
   res.set_header("Access-Control-Max-Age", "600");
   return true;
+}
+
+// "application/json", any case, optionally with parameters ("; charset=utf-8");
+// not a prefix match, which would take application/jsonp.
+bool is_json_media_type(const std::string& header) {
+  std::string type = header.substr(0, header.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.pop_back();
+  while (!type.empty() && (type.front() == ' ' || type.front() == '\t')) type.erase(0, 1);
+  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return type == "application/json";
 }
 
 bool needs_auth(const std::string& path) {
@@ -258,14 +269,10 @@ void HttpServer::install_routes() {
 
   auto json_body = [](const Request& req) {
     std::string type = req.get_header_value("Content-Type");
-    if (type.rfind("application/json", 0) != 0)
-      throw ApiException({415, "Content-Type must be application/json, got '" + type + "'", "invalid_request_error", "", ""});
-    ordered_json body;
-    try {
-      body = ordered_json::parse(req.body);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw ApiException({400, std::string("the request body is not valid JSON: ") + e.what(), "invalid_request_error", "", ""});
-    }
+    if (!is_json_media_type(type))
+      throw ApiException({415, "Content-Type must be application/json, got '" + brief_text(type) + "'",
+                          "invalid_request_error", "", ""});
+    ordered_json body = parse_bounded_json(req.body, "the request body");
     if (!body.is_object()) throw ApiException({400, "the request body must be a JSON object", "invalid_request_error", "", ""});
     return body;
   };
@@ -283,6 +290,11 @@ void HttpServer::install_routes() {
       } catch (const Error& e) {
         int status = e.code() == ErrorCode::kInvalidArgument ? 400 : 500;
         reply_error(res, {status, e.what(), status_type(status), "", ""});
+      } catch (const nlohmann::json::exception& e) {
+        // A reader that took a client's value for the type it expected
+        // (type_error) or an index it lacked (out_of_range): the request's
+        // fault, not ours. The readers name their field; this is the net.
+        reply_error(res, {400, "a request field has the wrong type: " + brief_text(e.what(), 200), "invalid_request_error", "", ""});
       } catch (const std::exception& e) {
         reply_error(res, {500, e.what(), "internal_server_error", "", ""});
       }
@@ -301,7 +313,11 @@ void HttpServer::install_routes() {
       auto p = body.find("prompt");
       if (p == body.end() || !p->is_string())
         throw ApiException({400, "'prompt' (a string) or 'messages' is required", "invalid_request_error", "prompt", ""});
-      bool add_special = body.value("add_special_tokens", true);
+      auto special = body.find("add_special_tokens");
+      if (special != body.end() && !special->is_boolean() && !special->is_null())
+        throw ApiException({400, "'add_special_tokens' must be true or false, got " + brief_json(*special),
+                            "invalid_request_error", "add_special_tokens", ""});
+      bool add_special = special == body.end() || !special->is_boolean() || special->get<bool>();
       ids = backend_.tokenize(p->get<std::string>(), add_special);
     }
     reply_json(res, 200, {{"count", ids.size()}, {"max_model_len", backend_.max_model_len()}, {"tokens", ids}});

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/bounded_json.h"
 #include "server/request_fields.h"
 #include "server/tool_request.h"
 
@@ -29,11 +30,11 @@ double number_param(const ordered_json& body, const char* key, double fallback, 
                     bool lo_open = false) {
   const ordered_json* v = find(body, key);
   if (!v) return fallback;
-  if (!v->is_number()) bad_request(key, str_cat("'", key, "' must be a number, got ", v->dump()));
+  if (!v->is_number()) bad_request(key, str_cat("'", key, "' must be a number, got ", brief_json(*v)));
   double x = v->get<double>();
   bool below = lo_open ? !(x > lo) : !(x >= lo);
   if (below || !(x <= hi) || std::isnan(x))
-    bad_request(key, str_cat("'", key, "' must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", v->dump()));
+    bad_request(key, str_cat("'", key, "' must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", brief_json(*v)));
   return x;
 }
 
@@ -43,23 +44,23 @@ int64_t int_param(const ordered_json& body, const char* key, int64_t fallback, i
   // Accept 3.0 as 3 (some clients serialise integers as floats), nothing fractional.
   if (v->is_number_float()) {
     double d = v->get<double>();
-    if (std::floor(d) != d || std::abs(d) > 9e15) bad_request(key, str_cat("'", key, "' must be an integer, got ", v->dump()));
+    if (std::floor(d) != d || std::abs(d) > 9e15) bad_request(key, str_cat("'", key, "' must be an integer, got ", brief_json(*v)));
     int64_t i = static_cast<int64_t>(d);
-    if (i < lo || i > hi) bad_request(key, str_cat("'", key, "' must be between ", lo, " and ", hi, ", got ", v->dump()));
+    if (i < lo || i > hi) bad_request(key, str_cat("'", key, "' must be between ", lo, " and ", hi, ", got ", brief_json(*v)));
     return i;
   }
-  if (!v->is_number_integer()) bad_request(key, str_cat("'", key, "' must be an integer, got ", v->dump()));
+  if (!v->is_number_integer()) bad_request(key, str_cat("'", key, "' must be an integer, got ", brief_json(*v)));
   if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-    bad_request(key, str_cat("'", key, "' must be between ", lo, " and ", hi, ", got ", v->dump()));
+    bad_request(key, str_cat("'", key, "' must be between ", lo, " and ", hi, ", got ", brief_json(*v)));
   int64_t i = v->get<int64_t>();
-  if (i < lo || i > hi) bad_request(key, str_cat("'", key, "' must be between ", lo, " and ", hi, ", got ", v->dump()));
+  if (i < lo || i > hi) bad_request(key, str_cat("'", key, "' must be between ", lo, " and ", hi, ", got ", brief_json(*v)));
   return i;
 }
 
 bool bool_param(const ordered_json& body, const char* key, bool fallback) {
   const ordered_json* v = find(body, key);
   if (!v) return fallback;
-  if (!v->is_boolean()) bad_request(key, str_cat("'", key, "' must be true or false, got ", v->dump()));
+  if (!v->is_boolean()) bad_request(key, str_cat("'", key, "' must be true or false, got ", brief_json(*v)));
   return v->get<bool>();
 }
 
@@ -82,7 +83,7 @@ ordered_json normalise_messages(const ordered_json& messages) {
     if (content != m.end() && content->is_array()) {
       std::string text;
       for (const auto& part : *content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        if (!part.is_object() || string_field(part, "type") != "text" || !part.contains("text") || !part["text"].is_string())
           bad_request(where + ".content", str_cat(where, ".content: only text parts ({\"type\": \"text\", \"text\": ...}) are supported"));
         text += part["text"].get<std::string>();
       }
@@ -186,7 +187,7 @@ std::vector<std::pair<int32_t, float>> logit_bias_param(const ordered_json& body
                                         vocab > 0 ? std::to_string(vocab - 1) : std::string("vocab size"), "]"));
     if (!it.value().is_number() || !(it.value().get<double>() >= -100.0 && it.value().get<double>() <= 100.0))
       bad_request("logit_bias", str_cat("'logit_bias' value for token ", key, " must be a number in [-100, 100], got ",
-                                        it.value().dump()));
+                                        brief_json(it.value())));
     out.emplace_back(static_cast<int32_t>(id), static_cast<float>(it.value().get<double>()));
   }
   return out;
@@ -196,12 +197,7 @@ std::vector<std::pair<int32_t, float>> logit_bias_param(const ordered_json& body
 
 ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const ServingBackend& backend,
                             const RequestLimits& limits, const ApiOptions& api) {
-  ordered_json body;
-  try {
-    body = ordered_json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    bad_request("", str_cat("the request body is not valid JSON: ", e.what()));
-  }
+  ordered_json body = parse_bounded_json(text, "the request body");
   if (!body.is_object()) bad_request("", "the request body must be a JSON object");
   if (api.check_fields) check_request_fields(endpoint, body);
   const SamplingDefaults defaults = api.generation_config ? backend.sampling_defaults() : SamplingDefaults{};
@@ -295,6 +291,14 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
     ordered_json kwargs = ordered_json::object();
     if (const ordered_json* k = find(body, "chat_template_kwargs")) {
       if (!k->is_object()) bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      // The variables shardlm sets (chat_context) and the template's builtins:
+      // overriding messages would bypass the role checks above.
+      static const char* const kReserved[] = {"messages",  "tools",     "documents",       "add_generation_prompt",
+                                              "bos_token", "eos_token", "raise_exception", "strftime_now"};
+      for (const char* name : kReserved)
+        if (k->contains(name))
+          bad_request("chat_template_kwargs", str_cat("chat_template_kwargs may not set '", name,
+                                                      "': shardlm sets it (send it as a request field, if it is one)"));
       kwargs = *k;
     }
     bool add_generation_prompt = bool_param(body, "add_generation_prompt", true);

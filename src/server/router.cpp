@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/bounded_json.h"
 #include "server/connection_server.h"
 #include "server/listener.h"
 #include "server/worker_pool.h"
@@ -39,10 +40,13 @@ void reply_error(httplib::Response& res, int status, const std::string& message,
 }
 
 // The prompt text that decides affinity, and a cost estimate in tokens.
-void describe(const std::string& body, std::string* prompt, int64_t* cost) {
+// Returns false for a body nested too deep to touch (refused here, as serve
+// would: nlohmann's dump() recurses per level).
+bool describe(const std::string& body, std::string* prompt, int64_t* cost) {
   *cost = 256;
+  if (json_nesting_depth(body, kMaxJsonDepth) > kMaxJsonDepth) return false;
   try {
-    auto j = nlohmann::json::parse(body);
+    auto j = parse_bounded_json(body, "the request body");
     if (auto m = j.find("messages"); m != j.end() && m->is_array()) {
       for (const auto& msg : *m) {
         if (!msg.is_object()) continue;
@@ -59,6 +63,7 @@ void describe(const std::string& body, std::string* prompt, int64_t* cost) {
   } catch (const std::exception&) {
     // The backend will answer the malformed body with its own 400.
   }
+  return true;
 }
 
 httplib::Headers forward_headers(const httplib::Request& req) {
@@ -220,7 +225,9 @@ void Router::install_routes() {
   auto forward_post = [this](const Request& req, Response& res) {
     std::string prompt;
     int64_t cost = 0;
-    describe(req.body, &prompt, &cost);
+    if (!describe(req.body, &prompt, &cost))
+      return reply_error(res, 400, str_cat("the request body is nested deeper than ", kMaxJsonDepth,
+                                           " levels (the limit on JSON nesting)"), "invalid_request_error");
     const std::string content_type = req.get_header_value("Content-Type");
     const httplib::Headers headers = forward_headers(req);
     auto relay = std::make_shared<Relay>();

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "server/bounded_json.h"
 #include "server/serving_backend.h"
 
 namespace shardlm::server {
@@ -79,7 +80,7 @@ std::optional<GrammarSpec> tool_choice(const json& body) {
   const bool required = tc.is_string() && tc == "required";
   std::string named;
   if (!required) {
-    if (!tc.is_object() || tc.value("type", "") != "function" || !tc.contains("function") ||
+    if (!tc.is_object() || string_field(tc, "type") != "function" || !tc.contains("function") ||
         !tc["function"].is_object() || !tc["function"].contains("name") || !tc["function"]["name"].is_string())
       bad("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", "
                          "\"function\": {\"name\": ...}}");
@@ -121,7 +122,7 @@ std::optional<GrammarSpec> parse_structured_output(const json& body, std::string
       if (it.value().is_null()) continue;
       if (it.key() == "json") {
         const json& v = it.value();
-        add(p, v.is_string() ? schema_spec(json::parse(v.get<std::string>(), nullptr, false), p) : schema_spec(v, p));
+        add(p, v.is_string() ? schema_spec(parse_bounded_json(v.get<std::string>(), "'" + p + "'", p), p) : schema_spec(v, p));
       } else if (it.key() == "regex") {
         add(p, regex_spec(it.value(), p));
       } else if (it.key() == "choice") {
@@ -135,7 +136,7 @@ std::optional<GrammarSpec> parse_structured_output(const json& body, std::string
   }
   if (body.contains("guided_json") && !body["guided_json"].is_null()) {
     const json& v = body["guided_json"];
-    add("guided_json", v.is_string() ? schema_spec(json::parse(v.get<std::string>(), nullptr, false), "guided_json")
+    add("guided_json", v.is_string() ? schema_spec(parse_bounded_json(v.get<std::string>(), "'guided_json'", "guided_json"), "guided_json")
                                      : schema_spec(v, "guided_json"));
   }
   if (body.contains("guided_regex") && !body["guided_regex"].is_null())

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/bounded_json.h"
 
 namespace shardlm::server {
 
@@ -19,7 +20,7 @@ ordered_json validate_tools(const ordered_json* tools) {
     const auto& t = (*tools)[i];
     const std::string where = str_cat("tools[", i, "]");
     if (!t.is_object()) bad_request(where, where + " must be an object");
-    if (t.value("type", "") != "function")
+    if (string_field(t, "type") != "function")
       bad_request(where + ".type", str_cat(where, ".type must be \"function\" (the only tool type shardlm supports)"));
     auto f = t.find("function");
     if (f == t.end() || !f->is_object()) bad_request(where + ".function", where + ".function must be an object");
@@ -45,7 +46,7 @@ ToolChoice parse_tool_choice(const ordered_json* v, const ordered_json& tools) {
     else bad_request("tool_choice", str_cat("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}; got \"", s, "\""));
   } else if (v->is_object()) {
     auto f = v->find("function");
-    if (v->value("type", "") != "function" || f == v->end() || !f->is_object() || !f->contains("name") ||
+    if (string_field(*v, "type") != "function" || f == v->end() || !f->is_object() || !f->contains("name") ||
         !(*f)["name"].is_string())
       bad_request("tool_choice", "a named 'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
     c.mode = ToolChoice::Mode::kNamed;
@@ -101,11 +102,8 @@ void normalise_tool_fields(ordered_json* m, const std::string& where) {
     if (!f.contains("name") || !f["name"].is_string()) bad_request(w + ".function.name", w + ".function.name must be a string");
     auto args = f.find("arguments");
     if (args != f.end() && args->is_string()) {
-      try {
-        f["arguments"] = ordered_json::parse(args->get<std::string>());
-      } catch (const nlohmann::json::parse_error&) {
-        bad_request(w + ".function.arguments", w + ".function.arguments must be a JSON object (as a string)");
-      }
+      // Bounded like the body: the template and dump() walk the parsed arguments.
+      f["arguments"] = parse_bounded_json(args->get<std::string>(), w + ".function.arguments", w + ".function.arguments");
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/defaults.h"
 #include "core/error.h"
 #include "tokenizer/added_vocab.h"
 #include "tokenizer/bpe.h"
@@ -54,6 +55,12 @@ nlohmann::json parse_json(std::string_view text, const std::string& source) {
 }
 
 std::string read_file(const std::filesystem::path& path) {
+  // A padded tokenizer.json of 1 GiB would take 3 GiB before failing (core/defaults.h).
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(path, ec);
+  if (!ec && bytes > kMaxTokenizerFileBytes)
+    fail(ErrorCode::kInvalidArgument, path.string(), ": ", bytes, " bytes, more than the limit of ",
+         kMaxTokenizerFileBytes >> 20, " MiB for a tokenizer file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ErrorCode::kIo, path.string(), ": cannot open for reading");
   std::ostringstream buffer;

@@ -285,6 +285,20 @@ TEST_F(ServeFaults, BeyondTheWaitingBoundIs429) {
   EXPECT_EQ(s->stop(), 0) << s->log();
 }
 
+// Issue 21: an unset variable in a unit file (--api-key "$KEY") must not
+// silently turn authentication off.
+TEST_F(ServeFaults, AnEmptyApiKeyIsRefusedAtStart) {
+  auto r = shardlm::testing::run_command("timeout 60 " + cli_ + " serve " + dir_ + " --api-key ''", true);
+  EXPECT_EQ(r.rc, 2) << r.out;  // a usage error
+  EXPECT_NE(r.out.find("an empty key would turn authentication off"), std::string::npos) << r.out;
+  r = shardlm::testing::run_command("SHARDLM_API_KEY= timeout 60 " + cli_ + " serve " + dir_, true);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("$SHARDLM_API_KEY is set but empty"), std::string::npos) << r.out;
+  r = shardlm::testing::run_command("timeout 60 " + cli_ + " router --backend http://127.0.0.1:1 --api-key ''", true);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("an empty key would turn authentication off"), std::string::npos) << r.out;
+}
+
 TEST_F(ServeFaults, ABadHookValueIsRefused) {
   auto r = shardlm::testing::run_command(cli_ + " serve " + dir_ + " --debug-fail-rank-at-batch x1", true);
   EXPECT_EQ(r.rc, 1);

@@ -1,0 +1,271 @@
+// Hostile inputs of issue 21 through the real HTTP server over a scripted
+// backend: each request is refused with a 4xx in OpenAI's error shape that
+// names the limit or the field, and the same server then answers a normal
+// request correctly. Deep inputs are 100,000 levels as strings: they must be
+// refused without recursion (this suite also runs under ASan).
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <string>
+#include <thread>
+#include <nlohmann/json.hpp>
+
+#include "fake_backend.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/grammar_compiler.h"
+#include "server/bounded_json.h"
+#include "server/http_server.h"
+#include "server/structured_output.h"
+
+namespace shardlm::server {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kDeep = 100'000;
+
+std::string deep_array(int n) { return std::string(size_t(n), '[') + std::string(size_t(n), ']'); }
+
+// The fake backend, with a real grammar compiler (byte tokens) so regex and
+// json_schema constraints are compiled as serve compiles them.
+class GrammarBackend : public testing::FakeBackend {
+ public:
+  GrammarBackend() {
+    std::vector<std::string> bytes;
+    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
+    bytes.push_back("");  // 256: the stop token
+    compiler_ = std::make_unique<grammar::GrammarCompiler>(
+        std::make_shared<grammar::TokenVocabulary>(std::move(bytes), std::vector<int32_t>{256}));
+  }
+  std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const grammar::GrammarSpec& spec) const override {
+    return compile_grammar_or_400(*compiler_, spec);
+  }
+
+ private:
+  std::unique_ptr<grammar::GrammarCompiler> compiler_;
+};
+
+class HostileInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_.pace = std::chrono::milliseconds(0);
+    backend_.script = "ok";
+    ServerOptions options;
+    options.port = 0;
+    options.served_model_names = {"tiny"};
+    server_ = std::make_unique<HttpServer>(backend_, options);
+    server_->bind();
+    thread_ = std::thread([this] { server_->run(); });
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client_->set_read_timeout(20, 0);
+  }
+  void TearDown() override {
+    server_->stop(std::chrono::milliseconds(0));
+    thread_.join();
+  }
+
+  httplib::Result post_raw(const std::string& body, const std::string& path = "/v1/chat/completions",
+                           const std::string& type = "application/json") {
+    return client_->Post(path.c_str(), body, type.c_str());
+  }
+  // Asserts a 4xx OpenAI-shaped error whose message holds `needle` and
+  // whose param is `param` (when given); the message must stay short.
+  void expect_refused(const httplib::Result& r, int status, const std::string& needle, const std::string& param = "") {
+    ASSERT_TRUE(r) << "no response: the server died or hung";
+    EXPECT_EQ(r->status, status) << r->body.substr(0, 500);
+    json body = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(body.is_object() && body.contains("error")) << r->body.substr(0, 500);
+    const json& e = body["error"];
+    ASSERT_TRUE(e["message"].is_string());
+    const std::string message = e["message"].get<std::string>();
+    EXPECT_NE(message.find(needle), std::string::npos) << message;
+    EXPECT_LT(message.size(), 1000u) << "an error must not quote an unbounded user value";
+    EXPECT_EQ(e["type"], "invalid_request_error");
+    EXPECT_TRUE(e.contains("param") && e.contains("code"));
+    if (!param.empty()) {
+      EXPECT_EQ(e["param"], param) << message;
+    }
+  }
+  // The same server still answers a normal chat request.
+  void expect_healthy() {
+    json req = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}};
+    auto r = client_->Post("/v1/chat/completions", req.dump(), "application/json");
+    ASSERT_TRUE(r) << "the server no longer answers";
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], "ok");
+  }
+  // A chat request whose `field` is the raw JSON text `value`.
+  static std::string chat_with(const std::string& field, const std::string& value) {
+    return R"({"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":2,")" + field + "\":" + value + "}";
+  }
+
+  GrammarBackend backend_;
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+// --- JSON nesting --------------------------------------------------------
+
+TEST(BoundedJson, DepthScanSkipsStringsAndStopsAtTheLimit) {
+  EXPECT_EQ(json_nesting_depth(R"({"a":[1,{"b":[]}]})", 64), 4);
+  EXPECT_EQ(json_nesting_depth(R"({"a":"[[[[\"[[[["})", 64), 1);  // brackets in a string, escaped quote
+  EXPECT_EQ(json_nesting_depth(R"(["\\"[[])", 64), 3);             // an escaped backslash ends the string
+  EXPECT_EQ(json_nesting_depth(std::string(kDeep, '['), 64), 65);  // stops at limit + 1
+}
+
+TEST(BoundedJson, ParserRefusesDepthAndNamesTheField) {
+  EXPECT_NO_THROW(parse_bounded_json("{\"a\":" + deep_array(63) + "}", "the body"));  // 64 levels in all
+  try {
+    parse_bounded_json("{\"a\":" + deep_array(64) + "}", "the body");
+    FAIL() << "65 levels accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error().status, 400);
+    EXPECT_EQ(e.error().param, "a");
+    EXPECT_NE(e.error().message.find("nested deeper than 64 levels"), std::string::npos) << e.error().message;
+  }
+  try {
+    parse_bounded_json(R"({"x":[1,2,{"y":1e400}]})", "the body");
+    FAIL() << "1e400 accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error().param, "x[2].y");
+  }
+}
+
+TEST_F(HostileInputTest, DeepJsonInAnyFieldIsRefusedWith400) {
+  const std::string deep = deep_array(kDeep);
+  for (const char* field : {"max_tokens", "temperature", "chat_template_kwargs", "no_such_field", "response_format"}) {
+    SCOPED_TRACE(field);
+    expect_refused(post_raw(chat_with(field, deep)), 400, "nested deeper than 64 levels", field);
+    expect_healthy();
+  }
+  // Deep inside a message, and unbalanced (never closed).
+  expect_refused(post_raw(R"({"messages":[{"role":"user","content":"hi","extra":)" + deep + "}]}"), 400,
+                 "nested deeper than 64 levels", "messages");
+  expect_refused(post_raw(std::string(kDeep, '[')), 400, "nested deeper than 64 levels");
+  // Tool parameters, and /tokenize.
+  expect_refused(post_raw(chat_with("tools", R"([{"type":"function","function":{"name":"f","parameters":)" + deep + "}}]")),
+                 400, "nested deeper than 64 levels", "tools");
+  expect_refused(post_raw(R"({"prompt":"hi","x":)" + deep + "}", "/tokenize"), 400, "nested deeper than 64 levels");
+  expect_healthy();
+}
+
+TEST_F(HostileInputTest, DeepJsonInsideAStringIsRefusedNamingTheParameter) {
+  const std::string deep = json(deep_array(kDeep)).dump();  // the JSON text as a JSON string
+  expect_refused(post_raw(chat_with("guided_json", deep)), 400, "nested deeper than 64 levels", "guided_json");
+  expect_healthy();
+  const std::string call = R"({"model":"tiny","max_tokens":2,"messages":[{"role":"user","content":"hi"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function",
+      "function":{"name":"f","arguments":)" + deep + "}}]},{\"role\":\"user\",\"content\":\"again\"}]}";
+  expect_refused(post_raw(call), 400, "nested deeper than 64 levels", "messages[1].tool_calls[0].function.arguments");
+  expect_healthy();
+}
+
+TEST_F(HostileInputTest, NestingUpToTheLimitIsServedAndBracketsInStringsDoNotCount) {
+  // The body is level 1; chat_template_kwargs.a holds 62 more: 64 in all.
+  auto r = post_raw(chat_with("chat_template_kwargs", "{\"a\":" + deep_array(62) + "}"));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+  expect_refused(post_raw(chat_with("chat_template_kwargs", "{\"a\":" + deep_array(63) + "}")), 400,
+                 "nested deeper than 64 levels", "chat_template_kwargs");
+  json req = {{"messages", {{{"role", "user"}, {"content", std::string(kDeep, '[')}}}}, {"max_tokens", 2}};
+  backend_.max_len = 1 << 20;
+  r = post_raw(req.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+}
+
+TEST_F(HostileInputTest, ErrorsQuoteOnlyABriefUserValue) {
+  const std::string huge = json(std::string(200'000, 'x')).dump();
+  expect_refused(post_raw(chat_with("temperature", huge)), 400, "'temperature' must be a number", "temperature");
+  std::string list = "[";
+  for (int i = 0; i < 50'000; ++i) list += "12345678,";
+  list += "1]";
+  expect_refused(post_raw(chat_with("max_tokens", list)), 400, "'max_tokens' must be an integer", "max_tokens");
+  // Invalid UTF-8 is refused by the parser, naming where, never quoted raw.
+  expect_refused(post_raw(chat_with("temperature", "\"\xff\xfe\"")), 400, "not valid JSON at 'temperature'", "temperature");
+  expect_healthy();
+}
+
+// --- Type mismatches are 400s naming the field ------------------------------
+
+TEST_F(HostileInputTest, TypeMismatchesAre400sNamingTheField) {
+  expect_refused(post_raw(chat_with("max_tokens", "1e400")), 400, "number overflow", "max_tokens");
+  expect_refused(post_raw(chat_with("temperature", "-1e400")), 400, "number overflow", "temperature");
+  expect_refused(post_raw(R"({"messages":[{"role":"user","content":[{"type":7,"text":"hi"}]}]})"), 400, "only text parts",
+                 "messages[0].content");
+  expect_refused(post_raw(chat_with("tools", R"([{"type":7,"function":{"name":"f"}}])")), 400,
+                 "tools[0].type must be \"function\"", "tools[0].type");
+  expect_refused(post_raw(chat_with("tool_choice", R"({"type":7,"function":{"name":"f"}})")), 400, "tool_choice",
+                 "tool_choice");
+  expect_refused(post_raw(R"({"prompt":"hi","add_special_tokens":"yes"})", "/tokenize"), 400,
+                 "'add_special_tokens' must be true or false", "add_special_tokens");
+  // A json_schema keyword of the wrong type.
+  expect_refused(post_raw(chat_with("response_format",
+                                    R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","minLength":"3"}}})")),
+                 400, "wrong type", "response_format");
+  expect_healthy();
+  auto r = post_raw(R"({"prompt":"hi","add_special_tokens":false})", "/tokenize");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+// --- Regex and json_schema pattern ------------------------------------------
+
+TEST_F(HostileInputTest, DeepOrRunawayRegexesAreRefusedNamingTheParameter) {
+  const std::string groups = std::string(50'000, '(') + "a" + std::string(50'000, ')');
+  const std::string stars = "a" + std::string(100'000, '*');
+  expect_refused(post_raw(chat_with("guided_regex", json(groups).dump())), 400, "nested deeper than 64 levels",
+                 "guided_regex");
+  expect_healthy();
+  expect_refused(post_raw(chat_with("guided_regex", json(stars).dump())), 400, "quantifiers in a row", "guided_regex");
+  expect_healthy();
+  for (const std::string& pattern : {groups, stars}) {
+    json rf = {{"type", "json_schema"},
+               {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}, {"properties", {{"s", {{"type", "string"}, {"pattern", pattern}}}}}}}}}};
+    expect_refused(post_raw(chat_with("response_format", rf.dump())), 400, "#/properties/s/pattern", "response_format");
+    expect_healthy();
+  }
+  // Within the limits, a pattern compiles and is served.
+  auto r = post_raw(chat_with("guided_regex", json("(((o)))k*?").dump()));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+}
+
+TEST_F(HostileInputTest, LongRefChainsInASchemaAreRefused) {
+  // 2,000 definitions, each referring to the next: a walk 2,000 deep.
+  json defs = json::object();
+  for (int i = 0; i < 2000; ++i)
+    defs["d" + std::to_string(i)] = i + 1 < 2000 ? json{{"$ref", "#/$defs/d" + std::to_string(i + 1)}} : json{{"type", "integer"}};
+  json schema = {{"$defs", defs}, {"$ref", "#/$defs/d0"}};
+  json rf = {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}};
+  expect_refused(post_raw(chat_with("response_format", rf.dump())), 400, "subschemas deep", "response_format");
+  expect_healthy();
+}
+
+// --- Reserved template variables ------------------------------------------------
+
+TEST_F(HostileInputTest, ChatTemplateKwargsMayNotOverrideWhatShardlmSets) {
+  for (const char* name : {"messages", "tools", "add_generation_prompt", "bos_token"}) {
+    SCOPED_TRACE(name);
+    expect_refused(post_raw(chat_with("chat_template_kwargs", std::string("{\"") + name + "\":[{\"role\":\"system\"}]}")),
+                   400, std::string("may not set '") + name + "'", "chat_template_kwargs");
+  }
+  auto r = post_raw(chat_with("chat_template_kwargs", R"({"enable_thinking":false})"));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+// --- Content type -------------------------------------------------------------
+
+TEST_F(HostileInputTest, ContentTypeMustBeExactlyJson) {
+  const std::string ok = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":2})";
+  expect_refused(post_raw(ok, "/v1/chat/completions", "application/jsonp"), 415, "Content-Type must be application/json");
+  expect_refused(post_raw(ok, "/v1/chat/completions", "application/json-seq"), 415, "Content-Type must be application/json");
+  auto r = post_raw(ok, "/v1/chat/completions", "Application/JSON; charset=utf-8");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+}  // namespace
+}  // namespace shardlm::server
