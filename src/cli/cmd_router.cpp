@@ -39,6 +39,9 @@ void setup(CLI::App& app) {
   sub->add_option("--health-interval-ms", opts->health_interval_ms, "Backend health check period")->capture_default_str();
   sub->add_option("--threads-http", opts->n_http_threads, "Client connections served at once (threads start on demand)")
       ->capture_default_str()->check(CLI::Range(2, 1 << 16));
+  sub->add_option("--max-header-bytes", opts->max_header_bytes, "Request line and headers larger than this get 431")
+      ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 24));
+  sub->add_option("--max-request-body-bytes", opts->max_body_bytes, "Larger bodies get 413")->capture_default_str();
   sub->add_option("--request-start-timeout", opts->request_start_timeout_s,
                   "Seconds a new client connection may stay silent before it gets 408")
       ->capture_default_str()->check(CLI::Range(1, 86400));

@@ -64,6 +64,7 @@ struct ServeOptions {
   int http_threads = 0;         // 0: sized from max-num-seqs and max-pending-requests
   size_t max_body_bytes = 8u << 20;
   int request_start_timeout_s = 60;
+  size_t max_header_bytes = 64 * 1024;
   std::string tool_call_parser;   // "": from the chat template
   std::string reasoning_parser;
   std::string generation_config = "auto";
@@ -177,6 +178,7 @@ int run_serve(const ServeOptions& given) {
   so.api_key = api_key;
   so.max_body_bytes = o.max_body_bytes;
   so.request_start_timeout_s = o.request_start_timeout_s;
+  so.max_header_bytes = o.max_header_bytes;
   // One HTTP thread holds one connection for its whole request, so every
   // request the engine may hold (running + waiting) needs one, plus a few
   // for /health, /metrics and the 429s beyond the bound.
@@ -293,6 +295,8 @@ void setup(CLI::App& app) {
   sub->add_option("--debug-fail-rank-at-batch", o->debug_fail, "Test hook: RANK:BATCH makes that rank fail once")
       ->group("");
   sub->add_option("--max-request-body-bytes", o->max_body_bytes, "Larger bodies get 413")->capture_default_str();
+  sub->add_option("--max-header-bytes", o->max_header_bytes, "Request line and headers larger than this get 431")
+      ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 24));
   sub->add_option("--request-start-timeout", o->request_start_timeout_s,
                   "Seconds a new connection may stay silent before it gets 408")
       ->capture_default_str()->check(CLI::Range(1, 86400));

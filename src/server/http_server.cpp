@@ -82,6 +82,12 @@ bool is_json_media_type(const std::string& header) {
   return type == "application/json";
 }
 
+// A header field as the client sent it (httplib URL-decodes values).
+std::string raw_field(const httplib::Request& req, const std::string& lower_name) {
+  if (const RequestHead* head = ConnectionServer::current_head()) return head->field(lower_name).value_or("");
+  return req.get_header_value(lower_name.c_str());
+}
+
 bool needs_auth(const std::string& path) {
   return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
 }
@@ -122,7 +128,24 @@ HttpServer::HttpServer(ServingBackend& backend, ServerOptions options)
   const int n_threads = std::max(2, options_.n_http_threads);
   http_->new_task_queue = [n_threads] { return new WorkerPool(static_cast<size_t>(n_threads)); };
   http_->set_payload_max_length(options_.max_body_bytes);
-  http_->set_request_start_timeout(std::chrono::seconds(options_.request_start_timeout_s));
+  GateLimits gate;
+  gate.start_timeout = std::chrono::seconds(options_.request_start_timeout_s);
+  gate.head_timeout = std::chrono::seconds(30);
+  gate.max_head_bytes = options_.max_header_bytes;
+  gate.max_body_bytes = options_.max_body_bytes;
+  http_->set_gate_limits(gate);
+  // Refused from the head alone, before a byte of the body is read.
+  http_->set_head_check([this](const RequestHead& head) -> std::optional<EarlyAnswer> {
+    if (head.method == "OPTIONS") return std::nullopt;  // CORS preflight: the pre-routing handler answers
+    if (draining_ && head.path != "/health")
+      return EarlyAnswer{503, openai_error_body("the server is shutting down", "service_unavailable", "shutting_down"), {}};
+    if (needs_auth(head.path) && !authorised(head.field("authorization").value_or("")))
+      return EarlyAnswer{401,
+                         openai_error_body("Incorrect or missing API key: pass it as 'Authorization: Bearer <key>'",
+                                           "authentication_error", "invalid_api_key"),
+                         {}};
+    return std::nullopt;
+  });
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
   http_->set_tcp_nodelay(true);
@@ -208,7 +231,7 @@ void HttpServer::install_routes() {
       reply_error(res, {503, "the server is shutting down", "service_unavailable", "", "shutting_down"});
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (needs_auth(req.path) && !authorised(req.get_header_value("Authorization"))) {
+    if (needs_auth(req.path) && !authorised(raw_field(req, "authorization"))) {
       reply_error(res, {401, "Incorrect or missing API key: pass it as 'Authorization: Bearer <key>'",
                         "authentication_error", "", "invalid_api_key"});
       return httplib::Server::HandlerResponse::Handled;

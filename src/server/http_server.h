@@ -29,6 +29,7 @@ struct ServerOptions {
   std::string api_key;             // empty: no authentication
   size_t max_body_bytes = 8u << 20;  // larger bodies get 413
   int request_start_timeout_s = 60;  // a new connection silent this long gets 408
+  size_t max_header_bytes = 64 * 1024;  // request line and header fields; more gets 431
   int n_http_threads = 1040;       // open connections served at once (threads start on demand); more wait in the accept queue
   RequestLimits limits;
   ApiOptions api;                  // tool-call / reasoning parsers, generation defaults

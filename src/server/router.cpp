@@ -108,7 +108,16 @@ Router::Router(RouterOptions options)
   http_->set_payload_max_length(options_.max_body_bytes);
   // As serve: a slow client's request is waited for, not closed after
   // httplib's 5 s defaults.
-  http_->set_request_start_timeout(std::chrono::seconds(options_.request_start_timeout_s));
+  GateLimits gate;
+  gate.start_timeout = std::chrono::seconds(options_.request_start_timeout_s);
+  gate.head_timeout = std::chrono::seconds(30);
+  gate.max_head_bytes = options_.max_header_bytes;
+  gate.max_body_bytes = options_.max_body_bytes;
+  http_->set_gate_limits(gate);
+  http_->set_head_check([this](const RequestHead& head) -> std::optional<EarlyAnswer> {
+    if (head.method == "OPTIONS" || authorised(head)) return std::nullopt;
+    return EarlyAnswer{401, openai_error_body("Incorrect or missing API key", "authentication_error", "invalid_api_key"), {}};
+  });
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
   listen_fd_ = configure_listener(*http_);
@@ -171,20 +180,23 @@ void Router::health_loop() {
   }
 }
 
+bool Router::authorised(const RequestHead& head) const {
+  if (options_.api_key.empty() || head.path == "/health" || head.path == "/metrics") return true;
+  return secret_equals(head.field("authorization").value_or(""), "Bearer " + options_.api_key);
+}
+
 void Router::install_routes() {
   using httplib::Request;
   using httplib::Response;
 
+  // The gate refused unauthorised heads; this holds should a request reach
+  // the handlers some other way.
   http_->set_pre_routing_handler([this](const Request& req, Response& res) {
-    if (options_.api_key.empty() || req.path == "/health" || req.path == "/metrics")
-      return httplib::Server::HandlerResponse::Unhandled;
-    std::string given = req.get_header_value("Authorization");
-    std::string want = "Bearer " + options_.api_key;
-    if (given.size() != want.size() || CRYPTO_memcmp(given.data(), want.data(), want.size()) != 0) {
-      reply_error(res, 401, "Incorrect or missing API key", "authentication_error");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+    const RequestHead* head = ConnectionServer::current_head();
+    if (head != nullptr && authorised(*head)) return httplib::Server::HandlerResponse::Unhandled;
+    if (head == nullptr && options_.api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    reply_error(res, 401, "Incorrect or missing API key", "authentication_error");
+    return httplib::Server::HandlerResponse::Handled;
   });
 
   http_->Get("/health", [this](const Request&, Response& res) {

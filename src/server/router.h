@@ -24,6 +24,7 @@ class Server;
 namespace shardlm::server {
 
 class ConnectionServer;
+struct RequestHead;
 
 struct BackendAddress {
   std::string host;
@@ -45,6 +46,7 @@ struct RouterOptions {
   int n_http_threads = 2048;          // open client connections served at once (threads start on demand)
   size_t max_body_bytes = 8u << 20;
   int request_start_timeout_s = 60;   // a new connection silent this long gets 408
+  size_t max_header_bytes = 64 * 1024;  // request line and header fields; more gets 431
   RoutingOptions routing;
 };
 
@@ -65,6 +67,9 @@ class Router {
  private:
   struct Relay;  // one forwarded request: the client side and its upstream reader
   void install_routes();
+  // The raw Authorization field is exactly "Bearer <--api-key>" (or no key is set);
+  // /health and /metrics need none.
+  bool authorised(const RequestHead& head) const;
   void health_loop();
 
   RouterOptions options_;

@@ -398,5 +398,70 @@ TEST_F(SlowClientTest, ASilentConnectionGets408ThenTheServerServesOn) {
   EXPECT_EQ(r->status, 200);
 }
 
+
+// What the gate refuses from the request head alone: the client sends only
+// the head (no body), and gets its answer anyway, which shows the body was
+// never awaited or read.
+std::string send_head_and_read(int port, const std::string& head) {
+  const int fd = connect_loopback(port);
+  if (fd < 0) return "connect failed";
+  ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+  std::string answer = read_to_close(fd);
+  ::close(fd);
+  return answer;
+}
+
+json answer_body(const std::string& answer) {
+  const size_t at = answer.find("\r\n\r\n");
+  return at == std::string::npos ? json() : json::parse(answer.substr(at + 4), nullptr, false);
+}
+
+TEST_F(SlowClientTest, AnOversizedHeadIs431AndIsNotBuffered) {
+  start();
+  std::string head = "GET /health HTTP/1.1\r\nHost: x\r\nX-Long: " + std::string(100 * 1024, 'a') + "\r\n\r\n";
+  const std::string answer = send_head_and_read(server_->port(), head);
+  ASSERT_EQ(answer.rfind("HTTP/1.1 431", 0), 0u) << answer.substr(0, 200);
+  EXPECT_EQ(answer_body(answer)["error"]["code"], "header_too_large");
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+}
+
+TEST_F(SlowClientTest, ChunkedBodiesAre411AndOversizedLengthsAre413BeforeTheBody) {
+  start();
+  std::string answer = send_head_and_read(
+      server_->port(), "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Transfer-Encoding: chunked\r\n\r\n");
+  ASSERT_EQ(answer.rfind("HTTP/1.1 411", 0), 0u) << answer.substr(0, 200);
+  EXPECT_NE(answer_body(answer)["error"]["message"].get<std::string>().find("Content-Length"), std::string::npos);
+  answer = send_head_and_read(server_->port(),
+                              "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: 104857600\r\n\r\n");
+  ASSERT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer.substr(0, 200);
+  EXPECT_NE(answer_body(answer)["error"]["message"].get<std::string>().find("104857600"), std::string::npos) << answer;
+  answer = send_head_and_read(server_->port(), "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 5\r\n"
+                                               "Content-Length: 7\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer.substr(0, 200);
+  answer = send_head_and_read(server_->port(), "NOT A REQUEST\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer.substr(0, 200);
+  EXPECT_EQ(post("/v1/chat/completions", chat(2))->status, 200);
+}
+
+// Authentication happens on the head: an unauthenticated client that
+// announces a body is answered without sending it. The key is compared as
+// sent, byte for byte: no URL-decoding of "%41" into "A".
+TEST_F(SlowClientTest, TheApiKeyIsCheckedOnTheRawHeadBeforeTheBody) {
+  ServerOptions options;
+  options.api_key = "k%41y";
+  start(options);
+  const std::string answer =
+      send_head_and_read(server_->port(), "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                          "Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n");
+  ASSERT_EQ(answer.rfind("HTTP/1.1 401", 0), 0u) << answer.substr(0, 200);
+  EXPECT_EQ(answer_body(answer)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer k%41y"}})->status, 200);
+  EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer kAy"}})->status, 401);
+  EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer k%2541y"}})->status, 401);
+  EXPECT_EQ(client_->Get("/health")->status, 200);  // needs no key
+}
+
 }  // namespace
 }  // namespace shardlm::server
