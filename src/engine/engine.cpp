@@ -203,6 +203,7 @@ void Engine::add_request(Command&& cmd) {
   rs->arrival = cmd.time;
   const EngineRequest& r = rs->request;
   SeqId lead = -1;
+  const BlockHash root = cache_root(r.cache_salt);
   for (int32_t i = 0; i < r.n; ++i) {
     auto s = std::make_unique<SeqState>();
     s->request = rs.get();
@@ -216,7 +217,7 @@ void Engine::add_request(Command&& cmd) {
     if (detokenizer_) s->detok = detokenizer_->stream(r.prompt_token_ids, r.skip_special_tokens);
     s->stops = std::make_unique<StopStringMatcher>(r.stop.stop, r.stop.include_stop_str_in_output);
     if (r.grammar) s->matcher = std::make_unique<grammar::GrammarMatcher>(r.grammar);
-    sched_.add(s->id, r.prompt_token_ids, r.stop.max_tokens, lead);
+    sched_.add(s->id, r.prompt_token_ids, r.stop.max_tokens, lead, root);
     if (i == 0) lead = s->id;
     rs->seq_ids.push_back(s->id);
     seqs_.emplace(s->id, std::move(s));

@@ -32,6 +32,7 @@ struct EngineRequest {
   StopOptions stop;
   int32_t n = 1;                             // sequences sharing this prompt (its cached KV blocks)
   bool skip_special_tokens = true;           // passed to the detokenizer
+  std::string cache_salt;                    // non-empty: shares cached prefix blocks only with the same salt
   // Structured output: each sequence's tokens are constrained to this
   // grammar (compiled for this model's vocabulary; its stop ids are the EOS
   // tokens). The sequence finishes "stop" as soon as the grammar is complete

@@ -12,6 +12,12 @@ BlockHash hash_block(BlockHash parent, std::span<const int32_t> tokens) {
   return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), parent);
 }
 
+BlockHash cache_root(std::string_view salt) {
+  if (salt.empty()) return kRootBlockHash;
+  // Seeded apart from every token chain: a salt's root is no block's hash.
+  return XXH3_64bits_withSeed(salt.data(), salt.size(), ~kRootBlockHash);
+}
+
 BlockPool::BlockPool(int32_t n_blocks, int32_t block_size, bool enable_prefix_caching)
     : n_blocks_(n_blocks), block_size_(block_size), enable_prefix_caching_(enable_prefix_caching) {
   if (n_blocks < 1)

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -26,6 +27,11 @@ inline constexpr BlockHash kRootBlockHash = 0x5348'4152'444c'4d00ULL;  // parent
 
 // XXH3-64 of (parent, tokens): chains, so a block's hash covers its whole prefix.
 BlockHash hash_block(BlockHash parent, std::span<const int32_t> tokens);
+
+// The parent hash of block 0 for a request's cache_salt: kRootBlockHash for
+// none, else a hash of the salt, so that only requests with the same salt
+// share cached blocks (and learn from cached_tokens that a prefix was seen).
+BlockHash cache_root(std::string_view salt);
 
 // Counters in tokens, as vLLM's prefix_cache_queries / prefix_cache_hits.
 struct PrefixCacheStats {

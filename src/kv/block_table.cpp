@@ -4,12 +4,12 @@
 
 namespace shardlm {
 
-PrefixMatch find_cached_prefix(const BlockPool& pool, std::span<const int32_t> tokens) {
+PrefixMatch find_cached_prefix(const BlockPool& pool, std::span<const int32_t> tokens, BlockHash root) {
   PrefixMatch match;
   if (!pool.prefix_caching() || tokens.empty()) return match;
   const int32_t bs = pool.block_size();
   const int32_t n_full = static_cast<int32_t>((tokens.size() - 1) / bs);  // keep the last token uncached
-  BlockHash parent = kRootBlockHash;
+  BlockHash parent = root;
   for (int32_t i = 0; i < n_full; ++i) {
     auto chunk = tokens.subspan(size_t(i) * bs, bs);
     BlockHash h = hash_block(parent, chunk);
@@ -50,18 +50,19 @@ bool allocate_slots(BlockPool& pool, BlockTable& table, int32_t n_total_slots, c
   return true;
 }
 
-void register_computed(BlockPool& pool, BlockTable& table, std::span<const int32_t> tokens, int32_t n_computed) {
+void register_computed(BlockPool& pool, BlockTable& table, std::span<const int32_t> tokens, int32_t n_computed,
+                       BlockHash root) {
   const int32_t bs = pool.block_size();
   SHARDLM_CHECK(n_computed <= static_cast<int32_t>(tokens.size()) && n_computed <= table.n_slots(bs),
                 "computed ", n_computed, " tokens ", tokens.size(), " slots ", table.n_slots(bs));
   const int32_t n_full = n_computed / bs;
   while (static_cast<int32_t>(table.hashes.size()) < n_full) {
     int32_t i = static_cast<int32_t>(table.hashes.size());
-    BlockHash parent = i == 0 ? kRootBlockHash : table.hashes[i - 1];
+    BlockHash parent = i == 0 ? root : table.hashes[i - 1];
     table.hashes.push_back(hash_block(parent, tokens.subspan(size_t(i) * bs, bs)));
   }
   for (int32_t i = table.n_registered; i < n_full; ++i) {
-    BlockHash parent = i == 0 ? kRootBlockHash : table.hashes[i - 1];
+    BlockHash parent = i == 0 ? root : table.hashes[i - 1];
     pool.register_cached(table.blocks[i], table.hashes[i], parent, tokens.subspan(size_t(i) * bs, bs));
   }
   table.n_registered = std::max(table.n_registered, n_full);

@@ -27,7 +27,9 @@ struct PrefixMatch {
 
 // Longest run of cached full blocks that prefix `tokens`, leaving at least the
 // last token uncached (its logits must be computed). Empty when caching is off.
-PrefixMatch find_cached_prefix(const BlockPool& pool, std::span<const int32_t> tokens);
+// `root`: the parent hash of block 0 (cache_root of the request's salt).
+PrefixMatch find_cached_prefix(const BlockPool& pool, std::span<const int32_t> tokens,
+                               BlockHash root = kRootBlockHash);
 
 // Grows `table` so it covers n_total_slots positions, first adopting `match`
 // (only on an empty table). All-or-nothing: returns false and changes nothing
@@ -42,7 +44,7 @@ int32_t n_blocks_needed(const BlockPool& pool, const BlockTable& table, int32_t 
 // After the KV of tokens[0, n_computed) is written: hash every newly full
 // block and offer it to the prefix cache.
 void register_computed(BlockPool& pool, BlockTable& table, std::span<const int32_t> tokens,
-                       int32_t n_computed);
+                       int32_t n_computed, BlockHash root = kRootBlockHash);
 
 // Releases every block (last block first, so a prefix's tail is evicted
 // before its head) and clears the table.

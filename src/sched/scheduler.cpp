@@ -39,7 +39,7 @@ void Scheduler::check_fits(const SchedulerConfig& config, int32_t n_prompt, int3
          " tokens); shorten the request or give the KV cache more memory");
 }
 
-void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after) {
+void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after, BlockHash cache_root) {
   check_fits(config_, static_cast<int32_t>(prompt.size()), max_new_tokens);
   if (seqs_.count(id)) fail(ErrorCode::kInvalidArgument, "sequence id ", id, " is already scheduled");
   auto s = std::make_unique<Seq>();
@@ -48,6 +48,7 @@ void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_token
   s->tokens = std::move(prompt);
   s->max_new_tokens = max_new_tokens;
   s->after = after;
+  s->cache_root = cache_root;
   seqs_.emplace(id, std::move(s));
   waiting_.push_back(id);
 }
@@ -141,7 +142,7 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
         continue;
       }
       PrefixMatch match;
-      if (s.n_computed == 0) match = find_cached_prefix(pool_, s.tokens);
+      if (s.n_computed == 0) match = find_cached_prefix(pool_, s.tokens, s.cache_root);
       const int32_t n_total = static_cast<int32_t>(s.tokens.size());
       int32_t n_new = n_total - match.n_tokens;
       if (!config_.enable_chunked_prefill && n_new > budget) break;
@@ -175,7 +176,7 @@ void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled) {
     Seq& s = *it->second;
     SHARDLM_CHECK(s.n_computed == sc.n_past, "seq ", s.id, " computed ", s.n_computed, " plan n_past ", sc.n_past);
     s.n_computed += sc.n_tokens;
-    register_computed(pool_, s.table, s.tokens, s.n_computed);
+    register_computed(pool_, s.table, s.tokens, s.n_computed, s.cache_root);
     if (sampled[k] >= 0) {
       SHARDLM_CHECK(sc.need_logits, "token sampled for seq ", s.id, " without logits");
       s.tokens.push_back(sampled[k]);

@@ -65,7 +65,9 @@ class Scheduler {
   // Queues a sequence (FCFS). `after` (optional): do not admit it before
   // that sequence has computed its whole prompt, so it can reuse the prompt's
   // cached blocks (n > 1 siblings). Runs check_fits.
-  void add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after = -1);
+  // `cache_root`: the prefix-cache chain it may share (kv's cache_root of its salt).
+  void add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after = -1,
+           BlockHash cache_root = kRootBlockHash);
 
   // max_seqs > 0 caps the sequences of this plan below max_num_seqs: the
   // engine splits the live sequences over the micro-batches of a pipeline.
@@ -107,6 +109,7 @@ class Scheduler {
     SeqStatus status = SeqStatus::kWaiting;
     BlockTable table;
     SeqId after = -1;
+    BlockHash cache_root = kRootBlockHash;  // parent hash of its block 0
     bool admitted_once = false;
     int32_t n_prefix_hit = 0;
     int32_t n_preemptions = 0;

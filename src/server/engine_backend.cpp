@@ -354,6 +354,7 @@ std::unique_ptr<RequestStream> EngineBackend::submit(const GenerateParams& p) {
   req.stop.stop_token_ids = p.stop_token_ids;
   req.skip_special_tokens = p.skip_special_tokens;
   req.grammar = p.grammar;
+  req.cache_salt = p.cache_salt;
 
   // Prefix affinity keys on the prompt's leading token ids (as bytes).
   std::string key(reinterpret_cast<const char*>(p.prompt_ids.data()),

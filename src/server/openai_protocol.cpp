@@ -242,6 +242,11 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const Se
       number_param(body, "repetition_penalty", defaults.repetition_penalty.value_or(1.0), 0.0, 2.0, /*lo_open=*/true);
   base.logit_bias = logit_bias_param(body, backend, limits);
   if (find(body, "seed")) base.seed = int_param(body, "seed", 0, INT64_MIN, INT64_MAX);
+  if (const ordered_json* salt = find(body, "cache_salt")) {
+    if (!salt->is_string() || salt->get_ref<const std::string&>().empty() || salt->get_ref<const std::string&>().size() > 1024)
+      bad_request("cache_salt", "'cache_salt' must be a non-empty string of at most 1,024 bytes");
+    base.cache_salt = salt->get<std::string>();
+  }
   base.stop = stop_param(body, limits);
   if (const ordered_json* st = find(body, "stop_token_ids")) {
     if (!st->is_array() || static_cast<int>(st->size()) > limits.max_stop_strings)

@@ -20,6 +20,7 @@ const std::set<std::string>& common_fields() {
       "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
       "skip_special_tokens", "logprobs", "max_tokens", "min_tokens", "logit_bias", "response_format",
       "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+      "cache_salt",
       // Metadata about the caller, with no effect on generation in OpenAI's API either.
       "user"};
   return f;

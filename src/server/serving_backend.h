@@ -64,6 +64,7 @@ struct GenerateParams {
   int logprobs = -1;               // -1: none; k >= 0: chosen token's logprob + top-k
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]) added to its logit
   std::shared_ptr<const grammar::CompiledGrammar> grammar;  // structured output; null: unconstrained
+  std::string cache_salt;          // vLLM's cache_salt: prefix-cache blocks shared only with the same salt
 };
 
 // generation_config.json's sampling values, which vLLM's

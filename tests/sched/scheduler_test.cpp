@@ -27,8 +27,9 @@ class Driver {
  public:
   explicit Driver(const SchedulerConfig& c) : sched(c), kv(size_t(c.n_blocks) * c.block_size, -1) {}
 
-  void add(SeqId id, std::vector<int32_t> prompt, int32_t max_new, SeqId after = -1) {
-    sched.add(id, prompt, max_new, after);
+  void add(SeqId id, std::vector<int32_t> prompt, int32_t max_new, SeqId after = -1,
+           BlockHash root = kRootBlockHash) {
+    sched.add(id, prompt, max_new, after, root);
     max_new_[id] = max_new;
   }
 
@@ -244,6 +245,30 @@ TEST(Scheduler, PreemptionUnderTinyPoolGivesIdenticalOutputs) {
   auto got2 = run_workload(tiny, &n1);
   EXPECT_GT(n1, 0);
   EXPECT_EQ(ref, got2);
+}
+
+// cache_salt: a request shares cached blocks only with requests of the same
+// salt, so cached_tokens cannot tell one user what another sent.
+TEST(Scheduler, CacheSaltSeparatesPrefixCaches) {
+  Driver d(small_config());
+  auto p = prompt_of(13, 500);  // 3 full blocks of 4 + 1
+  // The hit is known once the sequence is admitted (its first step).
+  auto hit_of = [&](SeqId id, BlockHash root) {
+    d.add(id, p, 2, -1, root);
+    d.step();
+    const int32_t hit = d.sched.n_prefix_hit_tokens(id);
+    d.run();
+    return hit;
+  };
+  EXPECT_EQ(hit_of(1, cache_root("alice")), 0);
+  EXPECT_EQ(hit_of(2, cache_root("bob")), 0) << "bob's request hit alice's cached blocks";
+  EXPECT_EQ(hit_of(3, kRootBlockHash), 0) << "an unsalted request hit a salted one's blocks";
+  EXPECT_EQ(hit_of(4, cache_root("alice")), 12);
+  EXPECT_EQ(hit_of(5, kRootBlockHash), 12);
+  EXPECT_EQ(d.outputs[1], d.outputs[4]);
+  EXPECT_EQ(d.outputs[1], d.outputs[2]);
+  EXPECT_EQ(cache_root(""), kRootBlockHash);
+  EXPECT_NE(cache_root("alice"), cache_root("bob"));
 }
 
 TEST(Scheduler, PrefixHitSkipsCachedTokens) {

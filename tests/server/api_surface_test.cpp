@@ -256,6 +256,28 @@ TEST_F(ApiSurfaceTest, UnimplementedParametersAreRefusedByName) {
   ok(comp, "/v1/completions");
 }
 
+// vLLM's cache_salt reaches the engine (whose scheduler keeps salted prefix
+// caches apart: tests/sched); a salt that is not a non-empty string is a 400.
+TEST_F(ApiSurfaceTest, CacheSaltIsValidatedAndPassedOn) {
+  start();
+  json body = chat();
+  body["cache_salt"] = "tenant-7";
+  ok(body);
+  EXPECT_EQ(backend_.last_params.cache_salt, "tenant-7");
+  json comp = body;
+  comp.erase("messages");
+  comp["prompt"] = "hi";
+  ok(comp, "/v1/completions");
+  EXPECT_EQ(backend_.last_params.cache_salt, "tenant-7");
+  body.erase("cache_salt");
+  ok(body);
+  EXPECT_EQ(backend_.last_params.cache_salt, "");
+  for (json bad : {json(""), json(7), json::array(), json(std::string(2000, 's'))}) {
+    body["cache_salt"] = bad;
+    expect_400(body, "cache_salt");
+  }
+}
+
 TEST_F(ApiSurfaceTest, LogitBiasIsValidatedAndPassedOn) {
   backend_.vocab = 300;
   start();
