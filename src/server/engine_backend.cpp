@@ -280,6 +280,7 @@ void EngineBackend::load() {
     r->engine = std::make_unique<Engine>(ec, *r->executor, detokenizer_.get());
     r->engine->start();
     if (d == 0) report_.allocated = allocated;
+    report_.allocated_by_replica.push_back(allocated);
     replicas_.push_back(std::move(r));
   }
   routing_ = std::make_unique<RoutingPolicy>(replicas_.size());
@@ -444,6 +445,69 @@ bool EngineBackend::fatal() const {
   for (const auto& r : replicas_)
     if (!r->engine->health().fatal) return false;
   return true;
+}
+
+Deployment EngineBackend::deployment() const {
+  Deployment d;
+  if (!ready_) return d;
+  const ModelSpec& spec = report_.spec;
+  Layout replica = options_.layout;
+  replica.dp = 1;
+  if (replica.pp_layer_partition.empty()) replica.pp_layer_partition = pipeline_partition(spec, replica);
+  d.available = true;
+  d.model = options_.model_name;
+  d.architecture = spec.architecture;
+  d.dtype = dtype_safetensors_name(spec.dtype);
+  d.tp = replica.tp;
+  d.pp = replica.pp;
+  d.dp = std::max(1, options_.layout.dp);
+  d.ep = replica.ep();
+  d.moe = spec.is_moe();
+  d.n_layers = spec.n_layers;
+  d.n_heads = spec.n_heads;
+  d.n_kv_heads = spec.n_kv_heads;
+  d.head_dim = spec.head_dim;
+  d.n_experts = spec.n_experts;
+  d.n_experts_per_token = spec.n_experts_per_token;
+  d.max_model_len = report_.max_model_len;
+  d.block_size = options_.block_size;
+  d.kv_tokens_per_replica = report_.kv_tokens;
+  d.measured_tolerance = report_.measured_tolerance;
+  const auto range = [](const Range& r) { return IndexRange{r.begin, r.end}; };
+  for (int dp = 0; dp < d.dp; ++dp) {
+    const auto* allocated = dp < static_cast<int>(report_.allocated_by_replica.size())
+                                ? &report_.allocated_by_replica[size_t(dp)] : nullptr;
+    for (size_t r = 0; r < report_.budgets.size(); ++r) {
+      const MemoryBudget& b = report_.budgets[r];
+      const RankShard shard = shard_for(spec, replica, b.tp_rank, b.pp_rank);
+      RankDeployment rd;
+      rd.replica = dp;
+      rd.rank = static_cast<int>(r);
+      rd.tp_rank = b.tp_rank;
+      rd.pp_rank = b.pp_rank;
+      rd.device = options_.device.to_string();
+      rd.memory_bytes = b.memory_bytes;
+      rd.capacity_bytes = b.budget_bytes;
+      rd.planned_weight_bytes = b.weight_bytes;
+      rd.planned_kv_cache_bytes = b.kv_cache_bytes;
+      rd.planned_workspace_bytes = b.workspace_bytes;
+      rd.planned_reserve_bytes = b.reserve_bytes;
+      // What the rank's allocator obtained (LocalGroupExecutor / MPI ranks
+      // report it), never plan's formula again.
+      if (allocated && r < allocated->size()) {
+        rd.measured_weight_bytes = (*allocated)[r].weight_bytes;
+        rd.measured_kv_cache_bytes = (*allocated)[r].kv_cache_bytes;
+      }
+      rd.n_kv_blocks = b.n_kv_blocks;
+      rd.kv_bytes_per_token = b.kv_bytes_per_token;
+      rd.q_heads = range(shard.q_heads);
+      rd.kv_heads = range(shard.kv_heads);
+      if (spec.is_moe()) rd.experts = range(shard.experts);
+      rd.layers = range(shard.layers);
+      d.ranks.push_back(std::move(rd));
+    }
+  }
+  return d;
 }
 
 std::string EngineBackend::metrics() const {

@@ -12,9 +12,11 @@
 #include "core/error.h"
 #include "server/bounded_json.h"
 #include "server/connection_server.h"
+#include "server/deployment.h"
 #include "server/listener.h"
 #include "server/worker_pool.h"
 #include "server/openai_protocol.h"
+#include "server/web_ui.h"
 
 namespace shardlm::server {
 
@@ -176,7 +178,8 @@ void Router::install_routes() {
   using httplib::Response;
 
   http_->set_pre_routing_handler([this](const Request& req, Response& res) {
-    if (options_.api_key.empty() || req.path == "/health" || req.path == "/metrics")
+    if (options_.api_key.empty() || req.path == "/health" || req.path == "/metrics" ||
+        (options_.web_ui && find_web_asset(req.path)))
       return httplib::Server::HandlerResponse::Unhandled;
     std::string given = req.get_header_value("Authorization");
     std::string want = "Bearer " + options_.api_key;
@@ -220,6 +223,20 @@ void Router::install_routes() {
     reply_error(res, 503, "no healthy backend", "service_unavailable");
   };
   http_->Get("/v1/models", forward_get);
+  if (options_.web_ui) install_web_ui(*http_);
+  // Every healthy backend's deployment, as the replicas of one picture.
+  http_->Get("/v1/deployment", [this](const Request& req, Response& res) {
+    std::vector<nlohmann::ordered_json> parts;
+    for (size_t i = 0; i < backends_.size(); ++i) {
+      if (!policy_.healthy(static_cast<int>(i))) continue;
+      httplib::Client c(backends_[i].host, backends_[i].port);
+      c.set_connection_timeout(2, 0);
+      auto r = c.Get("/v1/deployment", forward_headers(req));
+      if (r && r->status == 200) parts.push_back(parse_bounded_json(r->body, "a backend's deployment"));
+    }
+    if (parts.empty()) return reply_error(res, 503, "no healthy backend described its deployment", "service_unavailable");
+    res.set_content(merge_deployments(parts).dump(), "application/json");
+  });
   http_->Get("/version", forward_get);
 
   auto forward_post = [this](const Request& req, Response& res) {

@@ -46,6 +46,7 @@ struct RouterOptions {
   size_t max_body_bytes = 8u << 20;
   int request_start_timeout_s = 60;   // a new connection silent this long gets 408
   RoutingOptions routing;
+  bool web_ui = true;                 // the page at / (--no-web-ui: 404)
 };
 
 class Router {
