@@ -510,9 +510,58 @@ Deployment EngineBackend::deployment() const {
   return d;
 }
 
+// Per rank: plan's bytes beside the allocator's (the watermark deployment
+// guides say to watch per card), and the KV blocks in use and their peak.
+std::string EngineBackend::rank_metrics() const {
+  if (!ready_) return "";
+  std::string label = options_.model_name;
+  std::string escaped;
+  for (char c : label) {
+    if (c == '\\' || c == '"') escaped += '\\';
+    if (c == '\n') { escaped += "\\n"; continue; }
+    escaped += c;
+  }
+  std::ostringstream out;
+  const auto labels = [&](size_t d, size_t r) {
+    const MemoryBudget& b = report_.budgets[r];
+    return str_cat("model_name=\"", escaped, "\",replica=\"", d, "\",rank=\"", r, "\",tp_rank=\"", b.tp_rank,
+                   "\",pp_rank=\"", b.pp_rank, "\"");
+  };
+  out << "# HELP shardlm:rank_memory_bytes Bytes per rank by kind: planned by plan's memory budget, measured by the "
+         "rank's allocator.\n# TYPE shardlm:rank_memory_bytes gauge\n";
+  for (size_t d = 0; d < replicas_.size(); ++d) {
+    const auto* allocated = d < report_.allocated_by_replica.size() ? &report_.allocated_by_replica[d] : nullptr;
+    for (size_t r = 0; r < report_.budgets.size(); ++r) {
+      const MemoryBudget& b = report_.budgets[r];
+      const std::string l = labels(d, r);
+      out << "shardlm:rank_memory_bytes{" << l << ",kind=\"weights\",source=\"planned\"} " << b.weight_bytes << "\n"
+          << "shardlm:rank_memory_bytes{" << l << ",kind=\"kv_cache\",source=\"planned\"} " << b.kv_cache_bytes << "\n"
+          << "shardlm:rank_memory_bytes{" << l << ",kind=\"workspace\",source=\"planned\"} " << b.workspace_bytes << "\n";
+      if (allocated && r < allocated->size())
+        out << "shardlm:rank_memory_bytes{" << l << ",kind=\"weights\",source=\"measured\"} " << (*allocated)[r].weight_bytes
+            << "\n"
+            << "shardlm:rank_memory_bytes{" << l << ",kind=\"kv_cache\",source=\"measured\"} "
+            << (*allocated)[r].kv_cache_bytes << "\n";
+    }
+  }
+  std::vector<MetricsSnapshot> snaps;
+  for (const auto& rep : replicas_) snaps.push_back(rep->engine->metrics().snapshot());
+  const auto per_rank = [&](const char* name, const char* help, auto value) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
+    for (size_t d = 0; d < replicas_.size(); ++d)
+      for (size_t r = 0; r < report_.budgets.size(); ++r) out << name << "{" << labels(d, r) << "} " << value(d, r) << "\n";
+  };
+  per_rank("shardlm:kv_blocks", "KV blocks allocated on the rank.", [&](size_t, size_t r) { return report_.budgets[r].n_kv_blocks; });
+  per_rank("shardlm:kv_blocks_in_use", "KV blocks in use on the rank (each rank holds its heads of the same tokens).",
+           [&](size_t d, size_t) { return snaps[d].kv_blocks_in_use; });
+  per_rank("shardlm:kv_blocks_in_use_peak", "The most KV blocks in use on the rank in any step since start.",
+           [&](size_t d, size_t) { return snaps[d].kv_blocks_in_use_peak; });
+  return out.str();
+}
+
 std::string EngineBackend::metrics() const {
   if (replicas_.empty()) return "";
-  if (replicas_.size() == 1) return replicas_[0]->engine->render_metrics(options_.model_name);
+  if (replicas_.size() == 1) return replicas_[0]->engine->render_metrics(options_.model_name) + rank_metrics();
   // One block per replica, labelled; HELP/TYPE lines once.
   std::string out;
   for (size_t d = 0; d < replicas_.size(); ++d) {
@@ -529,7 +578,7 @@ std::string EngineBackend::metrics() const {
       out += line + "\n";
     }
   }
-  return out;
+  return out + rank_metrics();
 }
 
 }  // namespace shardlm::server

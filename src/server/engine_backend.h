@@ -103,6 +103,7 @@ class EngineBackend final : public ServingBackend {
 
  private:
   struct Replica;
+  std::string rank_metrics() const;  // shardlm:rank_memory_bytes, shardlm:kv_blocks* per rank
   EngineBackendOptions options_;
   LoadReport report_;
   std::optional<Tokenizer> tokenizer_;

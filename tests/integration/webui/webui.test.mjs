@@ -84,6 +84,8 @@ async function openPage(origin, path = '/') {
     if (url.origin !== origin) {
       rec.foreign.push(req.url());
       req.abort();
+    } else if (rec.stub && rec.stub(req)) {
+      // answered by the test
     } else {
       req.continue();
     }
@@ -238,12 +240,65 @@ describe('the web page on serve -tp 3', () => {
                                { timeout: 4000 });
     const kv = await text(page, 'metric-kv-usage');
     assert.match(kv, /^\d+\.\d%$/);
+    // /metrics' per-rank memory and KV blocks: a row per rank, the peak above zero.
+    await page.waitForFunction(() => document.querySelectorAll('[data-testid=metric-rank]').length === 3);
+    const rows = await page.$$eval('[data-testid=metric-rank] td:last-child', (tds) => tds.map((td) => td.textContent));
+    for (const row of rows) assert.match(row, /^\d+ \([1-9]\d*\) \/ 4,096$/);
     await page.screenshot({ path: join(artifacts, 'metrics.png') });
     ctl.abort();
     await reader.cancel().catch(() => {});
     await page.waitForFunction(() => document.querySelector('[data-testid=metric-running]').textContent === '0', { timeout: 5000 });
     const latency = await page.$eval('[data-testid=metric-latency]', (el) => el.textContent);
     assert.match(latency, /TTFT/);
+    assert.deepEqual(rec.errors, []);
+  });
+
+  test('model output is rendered as text: Markdown, reasoning collapsed, tool calls, no HTML', async () => {
+    const { page } = rec;
+    await page.click('[data-testid=tab-chat]');
+    await page.click('[data-testid=chat-new]');
+    const chunk = (delta, finish = null) =>
+      'data: ' + JSON.stringify({ object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: finish }] }) + '\n\n';
+    const hostile = 'Hello **world** <img src=x onerror="window.__pwned=1"> <script>window.__pwned=2</script>\n\n' +
+                    '```js\nalert("<b>not bold</b>")\n```\n\n- [bad](javascript:window.__pwned=3)\n- `code`';
+    rec.stub = (req) => {
+      if (!req.url().endsWith('/v1/chat/completions')) return false;
+      req.respond({
+        status: 200, contentType: 'text/event-stream',
+        body: chunk({ role: 'assistant', reasoning_content: 'thinking <b>hard</b>' }) + chunk({ content: hostile }) +
+              chunk({ tool_calls: [{ index: 0, id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":' } }] }) +
+              chunk({ tool_calls: [{ index: 0, function: { arguments: '"Paris"}' } }] }, 'tool_calls') + 'data: [DONE]\n\n',
+      });
+      return true;
+    };
+    await page.type('[data-testid=chat-input]', 'weather?');
+    await page.click('[data-testid=chat-send]');
+    await page.waitForSelector('[data-testid=chat-tool-call]');
+    await page.waitForSelector('[data-testid=chat-stop]:disabled');
+    rec.stub = null;
+    const view = await page.$eval('[data-testid=chat-message-assistant]', (el) => ({
+      reasoningOpen: el.querySelector('[data-testid=chat-reasoning]').open,
+      reasoning: el.querySelector('[data-testid=chat-reasoning]').textContent,
+      nImg: el.querySelectorAll('img').length,
+      nScript: el.querySelectorAll('script').length,
+      nBold: el.querySelectorAll('.content b').length,
+      strong: el.querySelector('.content strong').textContent,
+      code: el.querySelector('.content pre code').textContent,
+      anchors: [...el.querySelectorAll('a')].map((a) => a.getAttribute('href')),
+      tool: el.querySelector('[data-testid=chat-tool-call]').textContent,
+      pwned: window.__pwned,
+    }));
+    assert.equal(view.reasoningOpen, false, 'reasoning is collapsed');
+    assert.match(view.reasoning, /thinking <b>hard<\/b>/);
+    assert.equal(view.nImg, 0);
+    assert.equal(view.nScript, 0);
+    assert.equal(view.nBold, 0);
+    assert.equal(view.strong, 'world');
+    assert.equal(view.code, 'alert("<b>not bold</b>")');
+    assert.deepEqual(view.anchors, []);
+    assert.match(view.tool, /get_weather/);
+    assert.match(view.tool, /"city": "Paris"/);
+    assert.equal(view.pwned, undefined);
     assert.deepEqual(rec.errors, []);
   });
 
