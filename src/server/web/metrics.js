@@ -193,6 +193,8 @@ function update(m) {
   ++nUpdates;
   const stamp = $('metrics-updated');
   stamp.textContent = `updated ${new Date().toLocaleTimeString()} (every ${PERIOD_MS / 1000} s)`;
+  if (!m.has('vllm:num_requests_running') && m.has('shardlm_router_requests_total'))
+    stamp.textContent += ' · this is shardlm router: engine metrics are on each backend\'s /metrics';
   stamp.dataset.updates = String(nUpdates);
 }
 
