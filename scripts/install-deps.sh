@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev
   python3 python3-numpy python3-jinja2 python3-jsonschema
   gnuplot-nox curl
+  chromium
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -46,6 +46,7 @@ void setup(CLI::App& app) {
                   "Seconds a new client connection may stay silent before it gets 408")
       ->capture_default_str()->check(CLI::Range(1, 86400));
   sub->add_option("--max-attempts", opts->max_attempts, "Backends tried per request")->capture_default_str()->check(CLI::Range(1, 100));
+  sub->add_flag("--no-web-ui{false}", opts->web_ui, "Do not serve the web page (chat, deployment, live metrics) at /");
   set_command_action(sub, [opts] {
     server::raise_open_file_limit();  // a client and an upstream socket per request
     server::Router router(*opts);

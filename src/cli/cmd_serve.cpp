@@ -70,6 +70,7 @@ struct ServeOptions {
   std::string generation_config = "auto";
   std::vector<std::string> allowed_origins;
   double shutdown_grace_s = 5.0;
+  bool no_web_ui = false;
 };
 
 int run_serve(const ServeOptions& given) {
@@ -189,6 +190,7 @@ int run_serve(const ServeOptions& given) {
   so.api.reasoning_parser = o.reasoning_parser;
   so.api.generation_config = o.generation_config == "auto";
   so.allowed_origins = o.allowed_origins;
+  so.web_ui = !o.no_web_ui;
   server::HttpServer http(backend, so);
 
   // SIGINT/SIGTERM are handled by this thread with sigwait; every other
@@ -312,6 +314,7 @@ void setup(CLI::App& app) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "vllm"}));
   sub->add_option("--allowed-origins", o->allowed_origins, "CORS origins allowed (\"*\" for any); default: none")
       ->delimiter(',');
+  sub->add_flag("--no-web-ui", o->no_web_ui, "Do not serve the web page (chat, deployment, live metrics) at /");
   set_command_action(sub, [o] { return run_serve(*o); });
 }
 

@@ -379,6 +379,10 @@ bool Engine::step_inner() {
     }
     StepPlan plan = sched_.schedule(share);
     if (plan.empty()) break;
+    // The watermark: what this step holds, before finished sequences free theirs.
+    metrics_.update([n = sched_.stats().n_blocks_used](MetricsSnapshot& m) {
+      m.kv_blocks_in_use_peak = std::max<int64_t>(m.kv_blocks_in_use_peak, n);
+    });
     try {
       executor_.submit(make_forward_batch(plan));
     } catch (const std::exception& e) {
@@ -626,6 +630,8 @@ void Engine::update_gauges() {
     m.num_requests_running = st.n_running;
     m.num_requests_waiting = st.n_waiting;
     m.kv_cache_usage_perc = st.kv_usage;
+    m.kv_blocks_in_use = st.n_blocks_used;
+    m.kv_blocks_in_use_peak = std::max<int64_t>(m.kv_blocks_in_use_peak, st.n_blocks_used);
     m.num_preemptions_total = st.n_preemptions;
     m.prefix_cache_queries_total = st.prefix_cache.n_query_tokens;
     m.prefix_cache_hits_total = st.prefix_cache.n_hit_tokens;

@@ -24,6 +24,8 @@ struct MetricsSnapshot {
   int64_t num_requests_running = 0;      // sequences scheduled (gauge)
   int64_t num_requests_waiting = 0;      // sequences queued or preempted (gauge)
   double kv_cache_usage_perc = 0.0;      // fraction of KV blocks in use, [0, 1] (gauge)
+  int64_t kv_blocks_in_use = 0;          // KV blocks referenced now (gauge; every rank of the replica holds them)
+  int64_t kv_blocks_in_use_peak = 0;     // the most any step held since start (gauge)
   int64_t prompt_tokens_total = 0;       // counters from here on
   int64_t generation_tokens_total = 0;
   int64_t num_preemptions_total = 0;

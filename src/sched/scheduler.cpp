@@ -242,6 +242,7 @@ SchedulerStats Scheduler::stats() const {
   st.n_waiting = n_waiting();
   st.n_preemptions = n_preemptions_;
   st.kv_usage = pool_.usage();
+  st.n_blocks_used = pool_.n_used();
   st.prefix_cache = pool_.stats();
   return st;
 }

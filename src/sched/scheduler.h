@@ -47,6 +47,7 @@ struct SchedulerStats {
   int32_t n_waiting = 0;
   int64_t n_preemptions = 0;  // total since start
   double kv_usage = 0.0;      // fraction of blocks in use
+  int32_t n_blocks_used = 0;  // KV blocks referenced by a sequence
   PrefixCacheStats prefix_cache;
 };
 

@@ -280,6 +280,7 @@ void EngineBackend::load() {
     r->engine = std::make_unique<Engine>(ec, *r->executor, detokenizer_.get());
     r->engine->start();
     if (d == 0) report_.allocated = allocated;
+    report_.allocated_by_replica.push_back(allocated);
     replicas_.push_back(std::move(r));
   }
   routing_ = std::make_unique<RoutingPolicy>(replicas_.size());
@@ -447,9 +448,121 @@ bool EngineBackend::fatal() const {
   return true;
 }
 
+Deployment EngineBackend::deployment() const {
+  Deployment d;
+  if (!ready_) return d;
+  const ModelSpec& spec = report_.spec;
+  Layout replica = options_.layout;
+  replica.dp = 1;
+  if (replica.pp_layer_partition.empty()) replica.pp_layer_partition = pipeline_partition(spec, replica);
+  d.available = true;
+  d.model = options_.model_name;
+  d.architecture = spec.architecture;
+  d.dtype = dtype_safetensors_name(spec.dtype);
+  d.tp = replica.tp;
+  d.pp = replica.pp;
+  d.dp = std::max(1, options_.layout.dp);
+  d.ep = replica.ep();
+  d.moe = spec.is_moe();
+  d.n_layers = spec.n_layers;
+  d.n_heads = spec.n_heads;
+  d.n_kv_heads = spec.n_kv_heads;
+  d.head_dim = spec.head_dim;
+  d.n_experts = spec.n_experts;
+  d.n_experts_per_token = spec.n_experts_per_token;
+  d.max_model_len = report_.max_model_len;
+  d.block_size = options_.block_size;
+  d.kv_tokens_per_replica = report_.kv_tokens;
+  d.measured_tolerance = report_.measured_tolerance;
+  const auto range = [](const Range& r) { return IndexRange{r.begin, r.end}; };
+  for (int dp = 0; dp < d.dp; ++dp) {
+    const auto* allocated = dp < static_cast<int>(report_.allocated_by_replica.size())
+                                ? &report_.allocated_by_replica[size_t(dp)] : nullptr;
+    for (size_t r = 0; r < report_.budgets.size(); ++r) {
+      const MemoryBudget& b = report_.budgets[r];
+      const RankShard shard = shard_for(spec, replica, b.tp_rank, b.pp_rank);
+      RankDeployment rd;
+      rd.replica = dp;
+      rd.rank = static_cast<int>(r);
+      rd.tp_rank = b.tp_rank;
+      rd.pp_rank = b.pp_rank;
+      rd.device = options_.device.to_string();
+      rd.memory_bytes = b.memory_bytes;
+      rd.capacity_bytes = b.budget_bytes;
+      rd.planned_weight_bytes = b.weight_bytes;
+      rd.planned_kv_cache_bytes = b.kv_cache_bytes;
+      rd.planned_workspace_bytes = b.workspace_bytes;
+      rd.planned_reserve_bytes = b.reserve_bytes;
+      // What the rank's allocator obtained (LocalGroupExecutor / MPI ranks
+      // report it), never plan's formula again.
+      if (allocated && r < allocated->size()) {
+        rd.measured_weight_bytes = (*allocated)[r].weight_bytes;
+        rd.measured_kv_cache_bytes = (*allocated)[r].kv_cache_bytes;
+      }
+      rd.n_kv_blocks = b.n_kv_blocks;
+      rd.kv_bytes_per_token = b.kv_bytes_per_token;
+      rd.q_heads = range(shard.q_heads);
+      rd.kv_heads = range(shard.kv_heads);
+      if (spec.is_moe()) rd.experts = range(shard.experts);
+      rd.layers = range(shard.layers);
+      d.ranks.push_back(std::move(rd));
+    }
+  }
+  return d;
+}
+
+// Per rank: plan's bytes beside the allocator's (the watermark deployment
+// guides say to watch per card), and the KV blocks in use and their peak.
+std::string EngineBackend::rank_metrics() const {
+  if (!ready_) return "";
+  std::string label = options_.model_name;
+  std::string escaped;
+  for (char c : label) {
+    if (c == '\\' || c == '"') escaped += '\\';
+    if (c == '\n') { escaped += "\\n"; continue; }
+    escaped += c;
+  }
+  std::ostringstream out;
+  const auto labels = [&](size_t d, size_t r) {
+    const MemoryBudget& b = report_.budgets[r];
+    return str_cat("model_name=\"", escaped, "\",replica=\"", d, "\",rank=\"", r, "\",tp_rank=\"", b.tp_rank,
+                   "\",pp_rank=\"", b.pp_rank, "\"");
+  };
+  out << "# HELP shardlm:rank_memory_bytes Bytes per rank by kind: planned by plan's memory budget, measured by the "
+         "rank's allocator.\n# TYPE shardlm:rank_memory_bytes gauge\n";
+  for (size_t d = 0; d < replicas_.size(); ++d) {
+    const auto* allocated = d < report_.allocated_by_replica.size() ? &report_.allocated_by_replica[d] : nullptr;
+    for (size_t r = 0; r < report_.budgets.size(); ++r) {
+      const MemoryBudget& b = report_.budgets[r];
+      const std::string l = labels(d, r);
+      out << "shardlm:rank_memory_bytes{" << l << ",kind=\"weights\",source=\"planned\"} " << b.weight_bytes << "\n"
+          << "shardlm:rank_memory_bytes{" << l << ",kind=\"kv_cache\",source=\"planned\"} " << b.kv_cache_bytes << "\n"
+          << "shardlm:rank_memory_bytes{" << l << ",kind=\"workspace\",source=\"planned\"} " << b.workspace_bytes << "\n";
+      if (allocated && r < allocated->size())
+        out << "shardlm:rank_memory_bytes{" << l << ",kind=\"weights\",source=\"measured\"} " << (*allocated)[r].weight_bytes
+            << "\n"
+            << "shardlm:rank_memory_bytes{" << l << ",kind=\"kv_cache\",source=\"measured\"} "
+            << (*allocated)[r].kv_cache_bytes << "\n";
+    }
+  }
+  std::vector<MetricsSnapshot> snaps;
+  for (const auto& rep : replicas_) snaps.push_back(rep->engine->metrics().snapshot());
+  const auto per_rank = [&](const char* name, const char* help, auto value) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
+    for (size_t d = 0; d < replicas_.size(); ++d)
+      for (size_t r = 0; r < report_.budgets.size(); ++r) out << name << "{" << labels(d, r) << "} " << value(d, r) << "\n";
+  };
+  per_rank("shardlm:kv_blocks", "KV blocks allocated on the rank.", [&](size_t, size_t r) { return report_.budgets[r].n_kv_blocks; });
+  per_rank("shardlm:kv_blocks_in_use", "KV blocks in use on the rank (each rank holds its heads of the same tokens).",
+           [&](size_t d, size_t) { return snaps[d].kv_blocks_in_use; });
+  per_rank("shardlm:kv_blocks_in_use_peak", "The most KV blocks in use on the rank in any step since start.",
+           [&](size_t d, size_t) { return snaps[d].kv_blocks_in_use_peak; });
+  return out.str();
+}
+
 std::string EngineBackend::metrics() const {
   if (replicas_.empty()) return "";
-  if (replicas_.size() == 1) return replicas_[0]->engine->render_metrics(options_.model_name);
+  if (replicas_.size() == 1) return replicas_[0]->engine->render_metrics(options_.model_name) + rank_metrics();
   // One block per replica, labelled; HELP/TYPE lines once.
   std::string out;
   for (size_t d = 0; d < replicas_.size(); ++d) {
@@ -466,7 +579,7 @@ std::string EngineBackend::metrics() const {
       out += line + "\n";
     }
   }
-  return out;
+  return out + rank_metrics();
 }
 
 }  // namespace shardlm::server

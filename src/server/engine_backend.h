@@ -64,6 +64,7 @@ struct LoadReport {
   ModelSpec spec;
   std::vector<MemoryBudget> budgets;   // plan's prediction per rank of one replica
   std::vector<LocalGroupExecutor::RankMemory> allocated;  // what replica 0's ranks hold
+  std::vector<std::vector<LocalGroupExecutor::RankMemory>> allocated_by_replica;  // [dp][rank]: every replica's
   int64_t n_kv_blocks = 0;
   int64_t kv_tokens = 0;               // per replica
   int64_t max_model_len = 0;
@@ -97,10 +98,12 @@ class EngineBackend final : public ServingBackend {
   std::string chat_template_source() const override { return chat_template_ ? chat_template_->source : ""; }
   int64_t vocab_size() const override { return report_.spec.vocab_size; }
   SamplingDefaults sampling_defaults() const override { return sampling_defaults_; }
+  Deployment deployment() const override;
   std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const grammar::GrammarSpec& spec) const override;
 
  private:
   struct Replica;
+  std::string rank_metrics() const;  // shardlm:rank_memory_bytes, shardlm:kv_blocks* per rank
   EngineBackendOptions options_;
   LoadReport report_;
   std::optional<Tokenizer> tokenizer_;

@@ -14,6 +14,7 @@
 #include "server/bounded_json.h"
 #include "server/connection_server.h"
 #include "server/listener.h"
+#include "server/web_ui.h"
 #include "server/worker_pool.h"
 
 namespace shardlm::server {
@@ -288,6 +289,13 @@ void HttpServer::install_routes() {
                       {"max_model_len", backend_.ready() ? backend_.max_model_len() : 0}});
     }
     reply_json(res, 200, {{"object", "list"}, {"data", data}});
+  });
+
+  if (options_.web_ui) install_web_ui(http);
+  http.Get("/v1/deployment", [this](const Request&, Response& res) {
+    Deployment d = backend_.deployment();
+    if (!d.available) return reply_error(res, {503, "the deployment is not known yet (the model is loading)", "service_unavailable", "", "model_loading"});
+    reply_json(res, 200, deployment_json(d));
   });
 
   auto json_body = [](const Request& req) {

@@ -35,6 +35,7 @@ struct ServerOptions {
   ApiOptions api;                  // tool-call / reasoning parsers, generation defaults
   std::vector<std::string> allowed_origins;  // CORS: "*" or exact origins; empty: no CORS headers
   std::string version = "0.0.0";
+  bool web_ui = true;              // the page at / (--no-web-ui: 404)
 };
 
 class HttpServer {

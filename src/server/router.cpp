@@ -12,9 +12,11 @@
 #include "core/error.h"
 #include "server/bounded_json.h"
 #include "server/connection_server.h"
+#include "server/deployment.h"
 #include "server/listener.h"
 #include "server/worker_pool.h"
 #include "server/openai_protocol.h"
+#include "server/web_ui.h"
 
 namespace shardlm::server {
 
@@ -182,6 +184,7 @@ void Router::health_loop() {
 
 bool Router::authorised(const RequestHead& head) const {
   if (options_.api_key.empty() || head.path == "/health" || head.path == "/metrics") return true;
+  if (options_.web_ui && head.method == "GET" && find_web_asset(head.path)) return true;  // the page asks for the key
   return secret_equals(head.field("authorization").value_or(""), "Bearer " + options_.api_key);
 }
 
@@ -232,6 +235,20 @@ void Router::install_routes() {
     reply_error(res, 503, "no healthy backend", "service_unavailable");
   };
   http_->Get("/v1/models", forward_get);
+  if (options_.web_ui) install_web_ui(*http_);
+  // Every healthy backend's deployment, as the replicas of one picture.
+  http_->Get("/v1/deployment", [this](const Request& req, Response& res) {
+    std::vector<nlohmann::ordered_json> parts;
+    for (size_t i = 0; i < backends_.size(); ++i) {
+      if (!policy_.healthy(static_cast<int>(i))) continue;
+      httplib::Client c(backends_[i].host, backends_[i].port);
+      c.set_connection_timeout(2, 0);
+      auto r = c.Get("/v1/deployment", forward_headers(req));
+      if (r && r->status == 200) parts.push_back(parse_bounded_json(r->body, "a backend's deployment"));
+    }
+    if (parts.empty()) return reply_error(res, 503, "no healthy backend described its deployment", "service_unavailable");
+    res.set_content(merge_deployments(parts).dump(), "application/json");
+  });
   http_->Get("/version", forward_get);
 
   auto forward_post = [this](const Request& req, Response& res) {

@@ -48,6 +48,7 @@ struct RouterOptions {
   int request_start_timeout_s = 60;   // a new connection silent this long gets 408
   size_t max_header_bytes = 64 * 1024;  // request line and header fields; more gets 431
   RoutingOptions routing;
+  bool web_ui = true;                 // the page at / (--no-web-ui: 404)
 };
 
 class Router {

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "server/deployment.h"
+
 namespace shardlm::grammar {
 class CompiledGrammar;
 struct GrammarSpec;
@@ -145,6 +147,9 @@ class ServingBackend {
   // Token ids are < vocab_size (0: unknown; logit_bias ids are then unchecked).
   virtual int64_t vocab_size() const { return 0; }
   virtual SamplingDefaults sampling_defaults() const { return {}; }
+  // The layout and per-rank memory, planned and measured (GET /v1/deployment);
+  // available = false for a backend that cannot describe itself.
+  virtual Deployment deployment() const { return {}; }
 };
 
 }  // namespace shardlm::server

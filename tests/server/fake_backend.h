@@ -128,6 +128,7 @@ class FakeBackend : public ServingBackend {
   int64_t vocab = 0;                  // vocab_size()
   int64_t cached = 0;                 // cached_tokens() of every request
   SamplingDefaults defaults;          // sampling_defaults()
+  Deployment layout = two_rank_layout();  // deployment(); available = false: "not known yet"
   mutable std::mutex seen_mutex;
   mutable ordered_json last_messages;  // what render_chat last got
   mutable ordered_json last_tools;
@@ -176,6 +177,41 @@ class FakeBackend : public ServingBackend {
   std::string chat_template_source() const override { return template_source; }
   int64_t vocab_size() const override { return vocab; }
   SamplingDefaults sampling_defaults() const override { return defaults; }
+  Deployment deployment() const override { return layout; }
+  // TP=2 on one replica; rank 1's measured weights differ from plan by 1 byte.
+  static Deployment two_rank_layout() {
+    Deployment d;
+    d.available = true;
+    d.model = "tiny";
+    d.architecture = "Qwen2ForCausalLM";
+    d.dtype = "BF16";
+    d.tp = 2;
+    d.n_layers = 2;
+    d.n_heads = 4;
+    d.n_kv_heads = 2;
+    d.head_dim = 32;
+    d.max_model_len = 256;
+    d.block_size = 16;
+    d.kv_tokens_per_replica = 4096;
+    for (int r = 0; r < 2; ++r) {
+      RankDeployment rd;
+      rd.rank = rd.tp_rank = r;
+      rd.device = "cpu";
+      rd.memory_bytes = rd.capacity_bytes = 3'000'000;
+      rd.planned_weight_bytes = 300'000 + r;
+      rd.planned_kv_cache_bytes = 2'000'000;
+      rd.planned_workspace_bytes = 500'000;
+      rd.measured_weight_bytes = 300'000 + 2 * r;
+      rd.measured_kv_cache_bytes = 2'000'000;
+      rd.n_kv_blocks = 256;
+      rd.kv_bytes_per_token = 512;
+      rd.q_heads = {2 * r, 2 * r + 2};
+      rd.kv_heads = {r, r + 1};
+      rd.layers = {0, 2};
+      d.ranks.push_back(rd);
+    }
+    return d;
+  }
   std::string metrics() const override { return "vllm:num_requests_running " + std::to_string(live.load()) + "\n"; }
 };
 

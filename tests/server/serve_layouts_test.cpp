@@ -123,6 +123,56 @@ TEST_F(ServeLayouts, SixDeviceLayoutsGiveTheTp1Text) {
   }
 }
 
+// GET /v1/deployment and /metrics report every rank of every replica:
+// plan's bytes as the startup log prints them, and beside them what the
+// rank's allocator obtained (the log's "allocated (measured)" figure).
+TEST_F(ServeLayouts, DeploymentAndMetricsReportEveryRankOfEveryReplica) {
+  auto s = start({"-dp", "2", "-tp", "2"});
+  ASSERT_GT(s->pid, 0);
+  ASSERT_FALSE(complete(s->port, json{5, 17, 230, 41, 9}).empty());
+  httplib::Client c("127.0.0.1", s->port);
+  auto r = c.Get("/v1/deployment");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json d = json::parse(r->body);
+  EXPECT_EQ(d["layout"], json({{"tp", 2}, {"pp", 1}, {"dp", 2}, {"ep", 1}}));
+  EXPECT_EQ(d["n_heads"], 28);
+  ASSERT_EQ(d["ranks"].size(), 4u);
+  const std::string log = s->log();
+  const std::string metrics = c.Get("/metrics")->body;
+  auto with_commas = [](int64_t v) {
+    std::string digits = std::to_string(v), out;
+    for (size_t i = 0; i < digits.size(); ++i) {
+      if (i && (digits.size() - i) % 3 == 0) out += ',';
+      out += digits[i];
+    }
+    return out;
+  };
+  for (const json& rank : d["ranks"]) {
+    const int64_t planned = rank["planned"]["weights"], measured = rank["measured"]["weights"];
+    EXPECT_NE(log.find("(" + with_commas(planned) + " B)"), std::string::npos) << rank.dump();
+    EXPECT_NE(log.find("allocated (measured): weights " + with_commas(measured) + " B"), std::string::npos) << rank.dump();
+    EXPECT_EQ(rank["measured"]["kv_cache"], rank["planned"]["kv_cache"]);
+    EXPECT_TRUE(rank["measured"]["workspace"].is_null());
+    EXPECT_EQ(rank["q_heads"]["count"], 14);
+    const std::string labels = "replica=\"" + std::to_string(rank["replica"].get<int>()) + "\",rank=\"" +
+                               std::to_string(rank["rank"].get<int>()) + "\"";
+    EXPECT_NE(metrics.find(labels + ",tp_rank=\"" + std::to_string(rank["tp_rank"].get<int>()) +
+                           "\",pp_rank=\"0\",kind=\"weights\",source=\"measured\"} " + std::to_string(measured)),
+              std::string::npos) << labels << "\n" << metrics;
+  }
+  EXPECT_NE(metrics.find("# TYPE shardlm:kv_blocks_in_use_peak gauge"), std::string::npos);
+  // The completion ran on one replica: its ranks' peak is above zero.
+  EXPECT_NE(metrics.find("shardlm:kv_blocks_in_use_peak{"), std::string::npos);
+  bool any_peak = false;
+  for (size_t pos = 0; (pos = metrics.find("shardlm:kv_blocks_in_use_peak{", pos)) != std::string::npos; ++pos) {
+    const size_t sp = metrics.find("} ", pos);
+    any_peak |= std::stoll(metrics.substr(sp + 2)) > 0;
+  }
+  EXPECT_TRUE(any_peak) << metrics;
+  EXPECT_EQ(s->stop(), 0) << s->log();
+}
+
 TEST_F(ServeLayouts, ALayoutTheRanksCannotRunIsRefusedWithTheReason) {
   auto s = start({"-tp", "29"}, /*expect_exit=*/true);
   EXPECT_LT(s->pid, 0);
