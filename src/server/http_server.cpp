@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/anthropic_messages.h"
 #include "server/bounded_json.h"
 #include "server/connection_server.h"
 #include "server/listener.h"
@@ -65,7 +66,7 @@ bool cors(const std::vector<std::string>& allowed, const httplib::Request& req, 
     return true;
   }
   res.status = 204;
-  res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+  res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
   const std::string asked = req.get_header_value("Access-Control-Request-Headers");
   res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
   res.set_header("Access-Control-Max-Age", "600");
@@ -208,7 +209,13 @@ void HttpServer::install_routes() {
       reply_error(res, {503, "the server is shutting down", "service_unavailable", "", "shutting_down"});
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (needs_auth(req.path) && !authorised(req.get_header_value("Authorization"))) {
+    // Anthropic's clients send the key as x-api-key, OpenAI's as a bearer token: either will do.
+    if (needs_auth(req.path) && !authorised(req.get_header_value("Authorization")) &&
+        !authorised("Bearer " + req.get_header_value("x-api-key"))) {
+      if (is_anthropic_path(req.path)) {
+        reply_json(res, 401, anthropic_error_json(401, "invalid x-api-key: pass the server's --api-key as 'x-api-key: <key>'"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       reply_error(res, {401, "Incorrect or missing API key: pass it as 'Authorization: Bearer <key>'",
                         "authentication_error", "", "invalid_api_key"});
       return httplib::Server::HandlerResponse::Handled;
@@ -224,6 +231,7 @@ void HttpServer::install_routes() {
     if (res.status == 404) message = "no route for " + req.method + " " + req.path;
     else if (res.status == 413) message = str_cat("the request body exceeds the limit of ", options_.max_body_bytes, " bytes");
     else message = str_cat("HTTP error ", res.status);
+    if (is_anthropic_path(req.path)) return reply_json(res, res.status, anthropic_error_json(res.status, message));
     reply_error(res, {res.status, message, status_type(res.status), "", ""});
   });
 
@@ -460,6 +468,11 @@ void HttpServer::install_routes() {
 
   http.Post("/v1/chat/completions", guarded(generate(Endpoint::kChat)));
   http.Post("/v1/completions", guarded(generate(Endpoint::kCompletions)));
+
+  // The agent APIs: translations onto the chat path above (agent_api.h).
+  const RouteContext agents{backend_, options_, [this](RequestStream* s) { track(s); },
+                            [this](RequestStream* s) { untrack(s); }};
+  install_anthropic_routes(http, agents);
 }
 
 }  // namespace shardlm::server
