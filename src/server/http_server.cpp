@@ -14,6 +14,7 @@
 #include "server/anthropic_messages.h"
 #include "server/bounded_json.h"
 #include "server/connection_server.h"
+#include "server/responses_api.h"
 #include "server/listener.h"
 #include "server/worker_pool.h"
 
@@ -473,6 +474,7 @@ void HttpServer::install_routes() {
   const RouteContext agents{backend_, options_, [this](RequestStream* s) { track(s); },
                             [this](RequestStream* s) { untrack(s); }};
   install_anthropic_routes(http, agents);
+  install_responses_routes(http, agents);
 }
 
 }  // namespace shardlm::server
