@@ -243,12 +243,14 @@ ordered_json translate_anthropic_request(const ordered_json& body, bool count_to
     const std::string role = string_field(m, "role");
     auto content = m.find("content");
     if (content == m.end()) bad(w + ".content", w + ".content: Field required");
-    // As Anthropic: a system prompt goes in `system` (Claude Code retries
-    // without such a message on this 400).
     if (role == "user") translate_user(*content, w + ".content", &messages);
     else if (role == "assistant") translate_assistant(*content, w + ".content", &messages);
-    else bad(w + ".role", str_cat(w, ".role must be 'user' or 'assistant', got '", brief_text(role),
-                                  "' (send a system prompt as the top-level 'system')"));
+    // Anthropic's API takes only user and assistant turns, but Claude Code
+    // (2.1) sends its environment as a system message after the first user
+    // turn, and its retries keep it: a 400 would end the session. It is
+    // rendered where it stands, as chat templates render a later system turn.
+    else if (role == "system") messages.push_back({{"role", "system"}, {"content", text_of(*content, w + ".content")}});
+    else bad(w + ".role", str_cat(w, ".role must be 'user', 'assistant' or 'system', got '", brief_text(role), "'"));
   }
   // A final assistant turn is a prefill that Anthropic continues; shardlm's
   // chat path always opens a new assistant turn, so it is refused rather

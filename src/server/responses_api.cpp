@@ -68,18 +68,25 @@ std::string reasoning_text(const ordered_json& item) {
   return out;
 }
 
-// Function tools -> chat tools. Built-in tools (web_search, file_search,
+// Function tools (and namespaces of them) -> chat tools. Built-in tools (web_search, file_search,
 // code_interpreter, computer use, MCP, image generation, local shell,
 // custom/freeform) are refused: shardlm runs no tools and its grammar writes
 // JSON arguments only.
-ordered_json translate_tools(const ordered_json& tools) {
-  if (!tools.is_array()) bad("tools", "'tools' must be a list of tool definitions");
-  ordered_json out = ordered_json::array();
+void translate_tools(const ordered_json& tools, const std::string& where, ordered_json* out) {
+  if (!tools.is_array()) bad(where, "'" + where + "' must be a list of tool definitions");
   for (size_t i = 0; i < tools.size(); ++i) {
-    const std::string w = str_cat("tools[", i, "]");
+    const std::string w = str_cat(where, "[", i, "]");
     const auto& t = tools[i];
     if (!t.is_object()) bad(w, w + " must be an object");
     const std::string type = string_field(t, "type");
+    // A namespace (Codex 0.171 groups its sub-agent tools in one) is its
+    // function tools, offered under their own names.
+    if (type == "namespace") {
+      const ordered_json* inner = find(t, "tools");
+      if (!inner) bad(w + ".tools", w + ".tools must be a list of function tools");
+      translate_tools(*inner, w + ".tools", out);
+      continue;
+    }
     if (type != "function")
       refuse(w + ".type", str_cat(w, ".type '", brief_text(type), "' is a built-in tool, which shardlm does not run; only "
                                      "function tools are supported (for Codex, set web_search = \"disabled\")"));
@@ -95,9 +102,8 @@ ordered_json translate_tools(const ordered_json& tools) {
       f["parameters"] = *p;
     }
     // strict is a hint: arguments follow the schema when tool_choice forces the call.
-    out.push_back({{"type", "function"}, {"function", f}});
+    out->push_back({{"type", "function"}, {"function", f}});
   }
-  return out;
 }
 
 ordered_json translate_tool_choice(const ordered_json& tc) {
@@ -280,7 +286,7 @@ ResponsesTranslation translate_responses_request(const ordered_json& body, const
   chat["messages"] = messages;
 
   ordered_json tools = ordered_json::array();
-  if (const ordered_json* tl = find(body, "tools")) tools = translate_tools(*tl);
+  if (const ordered_json* tl = find(body, "tools")) translate_tools(*tl, "tools", &tools);
   if (!tools.empty()) chat["tools"] = tools;
   if (const ordered_json* tc = find(body, "tool_choice")) {
     ordered_json choice = translate_tool_choice(*tc);

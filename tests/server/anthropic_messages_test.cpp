@@ -289,10 +289,20 @@ TEST_F(AnthropicTest, WhatClaudeCodeSendsIsAccepted) {
                               {"anthropic-beta", "claude-code-20250219,interleaved-thinking-2025-05-14"}};
   json m = ok("/v1/messages?beta=true", body, headers);
   EXPECT_EQ(m["type"], "message");
-  // The first attempt carries a system-role message: refused, as Anthropic does (Claude Code retries without).
+  // Claude Code 2.1 sends its environment as a system message after the user
+  // turn (and keeps it when retrying a 400): rendered in place.
   json with_system = body;
-  with_system["messages"].push_back({{"role", "system"}, {"content", "late system"}});
-  expect_error(post("/v1/messages?beta=true", with_system, headers), 400, "invalid_request_error", "role");
+  with_system["messages"].push_back({{"role", "system"}, {"content", {{{"type", "text"}, {"text", "# Environment"}}}}});
+  with_system["thinking"] = {{"type", "adaptive"}, {"display", "omitted"}};
+  ok("/v1/messages?beta=true", with_system, headers);
+  {
+    std::lock_guard<std::mutex> lock(backend_.seen_mutex);
+    ASSERT_EQ(backend_.last_messages.size(), 3u);
+    EXPECT_EQ(json(backend_.last_messages[2]), json({{"role", "system"}, {"content", "# Environment"}}));
+  }
+  json other_role = body;
+  other_role["messages"].push_back({{"role", "tool"}, {"content", "x"}});
+  expect_error(post("/v1/messages?beta=true", other_role, headers), 400, "invalid_request_error", "role");
   // Authorization: Bearer works too; no key, or a wrong one, is a 401 in Anthropic's shape.
   EXPECT_EQ(post("/v1/messages", body, {{"Authorization", "Bearer sk-test"}})->status, 200);
   expect_error(post("/v1/messages", body), 401, "authentication_error");

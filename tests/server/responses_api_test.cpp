@@ -284,7 +284,10 @@ TEST_F(ResponsesTest, WhatCodexSendsIsAccepted) {
                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]}],
       "tools": [{"type": "function", "name": "shell", "description": "Runs a command", "strict": false,
                  "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}},
-                                "required": ["command"], "additionalProperties": false}}],
+                                "required": ["command"], "additionalProperties": false}},
+                {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+                 "tools": [{"type": "function", "name": "close_agent", "strict": false,
+                            "parameters": {"type": "object", "properties": {}}}]}],
       "tool_choice": "auto", "parallel_tool_calls": false, "reasoning": {"effort": "medium", "summary": "auto"},
       "store": false, "stream": true, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "0197-abc",
       "client_metadata": {"session": "s1"}, "text": {"verbosity": "medium"}})");
@@ -293,6 +296,10 @@ TEST_F(ResponsesTest, WhatCodexSendsIsAccepted) {
   EXPECT_EQ(frames.back().event, "response.completed");
   EXPECT_EQ(frames.back().data["response"]["output"][0]["content"][0]["text"], "Done.");
   EXPECT_EQ(messages_seen()[0], json({{"role", "system"}, {"content", "You are Codex."}}));
+  // A namespace's function tools are offered under their own names.
+  std::lock_guard<std::mutex> lock(backend_.seen_mutex);
+  ASSERT_EQ(backend_.last_tools.size(), 2u);
+  EXPECT_EQ(backend_.last_tools[1]["function"]["name"], "close_agent");
 }
 
 TEST_F(ResponsesTest, RefusalsNameTheParameter) {
