@@ -71,6 +71,8 @@ struct ServeOptions {
   std::vector<std::string> allowed_origins;
   double shutdown_grace_s = 5.0;
   bool no_web_ui = false;
+  size_t responses_store_max_count = 1000;   // /v1/responses kept for GET and previous_response_id
+  size_t responses_store_max_bytes = 64u << 20;
 };
 
 int run_serve(const ServeOptions& given) {
@@ -191,6 +193,8 @@ int run_serve(const ServeOptions& given) {
   so.api.generation_config = o.generation_config == "auto";
   so.allowed_origins = o.allowed_origins;
   so.web_ui = !o.no_web_ui;
+  so.responses_store_max_count = o.responses_store_max_count;
+  so.responses_store_max_bytes = o.responses_store_max_bytes;
   server::HttpServer http(backend, so);
 
   // SIGINT/SIGTERM are handled by this thread with sigwait; every other
@@ -299,6 +303,13 @@ void setup(CLI::App& app) {
   sub->add_option("--max-request-body-bytes", o->max_body_bytes, "Larger bodies get 413")->capture_default_str();
   sub->add_option("--max-header-bytes", o->max_header_bytes, "Request line and headers larger than this get 431")
       ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 24));
+  sub->add_option("--responses-store-max-count", o->responses_store_max_count,
+                  "Stored /v1/responses kept in memory (store: true, the default) for GET and previous_response_id; "
+                  "past this the oldest are evicted; 0 stores none. Lost on restart")
+      ->capture_default_str();
+  sub->add_option("--responses-store-max-bytes", o->responses_store_max_bytes,
+                  "Bytes of stored /v1/responses (their JSON text) kept in memory; past this the oldest are evicted")
+      ->capture_default_str();
   sub->add_option("--request-start-timeout", o->request_start_timeout_s,
                   "Seconds a new connection may stay silent before it gets 408")
       ->capture_default_str()->check(CLI::Range(1, 86400));

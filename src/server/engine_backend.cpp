@@ -396,6 +396,7 @@ std::unique_ptr<RequestStream> EngineBackend::submit(const GenerateParams& p) {
       e.top_logprobs.push_back(std::move(top));
     }
     if (o.finished()) e.finish_reason = finish_reason_name(o.finish_reason);
+    e.stop_string = o.stop_string;
     e.error = o.error;
     std::function<void()> release;
     {

@@ -11,8 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/anthropic_messages.h"
 #include "server/bounded_json.h"
 #include "server/connection_server.h"
+#include "server/responses_api.h"
 #include "server/listener.h"
 #include "server/web_ui.h"
 #include "server/worker_pool.h"
@@ -66,7 +68,7 @@ bool cors(const std::vector<std::string>& allowed, const httplib::Request& req, 
     return true;
   }
   res.status = 204;
-  res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+  res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
   const std::string asked = req.get_header_value("Access-Control-Request-Headers");
   res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
   res.set_header("Access-Control-Max-Age", "600");
@@ -140,11 +142,18 @@ HttpServer::HttpServer(ServingBackend& backend, ServerOptions options)
     if (head.method == "OPTIONS") return std::nullopt;  // CORS preflight: the pre-routing handler answers
     if (draining_ && head.path != "/health")
       return EarlyAnswer{503, openai_error_body("the server is shutting down", "service_unavailable", "shutting_down"), {}};
-    if (needs_auth(head.path) && !authorised(head.field("authorization").value_or("")))
+    if (needs_auth(head.path) && !authorised(head.field("authorization").value_or("")) &&
+        !authorised("Bearer " + head.field("x-api-key").value_or(""))) {
+      if (is_anthropic_path(head.path))
+        return EarlyAnswer{401,
+                           anthropic_error_json(401, "invalid x-api-key: pass the server's --api-key as 'x-api-key: <key>'")
+                               .dump(),
+                           {}};
       return EarlyAnswer{401,
                          openai_error_body("Incorrect or missing API key: pass it as 'Authorization: Bearer <key>'",
                                            "authentication_error", "invalid_api_key"),
                          {}};
+    }
     return std::nullopt;
   });
   http_->set_read_timeout(30, 0);
@@ -232,7 +241,13 @@ void HttpServer::install_routes() {
       reply_error(res, {503, "the server is shutting down", "service_unavailable", "", "shutting_down"});
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (needs_auth(req.path) && !authorised(raw_field(req, "authorization"))) {
+    // Anthropic's clients send the key as x-api-key, OpenAI's as a bearer token: either will do.
+    if (needs_auth(req.path) && !authorised(raw_field(req, "authorization")) &&
+        !authorised("Bearer " + raw_field(req, "x-api-key"))) {
+      if (is_anthropic_path(req.path)) {
+        reply_json(res, 401, anthropic_error_json(401, "invalid x-api-key: pass the server's --api-key as 'x-api-key: <key>'"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       reply_error(res, {401, "Incorrect or missing API key: pass it as 'Authorization: Bearer <key>'",
                         "authentication_error", "", "invalid_api_key"});
       return httplib::Server::HandlerResponse::Handled;
@@ -248,6 +263,7 @@ void HttpServer::install_routes() {
     if (res.status == 404) message = "no route for " + req.method + " " + req.path;
     else if (res.status == 413) message = str_cat("the request body exceeds the limit of ", options_.max_body_bytes, " bytes");
     else message = str_cat("HTTP error ", res.status);
+    if (is_anthropic_path(req.path)) return reply_json(res, res.status, anthropic_error_json(res.status, message));
     reply_error(res, {res.status, message, status_type(res.status), "", ""});
   });
 
@@ -491,6 +507,12 @@ void HttpServer::install_routes() {
 
   http.Post("/v1/chat/completions", guarded(generate(Endpoint::kChat)));
   http.Post("/v1/completions", guarded(generate(Endpoint::kCompletions)));
+
+  // The agent APIs: translations onto the chat path above (agent_api.h).
+  const RouteContext agents{backend_, options_, [this](RequestStream* s) { track(s); },
+                            [this](RequestStream* s) { untrack(s); }};
+  install_anthropic_routes(http, agents);
+  install_responses_routes(http, agents);
 }
 
 }  // namespace shardlm::server

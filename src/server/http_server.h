@@ -34,6 +34,10 @@ struct ServerOptions {
   RequestLimits limits;
   ApiOptions api;                  // tool-call / reasoning parsers, generation defaults
   std::vector<std::string> allowed_origins;  // CORS: "*" or exact origins; empty: no CORS headers
+  // /v1/responses with store (the default): kept in memory, lost on restart;
+  // past either bound the oldest responses are evicted.
+  size_t responses_store_max_count = 1000;
+  size_t responses_store_max_bytes = 64u << 20;
   std::string version = "0.0.0";
   bool web_ui = true;              // the page at / (--no-web-ui: 404)
 };

@@ -57,9 +57,11 @@ bool describe(const std::string& body, std::string* prompt, int64_t* cost) {
       }
     } else if (auto p = j.find("prompt"); p != j.end()) {
       *prompt = p->is_string() ? p->get<std::string>() : p->dump();
+    } else if (auto in = j.find("input"); in != j.end()) {  // /v1/responses
+      *prompt = j.value("instructions", std::string()) + "\n" + (in->is_string() ? in->get<std::string>() : in->dump());
     }
     int64_t max_tokens = 256;
-    for (const char* k : {"max_tokens", "max_completion_tokens"})
+    for (const char* k : {"max_tokens", "max_completion_tokens", "max_output_tokens"})
       if (j.contains(k) && j[k].is_number_integer()) max_tokens = j[k].get<int64_t>();
     *cost = static_cast<int64_t>(prompt->size() / 4) + std::clamp<int64_t>(max_tokens, 1, 1 << 20);
   } catch (const std::exception&) {
@@ -70,7 +72,9 @@ bool describe(const std::string& body, std::string* prompt, int64_t* cost) {
 
 httplib::Headers forward_headers(const httplib::Request& req) {
   httplib::Headers h;
-  if (req.has_header("Authorization")) h.emplace("Authorization", req.get_header_value("Authorization"));
+  // Anthropic's clients authenticate with x-api-key and name the API version they speak.
+  for (const char* name : {"Authorization", "x-api-key", "anthropic-version", "anthropic-beta"})
+    if (req.has_header(name)) h.emplace(name, req.get_header_value(name));
   return h;
 }
 
@@ -185,7 +189,10 @@ void Router::health_loop() {
 bool Router::authorised(const RequestHead& head) const {
   if (options_.api_key.empty() || head.path == "/health" || head.path == "/metrics") return true;
   if (options_.web_ui && head.method == "GET" && find_web_asset(head.path)) return true;  // the page asks for the key
-  return secret_equals(head.field("authorization").value_or(""), "Bearer " + options_.api_key);
+  const std::string want = "Bearer " + options_.api_key;
+  // Anthropic's clients send the key as x-api-key, OpenAI's as a bearer token.
+  return secret_equals(head.field("authorization").value_or(""), want) ||
+         secret_equals("Bearer " + head.field("x-api-key").value_or(""), want);
 }
 
 void Router::install_routes() {
@@ -250,6 +257,26 @@ void Router::install_routes() {
     res.set_content(merge_deployments(parts).dump(), "application/json");
   });
   http_->Get("/version", forward_get);
+
+  // A stored response lives on the backend that answered it: ask each
+  // healthy backend until one has it (a 404 from all is the answer).
+  auto forward_stored = [this](const Request& req, Response& res) {
+    bool asked = false;
+    for (size_t i = 0; i < backends_.size(); ++i) {
+      if (!policy_.healthy(static_cast<int>(i))) continue;
+      httplib::Client c(backends_[i].host, backends_[i].port);
+      c.set_connection_timeout(2, 0);
+      auto r = req.method == "DELETE" ? c.Delete(req.path.c_str(), forward_headers(req)) : c.Get(req.path.c_str(), forward_headers(req));
+      if (!r) continue;
+      asked = true;
+      res.status = r->status;
+      res.set_content(r->body, r->get_header_value("Content-Type").c_str());
+      if (r->status != 404) return;
+    }
+    if (!asked) reply_error(res, 503, "no healthy backend", "service_unavailable");
+  };
+  http_->Get(R"(/v1/responses/([^/]+))", forward_stored);
+  http_->Delete(R"(/v1/responses/([^/]+))", forward_stored);
 
   auto forward_post = [this](const Request& req, Response& res) {
     std::string prompt;
@@ -425,6 +452,9 @@ void Router::install_routes() {
   };
   http_->Post("/v1/chat/completions", forward_post);
   http_->Post("/v1/completions", forward_post);
+  http_->Post("/v1/messages", forward_post);
+  http_->Post("/v1/messages/count_tokens", forward_post);
+  http_->Post("/v1/responses", forward_post);
   http_->Post("/tokenize", forward_post);
   http_->Post("/detokenize", forward_post);
 }

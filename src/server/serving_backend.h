@@ -96,6 +96,7 @@ struct GenerateEvent {
   std::vector<std::vector<TopLogprob>> top_logprobs;  // per new token
   std::vector<std::string> tokens;    // per new token, decoded text (for logprobs)
   std::optional<std::string> finish_reason;  // "stop", "length", "abort"
+  std::optional<std::string> stop_string;    // with "stop": the stop string that ended it (Anthropic's stop_sequence)
   std::string error;                  // non-empty: the request failed
 };
 

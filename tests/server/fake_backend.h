@@ -23,6 +23,12 @@ class FakeStream : public RequestStream {
              std::string script = "", int64_t cached = 0)
       : params_(p), cancelled_(cancelled), live_(live), script_(std::move(script)), cached_(cached) {
     ++*live_;
+    // A stop string in the script ends it there, as the engine's stop strings
+    // do (excluded from the text, reported as stop_string).
+    size_t cut = std::string::npos;
+    for (const auto& s : params_.stop)
+      if (size_t at = script_.find(s); at != std::string::npos && at > 0 && at < cut) cut = at, stop_string_ = s;
+    if (stop_string_) script_.resize(cut);
     worker_ = std::thread([this, pace] {
       const int64_t n_tokens = script_.empty() ? params_.max_tokens
                                                : std::min<int64_t>(params_.max_tokens, static_cast<int64_t>(script_.size()));
@@ -47,6 +53,7 @@ class FakeStream : public RequestStream {
           }
           if (--remaining_[c] == 0)
             e.finish_reason = !script_.empty() && step + 1 == static_cast<int64_t>(script_.size()) ? "stop" : "length";
+          if (e.finish_reason == "stop") e.stop_string = stop_string_;
           ++completion_;
           events_.push_back(e);
         }
@@ -104,6 +111,7 @@ class FakeStream : public RequestStream {
   std::atomic<int>* cancelled_;
   std::atomic<int>* live_;
   std::string script_;
+  std::optional<std::string> stop_string_;  // the stop string that cut script_
   int64_t cached_ = 0;
   mutable std::mutex mutex_;
   std::condition_variable cv_;

