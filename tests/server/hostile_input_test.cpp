@@ -43,8 +43,12 @@ class GrammarBackend : public testing::FakeBackend {
     std::vector<std::string> bytes;
     for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
     bytes.push_back("");  // 256: the stop token
+    // A small table budget, so that an exploding grammar is refused in
+    // milliseconds (serve's default is 64 MiB).
+    grammar::GrammarCompilerOptions options;
+    options.max_table_bytes = size_t(1) << 20;
     compiler_ = std::make_unique<grammar::GrammarCompiler>(
-        std::make_shared<grammar::TokenVocabulary>(std::move(bytes), std::vector<int32_t>{256}));
+        std::make_shared<grammar::TokenVocabulary>(std::move(bytes), std::vector<int32_t>{256}), options);
   }
   std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const grammar::GrammarSpec& spec) const override {
     return compile_grammar_or_400(*compiler_, spec);
@@ -239,6 +243,18 @@ TEST_F(HostileInputTest, DeepOrRunawayRegexesAreRefusedNamingTheParameter) {
   auto r = post_raw(chat_with("guided_regex", json("(((o)))k*?").dump()));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+}
+
+TEST_F(HostileInputTest, ExplodingGrammarsAreRefusedNamingTheBudget) {
+  // Expands to a DFA whose states each track thousands of NFA states: minutes
+  // of compile and 150 MiB per grammar before the table budget.
+  expect_refused(post_raw(chat_with("guided_regex", json("^(.{1,50}){30,80}$").dump())), 400,
+                 "MiB of automaton tables (the grammar table budget)", "guided_regex");
+  expect_healthy();
+  json rf = {{"type", "json_schema"},
+             {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^(.{1,20}){10,30}$"}}}}}};
+  expect_refused(post_raw(chat_with("response_format", rf.dump())), 400, "the grammar table budget", "response_format");
+  expect_healthy();
 }
 
 TEST_F(HostileInputTest, LongRefChainsInASchemaAreRefused) {
