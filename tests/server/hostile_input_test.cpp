@@ -145,6 +145,69 @@ TEST(BoundedJson, ParserRefusesDepthAndNamesTheField) {
   }
 }
 
+// An object of n members costs n^2/2 key comparisons to build in
+// ordered_json: refused as the parser reads, before the object exists.
+std::string object_of(int n_members, const std::string& prefix = "k") {
+  std::string o = "{";
+  for (int i = 0; i < n_members; ++i) o += (i ? ",\"" : "\"") + prefix + std::to_string(i) + "\":1";
+  return o + "}";
+}
+
+TEST(BoundedJson, ObjectsAndValuesAreBoundedWhileParsing) {
+  EXPECT_NO_THROW(parse_bounded_json(object_of(2048), "the body"));
+  try {
+    parse_bounded_json("{\"a\":[" + object_of(80'000) + "]}", "the body");
+    FAIL() << "80,000 members accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error().status, 400);
+    EXPECT_EQ(e.error().param, "a");
+    EXPECT_NE(e.error().message.find("an object with more than 2048 members (the limit on JSON object members) in 'a'"),
+              std::string::npos) << e.error().message;
+  }
+  try {  // at the top: no field to name
+    parse_bounded_json(object_of(3000), "the body");
+    FAIL() << "3,000 members accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error().param, "");
+    EXPECT_NE(e.error().message.find("more than 2048 members"), std::string::npos) << e.error().message;
+  }
+  // Many large objects: each within the member limit, too many comparisons in all.
+  std::string many = "{\"a\":[";
+  for (int k = 0; k < 5; ++k) many += (k ? "," : "") + object_of(2000);
+  many += "]}";
+  try {
+    parse_bounded_json(many, "the body");
+    FAIL() << "5 objects of 2,000 members accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error().param, "a");
+    EXPECT_NE(e.error().message.find("key comparisons to build them (the limit on JSON object work"), std::string::npos)
+        << e.error().message;
+  }
+  std::string values = "[0";
+  for (size_t i = 0; i < kMaxJsonValues; ++i) values += ",0";
+  values += "]";
+  try {
+    parse_bounded_json(values, "the body");
+    FAIL() << "1,000,001 values accepted";
+  } catch (const ApiException& e) {
+    EXPECT_NE(e.error().message.find("more than 1000000 values (the limit on JSON values)"), std::string::npos)
+        << e.error().message;
+  }
+}
+
+TEST_F(HostileInputTest, LargeObjectsAndLogitBiasAreRefusedEarly) {
+  // 80,000 distinct keys (1 MB): 12-19 s of CPU before; refused at the 2,049th.
+  expect_refused(post_raw(chat_with("chat_template_kwargs", object_of(80'000))), 400,
+                 "more than 2048 members (the limit on JSON object members)", "chat_template_kwargs");
+  expect_healthy();
+  expect_refused(post_raw(chat_with("logit_bias", object_of(100'000, ""))), 400, "more than 2048 members", "logit_bias");
+  expect_healthy();
+  // Within the parser's limit, logit_bias has its own (1,024 entries; OpenAI allows 300).
+  expect_refused(post_raw(chat_with("logit_bias", object_of(2000, ""))), 400, "'logit_bias' may hold at most 1024 entries",
+                 "logit_bias");
+  expect_healthy();
+}
+
 TEST_F(HostileInputTest, DeepJsonInAnyFieldIsRefusedWith400) {
   const std::string deep = deep_array(kDeep);
   for (const char* field : {"max_tokens", "temperature", "chat_template_kwargs", "no_such_field", "response_format"}) {
