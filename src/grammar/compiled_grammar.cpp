@@ -37,10 +37,16 @@ bool TokenVocabulary::is_stop(int32_t id) const {
   return std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
 }
 
-CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const TokenVocabulary> vocab, std::string description)
-    : nfa_(std::move(nfa)), vocab_(std::move(vocab)), description_(std::move(description)) {
+CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const TokenVocabulary> vocab, std::string description,
+                                 size_t max_table_bytes)
+    : nfa_(std::move(nfa)), vocab_(std::move(vocab)), description_(std::move(description)),
+      max_table_bytes_(max_table_bytes) {
   SHARDLM_CHECK(vocab_ != nullptr);
+  nfa_bytes_ = nfa_.n_states() * (2 * sizeof(std::vector<int32_t>) + 2 * sizeof(uint8_t) + sizeof(uint32_t));
+  for (size_t s = 0; s < nfa_.n_states(); ++s)
+    nfa_bytes_ += nfa_.edges[s].capacity() * sizeof(NfaEdge) + nfa_.eps[s].capacity() * sizeof(int32_t);
   keep_.assign(nfa_.n_states(), 0);
+  visited_.assign(nfa_.n_states(), 0u);
   for (size_t s = 0; s < nfa_.n_states(); ++s)
     keep_[s] = !nfa_.edges[s].empty() || int32_t(s) == nfa_.accept;
   std::vector<int32_t> start = {nfa_.start};
@@ -52,11 +58,15 @@ CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const TokenVocabulary>
 // Epsilon closure, keeping only the states that matter for matching.
 void CompiledGrammar::closure(std::vector<int32_t>* set) const {
   std::vector<int32_t> stack = *set, out;
-  std::unordered_map<int32_t, bool> visited;
+  if (++stamp_ == 0) {  // wrapped: forget every old mark
+    std::fill(visited_.begin(), visited_.end(), 0u);
+    stamp_ = 1;
+  }
   while (!stack.empty()) {
     const int32_t s = stack.back();
     stack.pop_back();
-    if (!visited.emplace(s, true).second) continue;
+    if (visited_[size_t(s)] == stamp_) continue;
+    visited_[size_t(s)] = stamp_;
     if (keep_[size_t(s)]) out.push_back(s);
     for (int32_t t : nfa_.eps[size_t(s)]) stack.push_back(t);
   }
@@ -71,6 +81,15 @@ int32_t CompiledGrammar::intern_locked(std::vector<int32_t> set) const {
   if (sets_.size() >= kMaxDfaStates)
     fail(ErrorCode::kUnsupported, "grammar (", description_, ") needs more than ", kMaxDfaStates,
          " automaton states; simplify it");
+  // The set is held twice (sets_ and index_'s key), with a map node and a
+  // transition row of 256 ids.
+  const size_t cost = 2 * set.size() * sizeof(int32_t) + 256 * sizeof(int32_t) + 128;
+  if (table_bytes_ + cost > max_table_bytes_)
+    fail(ErrorCode::kUnsupported, "grammar (", description_, ") needs more than ", max_table_bytes_ >> 20,
+         " MiB of automaton tables (the grammar table budget): ", sets_.size(), " states so far, the last tracking ",
+         set.size(), " positions at once; simplify it (nested or stacked bounded repetitions such as (.{1,50}){30,80} "
+         "grow with every byte)");
+  table_bytes_ += cost;
   const int32_t id = static_cast<int32_t>(sets_.size());
   accepting_.push_back(std::binary_search(set.begin(), set.end(), nfa_.accept) ? 1 : 0);
   continues_.push_back(-1);
@@ -112,10 +131,51 @@ bool CompiledGrammar::can_continue(int32_t state) const {
   if (state < 0) return false;
   if (continues_[size_t(state)] < 0) {
     int8_t any = 0;
-    for (int b = 0; b < 256 && !any; ++b) any = step_locked(state, uint8_t(b)) >= 0;
+    try {
+      for (int b = 0; b < 256 && !any; ++b) any = step_locked(state, uint8_t(b)) >= 0;
+    } catch (const Error&) {
+      return true;  // past the table budget: not known to be complete; the next mask reports the budget
+    }
     continues_[size_t(state)] = any;
   }
   return continues_[size_t(state)] == 1;
+}
+
+size_t CompiledGrammar::memory_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sizeof(*this) + nfa_bytes_ + table_bytes_ + mask_bytes_ + description_.size();
+}
+
+void CompiledGrammar::warm_up(size_t probe_bytes, const std::function<bool()>& cancelled) const {
+  std::vector<uint32_t> mask(size_t(vocab_->n_mask_words()));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    walk_locked(0, mask, cancelled ? &cancelled : nullptr);
+    const size_t bytes = mask.size() * sizeof(uint32_t);
+    if (!masks_.count(0) && mask_bytes_ + bytes <= kMaskCacheBytes) {
+      masks_.emplace(0, mask);
+      mask_bytes_ += bytes;
+    }
+  }
+  // Printable bytes first, as text mostly is; then the rest.
+  static const std::vector<uint8_t> kOrder = [] {
+    std::vector<uint8_t> order;
+    for (int b = 0x20; b < 0x7F; ++b) order.push_back(uint8_t(b));
+    for (int b = 0; b < 256; ++b)
+      if (b < 0x20 || b >= 0x7F) order.push_back(uint8_t(b));
+    return order;
+  }();
+  std::lock_guard<std::mutex> lock(mutex_);
+  int32_t state = 0;
+  for (size_t i = 0; i < probe_bytes && state >= 0; ++i) {
+    if (cancelled && cancelled()) fail(ErrorCode::kInvalidArgument, "grammar compilation was cancelled (the client has gone)");
+    int32_t next = kDeadState;
+    for (uint8_t b : kOrder) {
+      next = step_locked(state, b);
+      if (next >= 0) break;
+    }
+    state = next;
+  }
 }
 
 size_t CompiledGrammar::n_dfa_states() const {
@@ -123,7 +183,7 @@ size_t CompiledGrammar::n_dfa_states() const {
   return sets_.size();
 }
 
-void CompiledGrammar::walk_locked(int32_t state, std::span<uint32_t> mask) const {
+void CompiledGrammar::walk_locked(int32_t state, std::span<uint32_t> mask, const std::function<bool()>* cancelled) const {
   std::fill(mask.begin(), mask.end(), 0u);
   const auto& sorted = vocab_->sorted_;
   const auto& lcp = vocab_->lcp_;
@@ -133,6 +193,8 @@ void CompiledGrammar::walk_locked(int32_t state, std::span<uint32_t> mask) const
   size_t i = 0;
   const size_t n = sorted.size();
   while (i < n) {
+    if (cancelled && (i & 4095) == 0 && (*cancelled)())
+      fail(ErrorCode::kInvalidArgument, "grammar compilation was cancelled (the client has gone)");
     const int32_t id = sorted[i];
     const std::string& b = vocab_->bytes_[size_t(id)];
     size_t k = std::min(size_t(lcp[i]), valid);

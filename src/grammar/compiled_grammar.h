@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -60,11 +61,19 @@ constexpr int32_t kDeadState = -1;
 constexpr size_t kMaxDfaStates = 200'000;
 // Mask bytes cached per grammar; beyond it masks are recomputed per step.
 constexpr size_t kMaskCacheBytes = size_t(64) << 20;
+// DFA table bytes one grammar may build (each state's NFA set, its index
+// entry and its 1 KiB transition row), lazily, while compiling and while
+// decoding. A nested bounded repetition such as ^(.{1,50}){30,80}$ tracks
+// thousands of NFA states in every DFA state: it grew by 150 MiB and took
+// minutes. Past the budget the grammar is refused (at compile: a 400; while
+// decoding: that request fails), naming the limit.
+constexpr size_t kMaxGrammarTableBytes = size_t(64) << 20;
 
 class CompiledGrammar {
  public:
   // description: what it was compiled from, for messages ("json_schema", "regex").
-  CompiledGrammar(Nfa nfa, std::shared_ptr<const TokenVocabulary> vocab, std::string description);
+  CompiledGrammar(Nfa nfa, std::shared_ptr<const TokenVocabulary> vocab, std::string description,
+                  size_t max_table_bytes = kMaxGrammarTableBytes);
 
   const TokenVocabulary& vocabulary() const { return *vocab_; }
   const std::string& description() const { return description_; }
@@ -83,19 +92,35 @@ class CompiledGrammar {
 
   size_t n_dfa_states() const;
   size_t n_nfa_states() const { return nfa_.n_states(); }
+  // Bytes this grammar holds now: its NFA, DFA tables and cached masks (the
+  // tables and masks grow as sequences use it).
+  size_t memory_bytes() const;
+
+  // Compile-time work, on the requesting thread instead of the engine's: the
+  // start state's mask (a walk over the whole vocabulary; large choice
+  // grammars cost seconds there), then `probe_bytes` bytes walked from the
+  // start, each the first byte that keeps the text alive, so that a grammar
+  // whose automaton explodes with the text's length (nested repetitions)
+  // hits the table budget here. `cancelled` (when set) is polled every few
+  // thousand tokens and at every probe byte; true throws Error.
+  void warm_up(size_t probe_bytes, const std::function<bool()>& cancelled) const;
 
  private:
   int32_t step_locked(int32_t state, uint8_t byte) const;
   int32_t intern_locked(std::vector<int32_t> set) const;
   void closure(std::vector<int32_t>* set) const;
-  void walk_locked(int32_t state, std::span<uint32_t> mask) const;
+  void walk_locked(int32_t state, std::span<uint32_t> mask, const std::function<bool()>* cancelled = nullptr) const;
 
   Nfa nfa_;
   std::shared_ptr<const TokenVocabulary> vocab_;
   std::string description_;
   std::vector<uint8_t> keep_;  // [nfa states]: has byte edges or is the accept state
+  size_t max_table_bytes_;
+  size_t nfa_bytes_ = 0;       // the NFA's heap bytes, counted once
 
   mutable std::mutex mutex_;
+  mutable std::vector<uint32_t> visited_;  // [nfa states]: closure()'s marks, == stamp_ when visited
+  mutable uint32_t stamp_ = 0;
   mutable std::vector<std::vector<int32_t>> sets_;  // [dfa states]: sorted NFA states
   mutable std::vector<int32_t> trans_;              // [dfa states * 256]: next state, kDeadState, or kUnknown
   mutable std::vector<uint8_t> accepting_;          // [dfa states]
@@ -103,6 +128,7 @@ class CompiledGrammar {
   mutable std::map<std::vector<int32_t>, int32_t> index_;
   mutable std::unordered_map<int32_t, std::vector<uint32_t>> masks_;  // state -> [n_mask_words]
   mutable size_t mask_bytes_ = 0;
+  mutable size_t table_bytes_ = 0;  // sets_, index_ and trans_, as intern_locked counts them
 };
 
 // The grammar state of one sequence.

@@ -33,8 +33,9 @@ std::string GrammarSpec::key() const {
   return k;
 }
 
-Nfa build_nfa(const GrammarSpec& spec) {
+Nfa build_nfa(const GrammarSpec& spec, const std::function<bool()>& cancelled) {
   NfaBuilder b;
+  if (cancelled) b.set_cancelled(&cancelled);
   int32_t start = kEmpty;
   switch (spec.kind) {
     case GrammarSpec::Kind::kJsonSchema: start = json_schema_fragment(b, spec.schema, spec.json, b.accept()); break;
@@ -73,27 +74,51 @@ Nfa build_nfa(const GrammarSpec& spec) {
   return b.finish(start, spec.kind_name());
 }
 
-GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, size_t max_cached)
-    : vocab_(std::move(vocab)), max_cached_(max_cached) {
+GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, GrammarCompilerOptions options)
+    : vocab_(std::move(vocab)), options_(options) {
   SHARDLM_CHECK(vocab_ != nullptr);
 }
 
-std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec& spec) {
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec& spec,
+                                                                const std::function<bool()>& cancelled) {
   const std::string key = spec.key();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-  }
-  auto g = std::make_shared<const CompiledGrammar>(build_nfa(spec), vocab_, spec.kind_name());
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (cache_.emplace(key, g).second) {
-    order_.push_back(key);
-    while (order_.size() > max_cached_) {
-      cache_.erase(order_.front());
-      order_.pop_front();
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      lru_.splice(lru_.end(), lru_, it->second.use);
+      return it->second.grammar;
     }
   }
+  auto g = std::make_shared<const CompiledGrammar>(build_nfa(spec, cancelled), vocab_, spec.kind_name(),
+                                                   options_.max_table_bytes);
+  g->warm_up(options_.probe_bytes, cancelled);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (cache_.count(key)) return g;  // another request compiled it meanwhile
+  lru_.push_back(key);
+  cache_.emplace(key, Entry{g, std::prev(lru_.end())});
+  // Evict the least recently used until the rest fit; the newest always stays
+  // (the grammars that sequences still use live on with them).
+  size_t total = 0;
+  for (const auto& [k, e] : cache_) total += e.grammar->memory_bytes();
+  while (lru_.size() > 1 && (total > options_.max_cache_bytes || lru_.size() > options_.max_cached)) {
+    auto it = cache_.find(lru_.front());
+    total -= std::min(total, it->second.grammar->memory_bytes());
+    cache_.erase(it);
+    lru_.pop_front();
+  }
   return g;
+}
+
+size_t GrammarCompiler::n_cached() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cache_.size();
+}
+
+size_t GrammarCompiler::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto& [k, e] : cache_) total += e.grammar->memory_bytes();
+  return total;
 }
 
 }  // namespace shardlm::grammar

@@ -4,7 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
+#include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -48,23 +49,45 @@ struct GrammarSpec {
 constexpr const char* kToolCallOpen = "<tool_call>\n";
 constexpr const char* kToolCallClose = "\n</tool_call>";
 
-class GrammarCompiler {
- public:
-  explicit GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, size_t max_cached = 64);
-  // Throws Error(kUnsupported) naming an unsupported keyword or construct,
-  // Error(kInvalidArgument) for malformed input.
-  std::shared_ptr<const CompiledGrammar> compile(const GrammarSpec& spec);
-  const TokenVocabulary& vocabulary() const { return *vocab_; }
-
- private:
-  std::shared_ptr<const TokenVocabulary> vocab_;
-  size_t max_cached_;
-  std::mutex mutex_;
-  std::unordered_map<std::string, std::shared_ptr<const CompiledGrammar>> cache_;
-  std::deque<std::string> order_;  // oldest first
+struct GrammarCompilerOptions {
+  // Compiled grammars kept for reuse, least recently used evicted first, by
+  // the bytes they hold now (their tables grow while they are used): one
+  // large grammar held 150 MiB, and a count bound let six take 899 MiB.
+  size_t max_cache_bytes = size_t(256) << 20;
+  size_t max_cached = 64;                              // and at most this many
+  size_t max_table_bytes = kMaxGrammarTableBytes;      // per grammar (compiled_grammar.h)
+  // CompiledGrammar::warm_up at compile: ^(.{1,50}){30,80}$ passes the
+  // default table budget after ~290 bytes (1.6 s), and is refused then.
+  size_t probe_bytes = 512;
 };
 
-// The NFA of a spec, without a vocabulary (exposed for tests).
-Nfa build_nfa(const GrammarSpec& spec);
+class GrammarCompiler {
+ public:
+  explicit GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, GrammarCompilerOptions options = {});
+  // Throws Error(kUnsupported) naming an unsupported keyword or construct or
+  // a budget (NFA states, table bytes), Error(kInvalidArgument) for malformed
+  // input or when `cancelled` (polled while the NFA is built and warmed up,
+  // every few ms of work) returns true.
+  std::shared_ptr<const CompiledGrammar> compile(const GrammarSpec& spec, const std::function<bool()>& cancelled = {});
+  const TokenVocabulary& vocabulary() const { return *vocab_; }
+  // The cache now: grammars and the bytes they hold.
+  size_t n_cached() const;
+  size_t cached_bytes() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<const CompiledGrammar> grammar;
+    std::list<std::string>::iterator use;  // its key in lru_
+  };
+  std::shared_ptr<const TokenVocabulary> vocab_;
+  GrammarCompilerOptions options_;
+  mutable std::mutex mutex_;
+  std::unordered_map<std::string, Entry> cache_;
+  std::list<std::string> lru_;  // least recently used first
+};
+
+// The NFA of a spec, without a vocabulary (exposed for tests). `cancelled`
+// is polled every 65,536 states.
+Nfa build_nfa(const GrammarSpec& spec, const std::function<bool()>& cancelled = {});
 
 }  // namespace shardlm::grammar

@@ -12,6 +12,8 @@ int32_t NfaBuilder::add_state() {
   if (nfa_.edges.size() >= kMaxNfaStates)
     fail(ErrorCode::kUnsupported, "grammar is too large: it needs more than ", kMaxNfaStates,
          " automaton states; simplify the schema (fewer or smaller bounded repetitions, shallower nesting)");
+  if (cancelled_ && (nfa_.edges.size() & 0xFFFF) == 0xFFFF && (*cancelled_)())
+    fail(ErrorCode::kInvalidArgument, "grammar compilation was cancelled (the client has gone)");
   nfa_.edges.emplace_back();
   nfa_.eps.emplace_back();
   return static_cast<int32_t>(nfa_.edges.size() - 1);

@@ -53,6 +53,9 @@ class NfaBuilder {
  public:
   NfaBuilder();
   int32_t add_state();  // throws Error(kUnsupported) beyond kMaxNfaStates
+  // Polled every 65,536 states; true makes add_state throw Error (the
+  // request that asked for the grammar has gone). Not owned.
+  void set_cancelled(const std::function<bool()>* cancelled) { cancelled_ = cancelled; }
   void add_eps(int32_t from, int32_t to);
   void add_bytes(int32_t from, const ByteSet& bytes, int32_t to);
 
@@ -80,6 +83,7 @@ class NfaBuilder {
   void utf8_range(uint32_t lo, uint32_t hi, int32_t next, std::vector<int32_t>* starts);
   Nfa nfa_;
   int32_t accept_ = 0;
+  const std::function<bool()>* cancelled_ = nullptr;
 };
 
 // Encodes a code point as UTF-8.

@@ -48,20 +48,29 @@ class BoundedSax {
  public:
   BoundedSax(Json* out, int max_depth) : dom_(*out, /*allow_exceptions=*/false), max_depth_(max_depth) {}
 
-  bool null() { return scalar(dom_.null()); }
-  bool boolean(bool v) { return scalar(dom_.boolean(v)); }
-  bool number_integer(Json::number_integer_t v) { return scalar(dom_.number_integer(v)); }
-  bool number_unsigned(Json::number_unsigned_t v) { return scalar(dom_.number_unsigned(v)); }
-  bool number_float(Json::number_float_t v, const Json::string_t& s) { return scalar(dom_.number_float(v, s)); }
-  bool string(Json::string_t& v) { return scalar(dom_.string(v)); }
-  bool binary(Json::binary_t& v) { return scalar(dom_.binary(v)); }
-  bool start_object(std::size_t n) { return open(false) && dom_.start_object(n); }
+  bool null() { return value() && scalar(dom_.null()); }
+  bool boolean(bool v) { return value() && scalar(dom_.boolean(v)); }
+  bool number_integer(Json::number_integer_t v) { return value() && scalar(dom_.number_integer(v)); }
+  bool number_unsigned(Json::number_unsigned_t v) { return value() && scalar(dom_.number_unsigned(v)); }
+  bool number_float(Json::number_float_t v, const Json::string_t& s) { return value() && scalar(dom_.number_float(v, s)); }
+  bool string(Json::string_t& v) { return value() && scalar(dom_.string(v)); }
+  bool binary(Json::binary_t& v) { return value() && scalar(dom_.binary(v)); }
+  bool start_object(std::size_t n) { return value() && open(false) && dom_.start_object(n); }
   bool key(Json::string_t& k) {
-    frames_.back().key = k;
+    Frame& f = frames_.back();
+    // The DOM's insert scans the members so far (a repeated key replaces one).
+    n_comparisons_ += f.n_members;
+    if (frames_.size() == 1) f.key.clear();  // a refusal at the top names no field
+    if (++f.n_members > kMaxJsonObjectMembers) return refuse(str_cat("an object with more than ", kMaxJsonObjectMembers,
+                                                                    " members (the limit on JSON object members)"));
+    if (n_comparisons_ > kMaxJsonKeyComparisons)
+      return refuse(str_cat("objects too large in all: more than ", kMaxJsonKeyComparisons,
+                            " key comparisons to build them (the limit on JSON object work; send fewer or smaller objects)"));
+    f.key = k;
     return dom_.key(k);
   }
   bool end_object() { return close(dom_.end_object()); }
-  bool start_array(std::size_t n) { return open(true) && dom_.start_array(n); }
+  bool start_array(std::size_t n) { return value() && open(true) && dom_.start_array(n); }
   bool end_array() { return close(dom_.end_array()); }
   bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& e) {
     error_ = e.what();
@@ -69,6 +78,7 @@ class BoundedSax {
   }
 
   bool too_deep() const { return too_deep_; }
+  const std::string& too_large() const { return too_large_; }  // which size limit stopped the parse
   // The body's member being read ("max_tokens"); "" when the top is not an object.
   std::string field() const {
     return frames_.empty() || frames_[0].is_array ? std::string() : brief_text(frames_[0].key, 120);
@@ -93,16 +103,26 @@ class BoundedSax {
  private:
   struct Frame {
     bool is_array = false;
-    size_t index = 0;  // arrays: the element being read
-    std::string key;   // objects: the member being read
+    size_t index = 0;      // arrays: the element being read
+    std::string key;       // objects: the member being read
+    size_t n_members = 0;  // objects: members so far
   };
   bool open(bool is_array) {
     if (static_cast<int>(frames_.size()) >= max_depth_) {
       too_deep_ = true;
       return false;
     }
-    frames_.push_back(Frame{is_array, 0, ""});
+    frames_.push_back(Frame{is_array, 0, "", 0});
     return true;
+  }
+  bool value() {
+    if (++n_values_ > kMaxJsonValues)
+      return refuse(str_cat("more than ", kMaxJsonValues, " values (the limit on JSON values)"));
+    return true;
+  }
+  bool refuse(std::string why) {
+    too_large_ = std::move(why);
+    return false;
   }
   bool close(bool ok) {
     frames_.pop_back();
@@ -117,6 +137,9 @@ class BoundedSax {
   int max_depth_;
   std::vector<Frame> frames_;
   bool too_deep_ = false;
+  std::string too_large_;
+  size_t n_values_ = 0;
+  size_t n_comparisons_ = 0;
   std::string error_;
 };
 
@@ -139,6 +162,10 @@ nlohmann::ordered_json parse_bounded_json(std::string_view text, const std::stri
                                              " (the limit on JSON nesting)"),
                                 "invalid_request_error", param.empty() ? sax.field() : param, ""});
   }
+  if (!sax.too_large().empty())  // named by its top-level field, as for depth
+    throw ApiException(ApiError{400, str_cat(what, " holds ", sax.too_large(),
+                                             sax.field().empty() ? "" : " in '" + sax.field() + "'"),
+                                "invalid_request_error", param.empty() ? sax.field() : param, ""});
   // parse_error (malformed) or out_of_range (a number such as 1e400 that
   // does not fit a double). The parser's message quotes the last token,
   // which a client controls: cut it.

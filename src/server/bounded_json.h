@@ -16,6 +16,17 @@ namespace shardlm::server {
 
 // Real request bodies nest a dozen levels; json_schemas 20-30.
 constexpr int kMaxJsonDepth = 64;
+// Bodies are parsed into nlohmann::ordered_json, whose objects find a key by a
+// linear scan, so building one of n members costs n^2/2 key comparisons: a
+// 1 MB body of 80,000 distinct keys took 12-19 s of CPU. The parser refuses,
+// as it reads (before the quadratic object exists), an object of more than
+// kMaxJsonObjectMembers members (real tool schemas have tens; OpenAI caps
+// logit_bias at 300 and enums at 1,000), more than kMaxJsonKeyComparisons
+// comparisons over the whole text (many large objects), and more than
+// kMaxJsonValues values in all.
+constexpr size_t kMaxJsonObjectMembers = 2048;
+constexpr size_t kMaxJsonKeyComparisons = size_t(8) << 20;  // ~4 objects at the member limit; ~50 ms
+constexpr size_t kMaxJsonValues = 1'000'000;
 
 // The deepest nesting of arrays/objects in `text`, stopping the scan as soon
 // as it passes `limit` (so the answer is at most limit + 1). Brackets inside
@@ -24,9 +35,10 @@ constexpr int kMaxJsonDepth = 64;
 int json_nesting_depth(std::string_view text, int limit);
 
 // Parses `text` as JSON, or throws ApiException(400, param): nesting deeper
-// than `max_depth` ("<what> is nested deeper than 64 levels"), malformed
-// JSON, or a number out of range (1e400). `what` names the text in the
-// message: "the request body", "'guided_json'".
+// than `max_depth` ("<what> is nested deeper than 64 levels"), an object or
+// a text past the size limits above (each message names its limit),
+// malformed JSON, or a number out of range (1e400). `what` names the text in
+// the message: "the request body", "'guided_json'".
 nlohmann::ordered_json parse_bounded_json(std::string_view text, const std::string& what, const std::string& param = "",
                                           int max_depth = kMaxJsonDepth);
 

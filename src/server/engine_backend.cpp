@@ -16,6 +16,7 @@
 #include "core/units.h"
 #include "engine/tokenizer_detokenizer.h"
 #include "loader/generation_config.h"
+#include "server/connection_server.h"
 #include "server/structured_output.h"
 #include "model/quantized_linear.h"
 #include "model/weight_source.h"
@@ -323,8 +324,19 @@ std::string EngineBackend::render_chat(const ordered_json& messages, const order
   inputs.tools = tools.is_array() && !tools.empty() ? tools : ordered_json();
   inputs.add_generation_prompt = add_generation_prompt;
   inputs.extra = template_kwargs;
+  return render_chat_or_400(*chat_template_, inputs);
+}
+
+std::string render_chat_or_400(const chat_template::ModelChatTemplate& tmpl, const chat_template::ChatInputs& inputs) {
+  // The render stops when the client hangs up (polled every few ms of work)
+  // and at the template's budgets (steps, list items, string bytes, depth).
+  // A budget hit is a 400, not a 500: a real template only reaches one with
+  // messages too large for it, and a 5xx is retried by clients (the openai
+  // SDKs retry twice), which would repeat the expensive render.
+  chat_template::RenderOptions options;
+  options.cancelled = [] { return ConnectionServer::current_client_gone(); };
   try {
-    return chat_template_->render(inputs);
+    return tmpl.render(inputs, options);
   } catch (const Error& e) {
     throw ApiException({400, std::string("the chat template failed on these messages: ") + e.what(),
                         "invalid_request_error", "messages", ""});

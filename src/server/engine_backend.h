@@ -116,4 +116,10 @@ class EngineBackend final : public ServingBackend {
   std::atomic<bool> ready_{false};
 };
 
+// Renders a model's chat template for a request, on the HTTP thread that
+// serves it: the render stops when that client hangs up, and template errors
+// and budget hits (chat_template::Limits) become ApiException(400) naming
+// 'messages' and the limit.
+std::string render_chat_or_400(const chat_template::ModelChatTemplate& tmpl, const chat_template::ChatInputs& inputs);
+
 }  // namespace shardlm::server

@@ -354,7 +354,7 @@ void HttpServer::install_routes() {
     if (body.contains("messages")) {
       ApiOptions api = options_.api;
       api.check_fields = false;  // /tokenize takes add_special_tokens and the like
-      ParsedRequest parsed = parse_request(Endpoint::kChat, req.body, backend_, options_.limits, api);
+      ParsedRequest parsed = parse_request(Endpoint::kChat, std::move(body), backend_, options_.limits, api);
       ids = parsed.prompts.at(0).prompt_ids;
     } else {
       auto p = body.find("prompt");
@@ -386,8 +386,8 @@ void HttpServer::install_routes() {
 
   auto generate = [this, json_body](Endpoint endpoint) {
     return [this, json_body, endpoint](const Request& req, Response& res) {
-      json_body(req);  // content type and shape first
-      ParsedRequest parsed = parse_request(endpoint, req.body, backend_, options_.limits, options_.api);
+      // Content type and shape first; the body is parsed once.
+      ParsedRequest parsed = parse_request(endpoint, json_body(req), backend_, options_.limits, options_.api);
       const auto& names = options_.served_model_names;
       if (!parsed.model.empty() && std::find(names.begin(), names.end(), parsed.model) == names.end())
         throw ApiException({404, "The model `" + parsed.model + "` does not exist.", "not_found_error", "model", "model_not_found"});

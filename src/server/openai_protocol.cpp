@@ -197,7 +197,11 @@ std::vector<std::pair<int32_t, float>> logit_bias_param(const ordered_json& body
 
 ParsedRequest parse_request(Endpoint endpoint, const std::string& text, const ServingBackend& backend,
                             const RequestLimits& limits, const ApiOptions& api) {
-  ordered_json body = parse_bounded_json(text, "the request body");
+  return parse_request(endpoint, parse_bounded_json(text, "the request body"), backend, limits, api);
+}
+
+ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingBackend& backend,
+                            const RequestLimits& limits, const ApiOptions& api) {
   if (!body.is_object()) bad_request("", "the request body must be a JSON object");
   if (api.check_fields) check_request_fields(endpoint, body);
   const SamplingDefaults defaults = api.generation_config ? backend.sampling_defaults() : SamplingDefaults{};

@@ -49,6 +49,10 @@ struct ParsedRequest {
 // chat templates, tokenize and check the context length.
 ParsedRequest parse_request(Endpoint endpoint, const std::string& body, const ServingBackend& backend,
                             const RequestLimits& limits = {}, const ApiOptions& api = {});
+// The same over a body already parsed (parse_bounded_json): the HTTP layer
+// parses each body once.
+ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingBackend& backend,
+                            const RequestLimits& limits = {}, const ApiOptions& api = {});
 
 // {"error": {"message", "type", "param", "code"}}
 ordered_json error_json(const ApiError& error);

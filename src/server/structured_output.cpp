@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "server/bounded_json.h"
+#include "server/connection_server.h"
 #include "server/serving_backend.h"
 
 namespace shardlm::server {
@@ -157,7 +158,9 @@ std::optional<GrammarSpec> parse_structured_output(const json& body, std::string
 std::shared_ptr<const grammar::CompiledGrammar> compile_grammar_or_400(grammar::GrammarCompiler& compiler,
                                                                        const grammar::GrammarSpec& spec) {
   try {
-    return compiler.compile(spec);
+    // Compilation runs on the HTTP thread of the request: it stops when that
+    // client hangs up (polled every few ms of work).
+    return compiler.compile(spec, [] { return ConnectionServer::current_client_gone(); });
   } catch (const Error& e) {
     const char* param = spec.kind == GrammarSpec::Kind::kToolCalls ? "tools" : "response_format";
     throw ApiException({400, std::string("structured output (") + spec.kind_name() + "): " + e.what(),

@@ -24,9 +24,10 @@ namespace shardlm::server {
 std::optional<grammar::GrammarSpec> parse_structured_output(const nlohmann::ordered_json& body,
                                                             std::string* param = nullptr);
 
-// compiler.compile(spec), with the grammar engine's errors (an unsupported
-// keyword, a malformed regex) turned into ApiException(400) naming the
-// request parameter that carried the grammar.
+// compiler.compile(spec), stopped when the calling handler's client hangs
+// up, with the grammar engine's errors (an unsupported keyword, a malformed
+// regex, a budget) turned into ApiException(400) naming the request
+// parameter that carried the grammar.
 std::shared_ptr<const grammar::CompiledGrammar> compile_grammar_or_400(grammar::GrammarCompiler& compiler,
                                                                        const grammar::GrammarSpec& spec);
 

@@ -104,12 +104,21 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   auto field = [&](const char* key) { return root.contains(key) ? root[key] : nlohmann::json(); };
   auto where = [&](const char* key) { return str_cat(source, ": field ", key); };
 
-  impl->model = BpeModel(root["model"], where("model"));
-  impl->normalizer = Normalizer(field("normalizer"), where("normalizer"));
-  impl->pre_tokenizer = PreTokenizer(field("pre_tokenizer"), where("pre_tokenizer"));
-  impl->added = AddedVocab(field("added_tokens"), where("added_tokens"));
-
-  impl->decoder = Decoder(field("decoder"), where("decoder"));
+  // The readers check the shapes they expect; a value of another type they
+  // did not foresee surfaces as nlohmann's type_error ("type must be string,
+  // but is number"), which named neither file nor field.
+  auto build = [&](const char* key, auto&& read) {
+    try {
+      read();
+    } catch (const nlohmann::json::exception& e) {
+      fail(ErrorCode::kCorruptFile, where(key), ": a value has the wrong type (", e.what(), ")");
+    }
+  };
+  build("model", [&] { impl->model = BpeModel(root["model"], where("model")); });
+  build("normalizer", [&] { impl->normalizer = Normalizer(field("normalizer"), where("normalizer")); });
+  build("pre_tokenizer", [&] { impl->pre_tokenizer = PreTokenizer(field("pre_tokenizer"), where("pre_tokenizer")); });
+  build("added_tokens", [&] { impl->added = AddedVocab(field("added_tokens"), where("added_tokens")); });
+  build("decoder", [&] { impl->decoder = Decoder(field("decoder"), where("decoder")); });
 
   // Id tables covering vocab and added tokens.
   const auto& vocab_tokens = impl->model.id_to_token();
@@ -132,8 +141,10 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   }
 
   const Impl* raw = impl.get();
-  impl->post_processor = PostProcessor(field("post_processor"), where("post_processor"),
-                                       [raw](std::string_view token) { return raw->lookup(token); });
+  build("post_processor", [&] {
+    impl->post_processor = PostProcessor(field("post_processor"), where("post_processor"),
+                                         [raw](std::string_view token) { return raw->lookup(token); });
+  });
 
   if (!config_json.empty()) {
     std::string config_source =

@@ -3,6 +3,7 @@
 // rules, and the errors for what it does not support.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -253,6 +254,94 @@ TEST(JsonObject, AnyObjectButNothingElse) {
   EXPECT_TRUE(matches(spec, "{ }"));
   EXPECT_FALSE(matches(spec, "[1]"));
   EXPECT_FALSE(matches(spec, R"({"a": })"));
+}
+
+// --- Issue 21: bounded compile work, cancellation, a cache bounded by bytes ---
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a shardlm::Error";
+  return "";
+}
+
+// The nested repetition tracks thousands of NFA states per DFA state: the
+// compile-time probe meets the table budget (small here to stay fast) and
+// the grammar is refused naming it.
+TEST(Budget, ExplodingRegexIsRefusedAtCompile) {
+  GrammarCompilerOptions o;
+  o.max_table_bytes = size_t(1) << 20;
+  GrammarCompiler compiler(small_vocab(), o);
+  std::string e = error_of([&] { compiler.compile(regex("^(.{1,50}){30,80}$")); });
+  EXPECT_NE(e.find("needs more than 1 MiB of automaton tables (the grammar table budget)"), std::string::npos) << e;
+  EXPECT_EQ(compiler.n_cached(), 0u);
+  // Ordinary grammars fit the same budget.
+  EXPECT_NO_THROW(compiler.compile(regex("[a-z]{1,4000}")));
+  EXPECT_NO_THROW(compiler.compile(regex("(\\w+\\s?){1,100}")));
+  GrammarSpec any;
+  any.kind = GrammarSpec::Kind::kJsonObject;
+  EXPECT_NO_THROW(compiler.compile(any));
+}
+
+// Without the probe, the budget holds while decoding: the mask fails with the
+// limit's name (the engine fails that request), and can_continue never throws.
+TEST(Budget, TableBudgetHoldsWhileDecoding) {
+  GrammarCompilerOptions o;
+  o.max_table_bytes = size_t(1) << 20;
+  o.probe_bytes = 0;
+  GrammarCompiler compiler(small_vocab(), o);
+  GrammarMatcher m(compiler.compile(regex("^(.{1,50}){30,80}$")));
+  std::vector<uint32_t> mask(size_t(compiler.vocabulary().n_mask_words()));
+  std::string e = error_of([&] {
+    for (int i = 0; i < 4000; ++i) {
+      m.fill_next_token_bitmask(mask);
+      ASSERT_TRUE(m.accept_token('a'));
+      m.is_terminated();
+    }
+  });
+  EXPECT_NE(e.find("the grammar table budget"), std::string::npos) << e;
+  // What it holds beyond its NFA stays within the budget (plus masks).
+  GrammarCompiler fresh(small_vocab(), o);
+  const size_t nfa_only = fresh.compile(regex("^(.{1,50}){30,80}$"))->memory_bytes();
+  EXPECT_LE(m.grammar().memory_bytes(), nfa_only + (size_t(2) << 20));
+  EXPECT_GT(m.grammar().memory_bytes(), nfa_only + (size_t(1) << 19));
+}
+
+TEST(Budget, CompilationStopsWhenCancelled) {
+  GrammarCompiler compiler(small_vocab());
+  int polls = 0;
+  // Building a 120,000-state NFA polls twice before it is done.
+  std::string e = error_of([&] { compiler.compile(regex(".{4000}"), [&] { return ++polls >= 1; }); });
+  EXPECT_NE(e.find("grammar compilation was cancelled"), std::string::npos) << e;
+  EXPECT_EQ(polls, 1);
+  // The warm-up polls too: a small NFA, cancelled at the start mask's walk.
+  polls = 0;
+  e = error_of([&] { compiler.compile(regex("[ab]+"), [&] { return ++polls >= 1; }); });
+  EXPECT_NE(e.find("cancelled"), std::string::npos) << e;
+  EXPECT_EQ(compiler.n_cached(), 0u);
+  EXPECT_NO_THROW(compiler.compile(regex("[ab]+"), [] { return false; }));
+}
+
+TEST(Budget, CacheIsAnLruBoundedByBytes) {
+  GrammarCompilerOptions o;
+  o.max_cache_bytes = size_t(3) << 20;
+  GrammarCompiler compiler(small_vocab(), o);
+  auto big = [](int i) { return regex("x" + std::to_string(i) + "[a-z]{1,2000}[0-9]{1,2000}"); };
+  const auto first = compiler.compile(big(0));
+  const size_t one = first->memory_bytes();
+  ASSERT_GT(one, size_t(300) << 10);  // each holds several hundred KiB
+  for (int i = 1; i < 40; ++i) {
+    compiler.compile(big(i));
+    EXPECT_EQ(compiler.compile(big(0)), first) << "the most recently used grammar stays cached";
+    EXPECT_LE(compiler.cached_bytes(), o.max_cache_bytes + one);
+  }
+  EXPECT_LT(compiler.n_cached(), 40u / 2);
+  // What was evicted is compiled afresh.
+  const auto again = compiler.compile(big(1));
+  EXPECT_NE(again, nullptr);
 }
 
 }  // namespace

@@ -6,6 +6,13 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -14,8 +21,10 @@
 #include "grammar/compiled_grammar.h"
 #include "grammar/grammar_compiler.h"
 #include "server/bounded_json.h"
+#include "server/engine_backend.h"
 #include "server/http_server.h"
 #include "server/structured_output.h"
+#include "tokenizer/chat_template/model_template.h"
 
 namespace shardlm::server {
 namespace {
@@ -34,8 +43,12 @@ class GrammarBackend : public testing::FakeBackend {
     std::vector<std::string> bytes;
     for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
     bytes.push_back("");  // 256: the stop token
+    // A small table budget, so that an exploding grammar is refused in
+    // milliseconds (serve's default is 64 MiB).
+    grammar::GrammarCompilerOptions options;
+    options.max_table_bytes = size_t(1) << 20;
     compiler_ = std::make_unique<grammar::GrammarCompiler>(
-        std::make_shared<grammar::TokenVocabulary>(std::move(bytes), std::vector<int32_t>{256}));
+        std::make_shared<grammar::TokenVocabulary>(std::move(bytes), std::vector<int32_t>{256}), options);
   }
   std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const grammar::GrammarSpec& spec) const override {
     return compile_grammar_or_400(*compiler_, spec);
@@ -130,6 +143,69 @@ TEST(BoundedJson, ParserRefusesDepthAndNamesTheField) {
   } catch (const ApiException& e) {
     EXPECT_EQ(e.error().param, "x[2].y");
   }
+}
+
+// An object of n members costs n^2/2 key comparisons to build in
+// ordered_json: refused as the parser reads, before the object exists.
+std::string object_of(int n_members, const std::string& prefix = "k") {
+  std::string o = "{";
+  for (int i = 0; i < n_members; ++i) o += (i ? ",\"" : "\"") + prefix + std::to_string(i) + "\":1";
+  return o + "}";
+}
+
+TEST(BoundedJson, ObjectsAndValuesAreBoundedWhileParsing) {
+  EXPECT_NO_THROW(parse_bounded_json(object_of(2048), "the body"));
+  try {
+    parse_bounded_json("{\"a\":[" + object_of(80'000) + "]}", "the body");
+    FAIL() << "80,000 members accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error().status, 400);
+    EXPECT_EQ(e.error().param, "a");
+    EXPECT_NE(e.error().message.find("an object with more than 2048 members (the limit on JSON object members) in 'a'"),
+              std::string::npos) << e.error().message;
+  }
+  try {  // at the top: no field to name
+    parse_bounded_json(object_of(3000), "the body");
+    FAIL() << "3,000 members accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error().param, "");
+    EXPECT_NE(e.error().message.find("more than 2048 members"), std::string::npos) << e.error().message;
+  }
+  // Many large objects: each within the member limit, too many comparisons in all.
+  std::string many = "{\"a\":[";
+  for (int k = 0; k < 5; ++k) many += (k ? "," : "") + object_of(2000);
+  many += "]}";
+  try {
+    parse_bounded_json(many, "the body");
+    FAIL() << "5 objects of 2,000 members accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error().param, "a");
+    EXPECT_NE(e.error().message.find("key comparisons to build them (the limit on JSON object work"), std::string::npos)
+        << e.error().message;
+  }
+  std::string values = "[0";
+  for (size_t i = 0; i < kMaxJsonValues; ++i) values += ",0";
+  values += "]";
+  try {
+    parse_bounded_json(values, "the body");
+    FAIL() << "1,000,001 values accepted";
+  } catch (const ApiException& e) {
+    EXPECT_NE(e.error().message.find("more than 1000000 values (the limit on JSON values)"), std::string::npos)
+        << e.error().message;
+  }
+}
+
+TEST_F(HostileInputTest, LargeObjectsAndLogitBiasAreRefusedEarly) {
+  // 80,000 distinct keys (1 MB): 12-19 s of CPU before; refused at the 2,049th.
+  expect_refused(post_raw(chat_with("chat_template_kwargs", object_of(80'000))), 400,
+                 "more than 2048 members (the limit on JSON object members)", "chat_template_kwargs");
+  expect_healthy();
+  expect_refused(post_raw(chat_with("logit_bias", object_of(100'000, ""))), 400, "more than 2048 members", "logit_bias");
+  expect_healthy();
+  // Within the parser's limit, logit_bias has its own (1,024 entries; OpenAI allows 300).
+  expect_refused(post_raw(chat_with("logit_bias", object_of(2000, ""))), 400, "'logit_bias' may hold at most 1024 entries",
+                 "logit_bias");
+  expect_healthy();
 }
 
 TEST_F(HostileInputTest, DeepJsonInAnyFieldIsRefusedWith400) {
@@ -232,6 +308,18 @@ TEST_F(HostileInputTest, DeepOrRunawayRegexesAreRefusedNamingTheParameter) {
   EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
 }
 
+TEST_F(HostileInputTest, ExplodingGrammarsAreRefusedNamingTheBudget) {
+  // Expands to a DFA whose states each track thousands of NFA states: minutes
+  // of compile and 150 MiB per grammar before the table budget.
+  expect_refused(post_raw(chat_with("guided_regex", json("^(.{1,50}){30,80}$").dump())), 400,
+                 "MiB of automaton tables (the grammar table budget)", "guided_regex");
+  expect_healthy();
+  json rf = {{"type", "json_schema"},
+             {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^(.{1,20}){10,30}$"}}}}}};
+  expect_refused(post_raw(chat_with("response_format", rf.dump())), 400, "the grammar table budget", "response_format");
+  expect_healthy();
+}
+
 TEST_F(HostileInputTest, LongRefChainsInASchemaAreRefused) {
   // 2,000 definitions, each referring to the next: a walk 2,000 deep.
   json defs = json::object();
@@ -265,6 +353,154 @@ TEST_F(HostileInputTest, ContentTypeMustBeExactlyJson) {
   auto r = post_raw(ok, "/v1/chat/completions", "Application/JSON; charset=utf-8");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
+}
+
+// --- Chat templates: budgets at render, and the client leaving ---------------
+
+// Renders a real chat template as serve does (render_chat_or_400), with small
+// budgets so that hostile renders stop in milliseconds even under ASan. The
+// first message's content picks a hostile branch.
+constexpr const char* kHostileTemplate = R"({%- macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro -%}
+{%- set c = messages[0].content -%}
+{%- if c == 'exponential' -%}{{ f(60) }}
+{%- elif c == 'doubling' -%}{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = ns.x + ns.x %}{% endfor %}
+{%- elif c == 'format' -%}{{ ('{0}' * 8).format('x' * 20000) }}
+{%- else -%}{% for m in messages %}{{ m.role }}:{{ m.content }}
+{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}{% endif %})";
+
+class TemplateBackend : public GrammarBackend {
+ public:
+  explicit TemplateBackend(chat_template::Limits limits)
+      : template_{chat_template::ChatTemplate::compile(kHostileTemplate, limits), "", "", kHostileTemplate} {}
+  std::string render_chat(const ordered_json& messages, const ordered_json& tools, bool add_generation_prompt,
+                          const ordered_json& kwargs) const override {
+    chat_template::ChatInputs in;
+    in.messages = messages;
+    in.tools = tools;
+    in.add_generation_prompt = add_generation_prompt;
+    in.extra = kwargs;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++n_started_;
+      changed_.notify_all();
+    }
+    std::string outcome = "rendered";
+    struct Done {
+      const TemplateBackend& b;
+      std::string& outcome;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(b.mutex_);
+        b.outcomes_.push_back(outcome);
+        b.changed_.notify_all();
+      }
+    } done{*this, outcome};
+    try {
+      return render_chat_or_400(template_, in);
+    } catch (const ApiException& e) {
+      outcome = e.error().message;
+      throw;
+    }
+  }
+  // Waits (on the backend's own events, bounded by `limit` against a hang)
+  // until n renders have started / finished.
+  bool wait_started(int n, std::chrono::seconds limit) const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(lock, limit, [&] { return n_started_ >= n; });
+  }
+  std::string wait_outcome(size_t n, std::chrono::seconds limit) const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!changed_.wait_for(lock, limit, [&] { return outcomes_.size() >= n; })) return "(still rendering)";
+    return outcomes_[n - 1];
+  }
+
+ private:
+  chat_template::ModelChatTemplate template_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  mutable int n_started_ = 0;
+  mutable std::vector<std::string> outcomes_;
+};
+
+class HostileTemplateTest : public ::testing::Test {
+ protected:
+  void start(chat_template::Limits limits) {
+    backend_ = std::make_unique<TemplateBackend>(limits);
+    backend_->pace = std::chrono::milliseconds(0);
+    backend_->script = "ok";
+    ServerOptions options;
+    options.port = 0;
+    options.served_model_names = {"tiny"};
+    server_ = std::make_unique<HttpServer>(*backend_, options);
+    server_->bind();
+    thread_ = std::thread([this] { server_->run(); });
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client_->set_read_timeout(20, 0);
+  }
+  void TearDown() override {
+    if (!server_) return;
+    server_->stop(std::chrono::milliseconds(0));
+    thread_.join();
+  }
+  static std::string chat(const std::string& content) {
+    return json{{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", content}}}}, {"max_tokens", 2}}.dump();
+  }
+  void expect_400(const std::string& content, const std::string& needle) {
+    auto r = client_->Post("/v1/chat/completions", chat(content), "application/json");
+    ASSERT_TRUE(r) << "no response: the server died or hung";
+    EXPECT_EQ(r->status, 400) << r->body.substr(0, 500);
+    json e = json::parse(r->body)["error"];
+    EXPECT_NE(e["message"].get<std::string>().find(needle), std::string::npos) << e.dump();
+    EXPECT_LT(e["message"].get<std::string>().size(), 1000u);
+    EXPECT_EQ(e["param"], "messages");
+  }
+  void expect_healthy() {
+    auto r = client_->Post("/v1/chat/completions", chat("hi"), "application/json");
+    ASSERT_TRUE(r) << "the server no longer answers";
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], "ok");
+  }
+
+  std::unique_ptr<TemplateBackend> backend_;
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(HostileTemplateTest, RenderBudgetsAre400sNamingTheLimit) {
+  chat_template::Limits limits;
+  limits.max_steps = 200'000;
+  limits.max_list_items = 10'000;
+  limits.max_output_bytes = 64 << 10;
+  start(limits);
+  expect_400("exponential", "evaluation steps (Limits::max_steps)");
+  expect_healthy();
+  expect_400("doubling", "more than 10000 items (Limits::max_list_items)");
+  expect_healthy();
+  expect_400("format", "exceeds the limit of 65536 bytes (Limits::max_output_bytes)");
+  expect_healthy();
+}
+
+TEST_F(HostileTemplateTest, RenderStopsWhenTheClientLeaves) {
+  chat_template::Limits limits;
+  limits.max_steps = size_t{1} << 50;  // only the client leaving can stop f(60)
+  start(limits);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string body = chat("exponential");
+  const std::string request = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  ASSERT_TRUE(backend_->wait_started(1, std::chrono::seconds(20)));
+  ::close(fd);
+  // The render notices the hang-up at its next poll (every 65,536 steps).
+  const std::string outcome = backend_->wait_outcome(1, std::chrono::seconds(20));
+  EXPECT_NE(outcome.find("the render was cancelled (the client has gone)"), std::string::npos) << outcome;
+  expect_healthy();
 }
 
 }  // namespace

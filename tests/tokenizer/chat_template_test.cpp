@@ -9,14 +9,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "support/process.h"
 #include "tokenizer/chat_template/chat_template.h"
+#include "tokenizer/chat_template/model_template.h"
 #include "tokenizer/chat_template/value.h"
 
 namespace shardlm::chat_template {
@@ -605,6 +608,167 @@ TEST(ChatTemplate, LimitsStopRunawayTemplates) {
   std::string deep = std::string(100000, '[') + std::string(100000, ']');
   e = error_of([&] { render("{{ x }}", json{{"x", json::parse(deep, nullptr, true, false)}}); });
   EXPECT_NE(e.find("nests deeper"), std::string::npos) << e;
+}
+
+// Issue 21: left-deep chains are loops in the parser but trees as deep as they
+// are long; 300,000 links must be refused at parse (evaluating or freeing such
+// a tree recursed once per link and overflowed the stack).
+TEST(ChatTemplate, LeftDeepChainsAreRefusedAtParse) {
+  constexpr int kLinks = 5'000;  // past the limit; the crash needed ~100,000 (one case below has that)
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  for (const std::string& expr : {"1" + repeat("+1", kLinks), "x" + repeat(".a", kLinks), "x" + repeat("[0]", kLinks),
+                                  "f" + repeat("()", kLinks), "x" + repeat("|e", kLinks), "1" + repeat(" or 1", kLinks),
+                                  "2" + repeat("**2", kLinks), "x" + repeat(" is defined", 1) + repeat(" and 1", kLinks),
+                                  "1" + repeat(" if 1", kLinks), "x" + repeat(".a[0](1)", kLinks / 3)}) {
+    SCOPED_TRACE(expr.substr(0, 12));
+    std::string e = error_of([&] { ChatTemplate::compile("{{ " + expr + " }}"); });
+    EXPECT_NE(e.find("expression nests deeper than 200 levels (Limits::max_nesting"), std::string::npos) << e;
+    EXPECT_LT(e.size(), 400u);
+    // Inside blocks, and as a set value: the same.
+    e = error_of([&] { ChatTemplate::compile("{% if 1 %}{% for i in [1] %}{% set y = " + expr + " %}{% endfor %}{% endif %}"); });
+    EXPECT_NE(e.find("nests deeper"), std::string::npos) << e;
+  }
+  std::string e = error_of([&] { ChatTemplate::compile("{{ 1" + repeat("+1", 100'000) + " }}"); });
+  EXPECT_NE(e.find("expression nests deeper than 200 levels"), std::string::npos) << e;
+  // Flat forms of any length are fine (they are evaluated by loops): ~, comparisons, lists.
+  EXPECT_EQ(render("{{ (1" + repeat(" ~ 1", 10'000) + ")|length }}"), "10001");
+  EXPECT_EQ(render("{{ [1" + repeat(", 1", 10'000) + "]|length }}"), "10001");
+  // A chain within the limit renders, as jinja2 does.
+  EXPECT_EQ(render("{{ 1" + repeat("+1", 150) + " }}"), "151");
+  json x = "leaf";
+  for (int i = 0; i < 100; ++i) x = json{{"a", x}};
+  EXPECT_EQ(render("{{ x" + repeat(".a", 100) + " }}", json{{"x", x}}), "leaf");
+  // The limit counts the blocks around the expression.
+  Limits small;
+  small.max_nesting = 20;
+  EXPECT_NO_THROW(ChatTemplate::compile("{{ 1" + repeat("+1", 15) + " }}", small));
+  e = error_of([&] { ChatTemplate::compile(repeat("{% if 1 %}", 10) + "{{ 1" + repeat("+1", 15) + " }}" + repeat("{% endif %}", 10), small); });
+  EXPECT_NE(e.find("nests deeper than 20 levels"), std::string::npos) << e;
+}
+
+TEST(ChatTemplate, StepBudgetStopsExponentialAndQuadraticWork) {
+  Limits small;
+  small.max_steps = 100'000;
+  // A macro that calls itself twice per level: 2^40 calls.
+  std::string e = error_of([&] {
+    render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}", json::object(), small);
+  });
+  EXPECT_NE(e.find("more than 100000 evaluation steps (Limits::max_steps)"), std::string::npos) << e;
+  // Nested loops under the iteration limit whose bodies walk a large list.
+  e = error_of([&] {
+    render("{% set l = range(50000)|list %}{% for i in range(100) %}{{ 7 in l }}{% endfor %}", json::object(), small);
+  });
+  EXPECT_NE(e.find("Limits::max_steps"), std::string::npos) << e;
+  e = error_of([&] { render("{{ (range(20000)|list)|unique|length }}", json::object(), small); });
+  EXPECT_NE(e.find("Limits::max_steps"), std::string::npos) << e;
+  // Nested range() loops stop at the loop-iteration limit.
+  Limits loops;
+  loops.max_loop_iterations = 20'000;
+  e = error_of([&] { render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", json::object(), loops); });
+  EXPECT_NE(e.find("Limits::max_loop_iterations"), std::string::npos) << e;
+  // Under the budget, the same macro renders.
+  EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% else %}x{% endif %}{% endmacro %}{{ f(4) }}",
+                   json::object(), small),
+            "xxxxxxxxxxxxxxxx");
+}
+
+TEST(ChatTemplate, CancelledRenderStops) {
+  int polls = 0;
+  RenderOptions options;
+  options.cancelled = [&] { return ++polls >= 3; };
+  auto t = ChatTemplate::compile("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}");
+  std::string e = error_of([&] { t.render(json::object(), options); });
+  EXPECT_NE(e.find("cancelled"), std::string::npos) << e;
+  EXPECT_EQ(polls, 3);  // polled every 65,536 steps, stopped at the first true
+  polls = 0;
+  options.cancelled = [&] { return ++polls > 1000; };
+  EXPECT_EQ(ChatTemplate::compile("{{ 1 + 1 }}").render(json::object(), options), "2");
+}
+
+TEST(ChatTemplate, DeepMacroRecursionStopsAtTheEvalDepth) {
+  // 64 nested macro calls, each under a 60-deep expression (within the
+  // parser's limits): ~4,000 frames without the eval-depth limit.
+  std::string chain;
+  for (int i = 0; i < 60; ++i) chain += "0 + (";
+  chain += "f(n + 1)";
+  chain += std::string(60, ')');
+  std::string e = error_of([&] { render("{% macro f(n) %}{{ " + chain + " }}{% endmacro %}{{ f(0) }}"); });
+  EXPECT_NE(e.find("evaluation nests deeper than 1000 levels (Limits::max_eval_depth"), std::string::npos) << e;
+}
+
+TEST(ChatTemplate, ListSizeLimitHoldsForEveryListBuilder) {
+  Limits small;
+  small.max_list_items = 1000;
+  for (const std::string& t :
+       {"{% set ns = namespace(x=[1]) %}{% for i in range(30) %}{% set ns.x = ns.x + ns.x %}{% endfor %}",
+        "{{ ([1] * 1001)|length }}", "{{ ([1, 2] * 9223372036854775807)|length }}", "{{ ('a,' * 2000).split(',')|length }}",
+        "{{ ('a ' * 2000).split()|length }}", "{{ ('a\n' * 2000).splitlines()|length }}", "{{ ('x' * 2000)|list|length }}",
+        "{% for c in 'x' * 2000 %}{% endfor %}"}) {
+    SCOPED_TRACE(t);
+    std::string e = error_of([&] { render(t, json::object(), small); });
+    EXPECT_NE(e.find("more than 1000 items (Limits::max_list_items)"), std::string::npos) << e;
+  }
+  EXPECT_EQ(render("{{ ([1] * 1000)|length }}{{ ('a,' * 999).split(',')|length }}", json::object(), small), "10001000");
+  // The default: x + x doubling stops at a million items, not 4 M.
+  std::string e = error_of([] {
+    render("{% set ns = namespace(x=[1]) %}{% for i in range(22) %}{% set ns.x = ns.x + ns.x %}{% endfor %}");
+  });
+  EXPECT_NE(e.find("more than 1000000 items"), std::string::npos) << e;
+}
+
+TEST(ChatTemplate, StringLimitHoldsForEveryStringBuilder) {
+  Limits small;
+  small.max_output_bytes = 1000;
+  for (const std::string& t :
+       {"{{ ('{0}' * 8).format('x' * 500) }}", "{% set s = ('{0}' * 8).format('x' * 500) %}",
+        "{% set s = ('x' * 600) ~ ('x' * 600) %}", "{% set s = ('x' * 600) + ('x' * 600) %}",
+        "{% set s = 'xx' * 9223372036854775807 %}", "{% set s = ['a', 'b']|join('x' * 1001) %}",
+        "{% set s = 'y'.join(['x' * 600, 'x' * 600]) %}", "{% set s = ('ab' * 300).replace('a', 'aaaa') %}",
+        "{% set s = ('<' * 400)|e %}", "{% set s = (['x' * 400] * 3)|string %}", "{% set s = (['x' * 400] * 3)|tojson %}",
+        "{% set s = {'k': 'x' * 600, 'j': 'x' * 600}|tojson %}", "{% set s = (['x' * 400] * 3)|join %}",
+        "{% set s = ['x' * 400] * 3 %}{{ s }}", "{% set s = ('x\n' * 10)|indent(1000) %}",
+        "{% set s = (['x' * 900] * 2)|map('upper')|join %}"}) {
+    SCOPED_TRACE(t);
+    std::string e = error_of([&] { render(t, json::object(), small); });
+    EXPECT_NE(e.find("exceeds the limit of 1000 bytes (Limits::max_output_bytes)"), std::string::npos) << e;
+  }
+  // Shared strings are cheap to list (a million 16 MiB ones cost 24 MB), and
+  // refused when printed: with the default limit, 16 MiB.
+  std::string e = error_of([] { render("{% set s = 'x' * 4000000 %}{% set l = [s] * 1000 %}{{ l }}"); });
+  EXPECT_NE(e.find("Limits::max_output_bytes"), std::string::npos) << e;
+  // Error messages quote at most a few hundred bytes of a template's value.
+  e = error_of([] { render("{{ raise_exception('x' * 100000) }}"); });
+  EXPECT_LT(e.size(), 600u) << e.substr(0, 600);
+  e = error_of([] { render("{{ '{99999999999999999999}'.format(1) }}"); });
+  EXPECT_NE(e.find("out of range"), std::string::npos) << e;
+}
+
+TEST(ChatTemplate, ModelTemplateErrorsNameTheFile) {
+  const fs::path dir = fs::temp_directory_path() / ("shardlm_chat_template_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) { std::ofstream(dir / name) << text; };
+  std::string deep = "{{ 1";
+  for (int i = 0; i < 5'000; ++i) deep += "+1";
+  deep += " }}";
+  write("tokenizer_config.json", json{{"chat_template", deep}, {"eos_token", "</s>"}}.dump());
+  std::string e = error_of([&] { load_model_chat_template(dir); });
+  EXPECT_NE(e.find("tokenizer_config.json: chat template line 1: expression nests deeper"), std::string::npos) << e;
+  // chat_template.jinja, when present, is the template (as in transformers >= 4.43), and names itself.
+  write("chat_template.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}{{ eos_token }}");
+  auto t = load_model_chat_template(dir);
+  ASSERT_TRUE(t);
+  ChatInputs in;
+  in.messages = json::parse(R"([{"role": "user", "content": "hi"}])");
+  EXPECT_EQ(t->render(in), "hi</s>");
+  write("chat_template.jinja", "{% if x %}never closed");
+  e = error_of([&] { load_model_chat_template(dir); });
+  EXPECT_NE(e.find("chat_template.jinja: chat template line 1"), std::string::npos) << e;
+  fs::remove_all(dir);
 }
 
 // Truncations and byte flips of a real template must render or throw shardlm::Error, never crash.

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -358,6 +359,59 @@ TEST(TokenizerErrors, BadFilesNameFileAndField) {
     EXPECT_EQ(e.code(), ErrorCode::kNotFound);
     EXPECT_NE(std::string(e.what()).find("tokenizer.json"), std::string::npos);
   }
+}
+
+// Issue 21: a pre-tokenizer regex that backtracks exponentially is refused
+// at load when short probes already show it, and otherwise stops at PCRE2's
+// match limits on the input that triggers it, with an error naming them.
+TEST(TokenizerErrors, BacktrackingRegexesAreBounded) {
+  json t = tiny_tokenizer();
+  t["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(a+)+$"}}}, {"behavior", "Isolated"}};
+  expect_error(t, ErrorCode::kUnsupported, {"test/tokenizer.json: field pre_tokenizer", "backtracks without bound", "(a+)+$"});
+  t["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(x+x+)+[yz]"}}}, {"behavior", "Isolated"}};
+  Tokenizer tok = make(t);  // the probes do not meet this one
+  EXPECT_FALSE(tok.encode("xy xxy", false).empty());
+  try {
+    tok.encode(std::string(40, 'x'), false);
+    FAIL() << "exponential backtracking was not bounded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("the tokenizer's regex limits"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TokenizerErrors, WrongTypesNameFileAndField) {
+  // Fields the readers take without a shape check of their own: nlohmann's
+  // bare "type must be boolean, but is string" named neither file nor field.
+  json t = tiny_tokenizer();
+  t["pre_tokenizer"]["add_prefix_space"] = "yes";
+  expect_error(t, ErrorCode::kCorruptFile, {"test/tokenizer.json: field pre_tokenizer: a value has the wrong type"});
+  t = tiny_tokenizer();
+  t["model"]["vocab"]["a"] = "x";
+  expect_error(t, ErrorCode::kCorruptFile, {"test/tokenizer.json: field model"});
+  t = tiny_tokenizer();
+  t["model"]["byte_fallback"] = "x";
+  expect_error(t, ErrorCode::kCorruptFile, {"test/tokenizer.json: field model: a value has the wrong type"});
+  t = tiny_tokenizer();
+  t["normalizer"] = {{"type", 7}};
+  expect_error(t, ErrorCode::kCorruptFile, {"test/tokenizer.json: field normalizer"});
+}
+
+TEST(TokenizerErrors, OversizedFileIsRefusedBeforeReading) {
+  auto dir = std::filesystem::temp_directory_path() / ("shardlm_tokenizer_huge_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir / "tokenizer.json") << "{}";
+  }
+  std::filesystem::resize_file(dir / "tokenizer.json", (size_t(256) << 20) + 1);  // sparse: no disk, no time
+  try {
+    Tokenizer::load(dir);
+    FAIL() << "a 256 MiB + 1 tokenizer.json was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("256 MiB"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

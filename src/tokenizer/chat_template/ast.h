@@ -47,6 +47,7 @@ struct Expr {
   std::vector<std::pair<std::string, ExprPtr>> kwargs;  // kCall, kFilter
   std::vector<std::string> ops;   // kCompare
   bool negated = false;           // kTest: `is not`
+  int height = 1;                 // 1 + the tallest operand: evaluation and destruction recurse this deep
 };
 
 struct Stmt;
@@ -75,11 +76,28 @@ struct Stmt {
   std::vector<MacroParam> params;  // kMacro
 };
 
+// What one template may cost. The parser refuses a template that nests too
+// deep (a chat template is the checkpoint's: that fails the model's load), the
+// interpreter stops a render that runs past a budget (a 400 naming the limit).
 struct Limits {
   size_t max_output_bytes = size_t{16} << 20;  // rendered text and any single string built
   size_t max_loop_iterations = 1'000'000;      // total over the whole render
   int max_call_depth = 64;                     // nested macro calls
-  int max_nesting = 200;                       // parser nesting of blocks and expressions
+  // Parser nesting of blocks and expressions, and the height of any one
+  // expression tree plus the blocks around it: `1+1+...` and `x.a.a...` are
+  // loops in the parser but trees as deep as they are long, which evaluation
+  // and destruction walk recursively.
+  int max_nesting = 200;
+  // Recursion of one render across macro calls (each level ~0.7 KiB of stack
+  // in Release, several times that under ASan): max_call_depth macros of
+  // max_nesting levels each would need 9 MB.
+  int max_eval_depth = 1000;
+  // Evaluation steps in one render: one per statement and expression node,
+  // plus the items and bytes (/64) that builtins and operators walk. About
+  // 0.5 s in Release; a macro that recurses twice per level, or nested
+  // range() loops, stops here instead of running for minutes.
+  size_t max_steps = 10'000'000;
+  size_t max_list_items = 1'000'000;  // items of any one list a template builds (x + x doubling)
 };
 
 // Parses template source with jinja2's lexer rules as transformers configures them

@@ -187,8 +187,23 @@ std::string py_strip(Interpreter& in, const std::string& s, const Value* chars, 
   return utf8_encode(u.substr(b, e - b));
 }
 
+// The parts s splits into, counted before any is built: a 16 MiB string of
+// separators would make 16 M strings (Limits::max_list_items).
+void check_split_count(Interpreter& in, const std::string& s, const Value* sep_v, int64_t maxsplit) {
+  size_t n = 1;
+  if (!sep_v || sep_v->is_none()) {
+    for (size_t i = 1; i < s.size(); ++i) n += is_python_space(static_cast<unsigned char>(s[i - 1])) && !is_python_space(static_cast<unsigned char>(s[i]));
+  } else if (sep_v->is_string() && !sep_v->as_string().empty()) {
+    const std::string& sep = sep_v->as_string();
+    for (size_t p = s.find(sep); p != std::string::npos; p = s.find(sep, p + sep.size())) ++n;
+  }
+  if (maxsplit >= 0) n = std::min<size_t>(n, static_cast<size_t>(maxsplit) + 1);
+  in.check_items(n);
+}
+
 std::vector<Value> py_split(Interpreter& in, const std::string& s, const Value* sep_v, int64_t maxsplit,
                             bool from_right) {
+  check_split_count(in, s, sep_v, maxsplit);
   std::vector<std::string> parts;
   if (!sep_v || sep_v->is_none()) {
     std::u32string u = utf8_decode(s);
@@ -279,6 +294,7 @@ std::string py_replace(Interpreter& in, const std::string& s, const std::string&
     ++n;
   }
   out.append(s, start);
+  in.check_size(out.size());
   return out;
 }
 
@@ -343,6 +359,7 @@ std::string py_format(Interpreter& in, const std::string& fmt, const CallArgs& a
       if (auto_index < args.positional.size()) v = &args.positional[auto_index];
       ++auto_index;
     } else if (std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
+      if (field.size() > 9) in.error("str.format: field index {" + field.substr(0, 20) + "} is out of range");
       size_t k = std::stoul(field);
       if (k < args.positional.size()) v = &args.positional[k];
     } else {
@@ -350,7 +367,9 @@ std::string py_format(Interpreter& in, const std::string& fmt, const CallArgs& a
         if (name == field) v = &val;
     }
     if (!v) in.error("str.format: no argument for field {" + field + "}");
+    in.check_size(out.size() + (v->is_string() ? v->as_string().size() : 0));  // '{0}' * 8 .format(16 MiB)
     out += v->str();
+    in.check_size(out.size());
     i = close;
   }
   return out;
@@ -488,9 +507,14 @@ const std::unordered_map<std::string, Fn>& filters() {
     };
     f["string"] = [](Interpreter&, const Value& v, const CallArgs&) { return Value(v.str()); };
     // markupsafe.escape; autoescaping is off in transformers, so only an explicit |e escapes.
-    f["escape"] = [](Interpreter&, const Value& v, const CallArgs&) {
+    f["escape"] = [](Interpreter& in, const Value& v, const CallArgs&) {
       std::string out;
-      for (char c : v.str()) {
+      const std::string text = v.str();
+      // Each of &<>"' grows by at most 4 bytes: checked before building.
+      in.check_size(text.size() + 4 * static_cast<size_t>(std::count_if(text.begin(), text.end(), [](char c) {
+                      return c == '&' || c == '<' || c == '>' || c == '"' || c == '\'';
+                    })));
+      for (char c : text) {
         switch (c) {
           case '&': out += "&amp;"; break;
           case '<': out += "&lt;"; break;
@@ -614,6 +638,7 @@ const std::unordered_map<std::string, Fn>& filters() {
       std::vector<Value> out, seen;
       for (const Value& item : in.iterate(v)) {
         Value key = fold_case(item, case_sensitive);
+        in.count_steps(seen.size());  // quadratic: a million items would take 10^12 comparisons
         if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return values_equal(s, key); })) {
           seen.push_back(key);
           out.push_back(item);
@@ -816,6 +841,9 @@ Value string_method(Interpreter& in, const std::string& s, const std::string& na
     return Value::list(py_split(in, s, a.get(0, "sep"), maxsplit, name == "rsplit"));
   }
   if (name == "splitlines") {
+    in.check_items(static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) {
+                     return c == '\n' || c == '\r' || c == '\v' || c == '\f' || (c >= 0x1C && c <= 0x1E);
+                   })) + 1);
     std::vector<Value> out;
     for (auto& l : py_splitlines(s)) out.emplace_back(std::move(l));
     return Value::list(std::move(out));

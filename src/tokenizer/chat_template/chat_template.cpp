@@ -17,7 +17,7 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& context, const Re
   if (!context.is_object())
     fail(ErrorCode::kInvalidArgument, "chat template context must be a JSON object of variables, found ",
          context.type_name());
-  Interpreter interpreter(*limits_, options.now);
+  Interpreter interpreter(*limits_, options.now, options.cancelled);
   return interpreter.render(*body_, Value::from_json(context));
 }
 

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +30,9 @@ namespace shardlm::chat_template {
 struct RenderOptions {
   // Time strftime_now() formats (local time); nullopt = the current time.
   std::optional<std::time_t> now;
+  // Polled every 65,536 evaluation steps (a few ms); true stops the render
+  // with an error: the server passes "the client has gone".
+  std::function<bool()> cancelled;
 };
 
 class ChatTemplate {

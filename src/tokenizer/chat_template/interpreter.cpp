@@ -7,8 +7,61 @@
 
 namespace shardlm::chat_template {
 
+namespace {
+
+// Bytes of a message an error keeps: messages quote template values
+// (a dict key, a raise_exception argument) that may be megabytes.
+constexpr size_t kMaxErrorMessage = 400;
+
+// Work a builtin or operator does over v, in steps: its items, or its bytes / 64.
+size_t weight(const Value& v) {
+  if (v.is_list()) return v.as_list()->items.size();
+  if (v.is_dict()) return v.as_dict()->items.size();
+  if (v.is_string()) return v.as_string().size() / 64;
+  return 0;
+}
+
+size_t saturating_mul(size_t a, size_t b) {
+  size_t r;
+  return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
+// Counts eval/exec frames on the stack (Limits::max_eval_depth).
+struct DepthGuard {
+  Interpreter& in;
+  int& depth;
+  DepthGuard(Interpreter& interpreter, int& d, int limit) : in(interpreter), depth(d) {
+    if (++depth > limit) {
+      --depth;
+      in.error(str_cat("evaluation nests deeper than ", limit, " levels (Limits::max_eval_depth; macros calling macros?)"));
+    }
+  }
+  ~DepthGuard() { --depth; }
+};
+
+}  // namespace
+
 void Interpreter::error(const std::string& message) const {
-  fail(ErrorCode::kInvalidArgument, "chat template line ", line_, ": ", message);
+  if (message.size() <= kMaxErrorMessage) fail(ErrorCode::kInvalidArgument, "chat template line ", line_, ": ", message);
+  size_t cut = kMaxErrorMessage;
+  while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+  fail(ErrorCode::kInvalidArgument, "chat template line ", line_, ": ", message.substr(0, cut), "... (",
+       message.size(), " bytes)");
+}
+
+void Interpreter::count_steps(size_t n) {
+  n_steps_ += n;
+  if (n_steps_ > limits_.max_steps)
+    error(str_cat("the render took more than ", limits_.max_steps, " evaluation steps (Limits::max_steps)"));
+  if (n_steps_ >= next_cancel_poll_) {
+    next_cancel_poll_ = n_steps_ + kCancelPollSteps;
+    if (cancelled_ && cancelled_()) error("the render was cancelled (the client has gone)");
+  }
+}
+
+void Interpreter::check_items(size_t n) const {
+  if (n > limits_.max_list_items)
+    error(str_cat("a list would hold more than ", limits_.max_list_items, " items (Limits::max_list_items)"));
 }
 
 void Interpreter::check_defined(const Value& v) const {
@@ -49,6 +102,7 @@ std::string Interpreter::render(const Body& body, const Value& context) {
       list.clear();
     }
   } release{namespaces_};
+  StringLimit string_limit(limits_.max_output_bytes);  // repr(), tojson and str() of containers
   exec(body, root);
   return out;
 }
@@ -68,9 +122,11 @@ std::string Interpreter::capture(const Body& body, Frame& frame) {
 }
 
 Interpreter::Flow Interpreter::exec(const Body& body, Frame& frame) {
+  DepthGuard depth(*this, eval_depth_, limits_.max_eval_depth);
   for (const auto& sp : body) {
     const Stmt& s = *sp;
     line_ = s.line;
+    count_steps(1);
     switch (s.kind) {
       case StmtKind::kText:
         emit(s.text);
@@ -143,6 +199,7 @@ Interpreter::Flow Interpreter::exec_for(const Stmt& s, Frame& frame) {
     error(str_cat("'", iterable.type_name(), "' object is not iterable"));
   std::vector<Value> all = iterate(iterable);
   count_iterations(all.size());
+  count_steps(all.size());
   auto bind = [&](Frame& f, const Value& item) {
     if (s.targets.size() == 1) {
       f.vars[s.targets[0]] = item;
@@ -245,12 +302,16 @@ Value Interpreter::lookup(const std::string& name, Frame& frame) const {
 
 std::vector<Value> Interpreter::iterate(const Value& v) {
   std::vector<Value> out;
+  count_steps(weight(v));
   if (v.is_list()) return v.as_list()->items;
   if (v.is_dict()) {
     if (v.as_dict()->is_namespace) error("'Namespace' object is not iterable");
     for (const auto& [k, _] : v.as_dict()->items) out.emplace_back(k);
   } else if (v.is_string()) {
     const std::string& s = v.as_string();
+    count_steps(s.size());  // one item per character
+    if (is_ascii(s)) check_items(s.size());
+    else check_items(utf8_decode(s).size());
     if (is_ascii(s)) {
       for (char c : s) out.emplace_back(std::string(1, c));
     } else {
@@ -282,6 +343,7 @@ Value Interpreter::getattr(const Value& obj, const std::string& name) {
                             " object' has no attribute '" + name + "'");
   }
   if (obj.is_string() || obj.is_list()) {
+    count_steps(weight(obj));  // what the method may walk (split, join, replace, index, ...)
     Value m = bound_method(*this, obj, name);
     if (m.is_callable()) return m;
   }
@@ -417,9 +479,12 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
     if (nums) return Value(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) {
       check_size(a.as_string().size() + b.as_string().size());
+      count_steps(weight(a) + weight(b));
       return Value(a.as_string() + b.as_string());
     }
     if (a.is_list() && b.is_list()) {
+      check_items(a.as_list()->items.size() + b.as_list()->items.size());
+      count_steps(weight(a) + weight(b));
       std::vector<Value> items = a.as_list()->items;
       items.insert(items.end(), b.as_list()->items.begin(), b.as_list()->items.end());
       return Value::list(std::move(items), a.as_list()->is_tuple);
@@ -446,13 +511,17 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
     if ((seq->is_string() || seq->is_list()) && (count->is_int() || count->is_bool())) {
       int64_t times = std::max<int64_t>(0, count->as_int());
       if (seq->is_string()) {
-        check_size(seq->as_string().size() * static_cast<size_t>(times));
+        check_size(saturating_mul(seq->as_string().size(), static_cast<size_t>(times)));
+        count_steps(saturating_mul(seq->as_string().size(), static_cast<size_t>(times)) / 64);
         std::string out;
+        out.reserve(seq->as_string().size() * static_cast<size_t>(times));
         for (int64_t i = 0; i < times; ++i) out += seq->as_string();
         return Value(std::move(out));
       }
-      check_size(seq->as_list()->items.size() * static_cast<size_t>(times));
+      check_items(saturating_mul(seq->as_list()->items.size(), static_cast<size_t>(times)));
+      count_steps(saturating_mul(seq->as_list()->items.size(), static_cast<size_t>(times)));
       std::vector<Value> items;
+      items.reserve(seq->as_list()->items.size() * static_cast<size_t>(times));
       for (int64_t i = 0; i < times; ++i)
         items.insert(items.end(), seq->as_list()->items.begin(), seq->as_list()->items.end());
       return Value::list(std::move(items), seq->as_list()->is_tuple);
@@ -524,6 +593,7 @@ bool python_less(Interpreter& in, const Value& a, const Value& b) {
 }
 
 bool Interpreter::compare(const std::string& op, const Value& a, const Value& b) {
+  count_steps(std::min(weight(a), weight(b)) + (op == "in" || op == "notin" ? weight(b) : 0));
   if (op == "==") return values_equal(a, b);
   if (op == "!=") return !values_equal(a, b);
   if (op == "<") return python_less(*this, a, b);
@@ -547,7 +617,9 @@ bool Interpreter::compare(const std::string& op, const Value& a, const Value& b)
 }
 
 Value Interpreter::eval(const Expr& e, Frame& frame) {
+  DepthGuard depth(*this, eval_depth_, limits_.max_eval_depth);
   line_ = e.line;
+  count_steps(1);
   switch (e.kind) {
     case ExprKind::kConst:
       return e.value;
@@ -598,6 +670,7 @@ Value Interpreter::eval(const Expr& e, Frame& frame) {
       Value v = eval(*e.args[0], frame);
       CallArgs args = eval_args(e, frame, 1);
       line_ = e.line;
+      count_steps(weight(v));  // a filter walks its input (join, map, sort, tojson, ...)
       return apply_filter(*this, e.name, v, args);
     }
     case ExprKind::kTest: {

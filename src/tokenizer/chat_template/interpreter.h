@@ -10,6 +10,7 @@
 #pragma once
 
 #include <ctime>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -20,7 +21,11 @@ namespace shardlm::chat_template {
 
 class Interpreter {
  public:
-  Interpreter(const Limits& limits, std::optional<std::time_t> now) : limits_(limits), now_(now) {}
+  // cancelled (when set) is polled every kCancelPollSteps steps; true stops
+  // the render with an error.
+  Interpreter(const Limits& limits, std::optional<std::time_t> now, std::function<bool()> cancelled = {})
+      : limits_(limits), now_(now), cancelled_(std::move(cancelled)) {}
+  static constexpr size_t kCancelPollSteps = 65'536;
 
   // Renders `body` with `context` (a dict) as the top-level variables.
   std::string render(const Body& body, const Value& context);
@@ -35,6 +40,11 @@ class Interpreter {
   std::vector<Value> iterate(const Value& v);
   void check_size(size_t n_bytes) const;
   void count_iterations(size_t n);
+  // Charges n steps of work to the render (Limits::max_steps): one per node
+  // evaluated, plus the items or bytes/64 an operation walks.
+  void count_steps(size_t n);
+  // A list of n items is about to be built (Limits::max_list_items).
+  void check_items(size_t n) const;
   const Limits& limits() const { return limits_; }
   // namespace() objects are the only mutable values and may end up holding themselves;
   // render() empties them when it finishes so such cycles are not leaked.
@@ -67,7 +77,11 @@ class Interpreter {
   std::string* out_ = nullptr;
   Frame* root_ = nullptr;
   size_t n_iterations_ = 0;
+  size_t n_steps_ = 0;
+  size_t next_cancel_poll_ = kCancelPollSteps;
+  std::function<bool()> cancelled_;
   int call_depth_ = 0;
+  int eval_depth_ = 0;  // eval/exec frames on the stack
   std::vector<std::shared_ptr<Dict>> namespaces_;
   mutable int line_ = 0;
 };

@@ -18,17 +18,51 @@ std::string special_token(const nlohmann::json& config, const char* key) {
   return "";
 }
 
+// The template's source compiled, its errors naming the file it came from.
+ChatTemplate compile_from(const std::string& source, const std::filesystem::path& path) {
+  try {
+    return ChatTemplate::compile(source);
+  } catch (const Error& e) {
+    fail(e.code(), path.string(), ": ", e.what());
+  }
+}
+
 }  // namespace
 
-std::string ModelChatTemplate::render(const ChatInputs& inputs) const {
+std::string ModelChatTemplate::render(const ChatInputs& inputs, const RenderOptions& options) const {
   ChatInputs in = inputs;
   if (in.bos_token.empty()) in.bos_token = bos_token;
   if (in.eos_token.empty()) in.eos_token = eos_token;
-  return render_chat(tmpl, in);
+  return render_chat(tmpl, in, options);
 }
 
 std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem::path& model_dir) {
   const auto path = model_dir / "tokenizer_config.json";
+  const auto jinja = model_dir / "chat_template.jinja";
+  std::error_code ec;
+  if (std::filesystem::exists(jinja, ec)) {
+    if (!std::filesystem::is_regular_file(jinja, ec))
+      fail(ErrorCode::kCorruptFile, jinja.string(), ": not a regular file");
+    const auto size = std::filesystem::file_size(jinja, ec);
+    if (ec) fail(ErrorCode::kIo, jinja.string(), ": ", ec.message());
+    if (size > kMaxChatTemplateBytes)
+      fail(ErrorCode::kCorruptFile, jinja.string(), ": ", size, " bytes, more than a chat template may have (",
+           kMaxChatTemplateBytes, ")");
+    std::ifstream f(jinja, std::ios::binary);
+    std::string source((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!f.good() && !f.eof()) fail(ErrorCode::kIo, jinja.string(), ": cannot be read");
+    nlohmann::json config = nlohmann::json::object();
+    if (std::ifstream cfg(path); cfg) {
+      try {
+        config = nlohmann::json::parse(cfg);
+      } catch (const nlohmann::json::parse_error& e) {
+        fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON: ", e.what());
+      }
+    }
+    if (!config.is_object()) fail(ErrorCode::kCorruptFile, path.string(), ": expected a JSON object");
+    return ModelChatTemplate{compile_from(source, jinja), special_token(config, "bos_token"),
+                             special_token(config, "eos_token"), source};
+  }
   std::ifstream in(path);
   if (!in) return std::nullopt;
   nlohmann::json config;
@@ -52,7 +86,10 @@ std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem:
   } else {
     fail(ErrorCode::kInvalidArgument, path.string(), ": chat_template must be a string or a list of {name, template}");
   }
-  ModelChatTemplate out{ChatTemplate::compile(source), special_token(config, "bos_token"), special_token(config, "eos_token"), source};
+  if (source.size() > kMaxChatTemplateBytes)
+    fail(ErrorCode::kCorruptFile, path.string(), ": chat_template is ", source.size(),
+         " bytes, more than a chat template may have (", kMaxChatTemplateBytes, ")");
+  ModelChatTemplate out{compile_from(source, path), special_token(config, "bos_token"), special_token(config, "eos_token"), source};
   return out;
 }
 

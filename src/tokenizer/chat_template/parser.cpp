@@ -455,6 +455,23 @@ class Parser {
     return name;
   }
 
+  // Appends an operand (null: an omitted one) to `parent`, keeping its height,
+  // and refuses a tree that, with the blocks and expressions the parser is
+  // inside (depth_), would nest deeper than max_nesting: a left-deep chain
+  // (`1+1+...`, `x.a.a...`, `f()()...`) is built by a loop here but is a tree
+  // as deep as it is long, and evaluating or freeing it recurses per level.
+  // Checked as each level is added, so no tree past the limit ever exists.
+  void add_arg(Expr& parent, ExprPtr child) {
+    if (child) {
+      parent.height = std::max(parent.height, child->height + 1);
+      if (parent.height + depth_ > limits_.max_nesting)
+        syntax_error(parent.line, str_cat("expression nests deeper than ", limits_.max_nesting,
+                                          " levels (Limits::max_nesting; a chain of operators, attributes, "
+                                          "subscripts, calls or filters counts one level per link)"));
+    }
+    parent.args.push_back(std::move(child));
+  }
+
   ExprPtr make(ExprKind kind, int line) {
     auto e = std::make_unique<Expr>();
     e->kind = kind;
@@ -660,7 +677,7 @@ class Parser {
       if (!explicit_parens) syntax_error(line, "expected an expression, found " + found());
     }
     auto e = make(ExprKind::kTuple, line);
-    e->args = std::move(args);
+    for (auto& a : args) add_arg(*e, std::move(a));
     return e;
   }
 
@@ -679,9 +696,9 @@ class Parser {
         expr3 = parse_condexpr();
       }
       auto e = make(ExprKind::kCondExpr, line);
-      e->args.push_back(std::move(expr1));
-      e->args.push_back(std::move(expr2));
-      e->args.push_back(std::move(expr3));
+      add_arg(*e, std::move(expr1));
+      add_arg(*e, std::move(expr2));
+      add_arg(*e, std::move(expr3));
       expr1 = std::move(e);
     }
     return expr1;
@@ -690,8 +707,8 @@ class Parser {
   ExprPtr binary(ExprKind kind, ExprPtr left, ExprPtr right, int line, std::string op = "") {
     auto e = make(kind, line);
     e->name = std::move(op);
-    e->args.push_back(std::move(left));
-    e->args.push_back(std::move(right));
+    add_arg(*e, std::move(left));
+    add_arg(*e, std::move(right));
     return e;
   }
 
@@ -720,7 +737,7 @@ class Parser {
     if (is_name("not")) {
       auto e = make(ExprKind::kNot, cur().line);
       next();
-      e->args.push_back(parse_not());
+      add_arg(*e, parse_not());
       return e;
     }
     return parse_compare();
@@ -750,8 +767,8 @@ class Parser {
     }
     if (ops.empty()) return expr;
     auto e = make(ExprKind::kCompare, line);
-    e->args.push_back(std::move(expr));
-    for (auto& o : operands) e->args.push_back(std::move(o));
+    add_arg(*e, std::move(expr));
+    for (auto& o : operands) add_arg(*e, std::move(o));
     e->ops = std::move(ops);
     return e;
   }
@@ -777,7 +794,7 @@ class Parser {
     }
     if (args.size() == 1) return std::move(args[0]);
     auto e = make(ExprKind::kConcat, line);
-    e->args = std::move(args);
+    for (auto& a : args) add_arg(*e, std::move(a));
     return e;
   }
 
@@ -808,7 +825,7 @@ class Parser {
     if (is_op("-") || is_op("+")) {
       node = make(is_op("-") ? ExprKind::kNeg : ExprKind::kPos, cur().line);
       next();
-      node->args.push_back(parse_unary(false));
+      add_arg(*node, parse_unary(false));
     } else {
       node = parse_primary();
     }
@@ -860,7 +877,7 @@ class Parser {
       while (!is_op("]")) {
         if (!e->args.empty()) expect_op(",");
         if (is_op("]")) break;
-        e->args.push_back(parse_expression(true));
+        add_arg(*e, parse_expression(true));
       }
       next();
       return e;
@@ -871,9 +888,9 @@ class Parser {
       while (!is_op("}")) {
         if (!e->args.empty()) expect_op(",");
         if (is_op("}")) break;
-        e->args.push_back(parse_expression(true));
+        add_arg(*e, parse_expression(true));
         expect_op(":");
-        e->args.push_back(parse_expression(true));
+        add_arg(*e, parse_expression(true));
       }
       next();
       return e;
@@ -889,14 +906,14 @@ class Parser {
         if (cur().kind == Tok::kName) {
           auto e = make(ExprKind::kGetAttr, line);
           e->name = cur().text;
-          e->args.push_back(std::move(node));
+          add_arg(*e, std::move(node));
           node = std::move(e);
         } else if (cur().kind == Tok::kInt) {
           auto idx = make(ExprKind::kConst, line);
           idx->value = cur().value;
           auto e = make(ExprKind::kGetItem, line);
-          e->args.push_back(std::move(node));
-          e->args.push_back(std::move(idx));
+          add_arg(*e, std::move(node));
+          add_arg(*e, std::move(idx));
           node = std::move(e);
         } else {
           syntax_error(line, "expected an attribute name after '.', found " + found());
@@ -920,19 +937,19 @@ class Parser {
       start = parse_expression(true);
       if (is_op(",")) {  // x[a, b]: a tuple key (never found in JSON data, so Undefined)
         auto key = make(ExprKind::kTuple, line);
-        key->args.push_back(std::move(start));
+        add_arg(*key, std::move(start));
         while (is_op(",")) {
           next();
           if (is_op("]")) break;
-          key->args.push_back(parse_expression(true));
+          add_arg(*key, parse_expression(true));
         }
         start = std::move(key);
       }
       if (!is_op(":")) {
         expect_op("]");
         auto e = make(ExprKind::kGetItem, line);
-        e->args.push_back(std::move(node));
-        e->args.push_back(std::move(start));
+        add_arg(*e, std::move(node));
+        add_arg(*e, std::move(start));
         return e;
       }
     }
@@ -944,10 +961,10 @@ class Parser {
     }
     expect_op("]");
     auto e = make(ExprKind::kSlice, line);
-    e->args.push_back(std::move(node));
-    e->args.push_back(std::move(start));
-    e->args.push_back(std::move(stop));
-    e->args.push_back(std::move(step));
+    add_arg(*e, std::move(node));
+    add_arg(*e, std::move(start));
+    add_arg(*e, std::move(stop));
+    add_arg(*e, std::move(step));
     return e;
   }
 
@@ -963,10 +980,14 @@ class Parser {
         std::string key = cur().text;
         next();
         next();
-        e.kwargs.emplace_back(std::move(key), parse_expression(true));
+        ExprPtr value = parse_expression(true);
+        e.height = std::max(e.height, value->height + 1);
+        if (e.height + depth_ > limits_.max_nesting)
+          syntax_error(e.line, str_cat("expression nests deeper than ", limits_.max_nesting, " levels (Limits::max_nesting)"));
+        e.kwargs.emplace_back(std::move(key), std::move(value));
       } else {
         if (!e.kwargs.empty()) syntax_error(cur().line, "positional argument follows keyword argument");
-        e.args.push_back(parse_expression(true));
+        add_arg(e, parse_expression(true));
       }
     }
     next();
@@ -974,7 +995,7 @@ class Parser {
 
   ExprPtr parse_call(ExprPtr node) {
     auto e = make(ExprKind::kCall, cur().line);
-    e->args.push_back(std::move(node));
+    add_arg(*e, std::move(node));
     parse_call_args(*e);
     return e;
   }
@@ -996,7 +1017,7 @@ class Parser {
         next();
         auto e = make(ExprKind::kFilter, line);
         e->name = parse_dotted_name("a filter name after '|'");
-        e->args.push_back(std::move(node));
+        add_arg(*e, std::move(node));
         if (is_op("(")) parse_call_args(*e);
         node = std::move(e);
       } else if (is_name("is")) {
@@ -1008,7 +1029,7 @@ class Parser {
           next();
         }
         e->name = parse_dotted_name("a test name after 'is'");
-        e->args.push_back(std::move(node));
+        add_arg(*e, std::move(node));
         Tok k = cur().kind;
         if (is_op("(")) {
           parse_call_args(*e);
@@ -1016,7 +1037,7 @@ class Parser {
                     is_op("{")) &&
                    !is_name("else") && !is_name("or") && !is_name("and")) {
           if (is_name("is")) syntax_error(cur().line, "you cannot chain multiple tests with 'is'");
-          e->args.push_back(parse_postfix(parse_primary()));
+          add_arg(*e, parse_postfix(parse_primary()));
         }
         node = std::move(e);
       } else if (is_op("(")) {

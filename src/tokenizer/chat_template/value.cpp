@@ -23,6 +23,19 @@ Value* Dict::find(std::string_view key) {
 }
 
 namespace {
+thread_local size_t t_max_string_bytes = SIZE_MAX;  // StringLimit's
+}  // namespace
+
+StringLimit::StringLimit(size_t max_bytes) : saved_(t_max_string_bytes) { t_max_string_bytes = max_bytes; }
+StringLimit::~StringLimit() { t_max_string_bytes = saved_; }
+
+void StringLimit::check(size_t n_bytes) {
+  if (n_bytes > t_max_string_bytes)
+    fail(ErrorCode::kInvalidArgument, "chat template: output or string exceeds the limit of ", t_max_string_bytes,
+         " bytes (Limits::max_output_bytes)");
+}
+
+namespace {
 
 void check_depth(uint32_t depth) {
   if (depth > kMaxValueDepth)
@@ -202,13 +215,16 @@ std::string Value::repr() const {
     case Kind::kBool: return as_bool() ? "True" : "False";
     case Kind::kInt: return std::to_string(as_int());
     case Kind::kFloat: return python_float_repr(as_double());
-    case Kind::kString: return python_string_repr(as_string());
+    case Kind::kString:
+      StringLimit::check(as_string().size());  // a repr is at least as long (4x for \x escapes: checked by the caller)
+      return python_string_repr(as_string());
     case Kind::kList: {
       const List& l = *as_list();
       std::string out = l.is_tuple ? "(" : "[";
       for (size_t i = 0; i < l.items.size(); ++i) {
         if (i) out += ", ";
         out += l.items[i].repr();
+        StringLimit::check(out.size());
       }
       if (l.is_tuple && l.items.size() == 1) out += ",";
       out += l.is_tuple ? ")" : "]";
@@ -221,6 +237,7 @@ std::string Value::repr() const {
       for (size_t i = 0; i < d.items.size(); ++i) {
         if (i) out += ", ";
         out += python_string_repr(d.items[i].first) + ": " + d.items[i].second.repr();
+        StringLimit::check(out.size());
       }
       out += d.is_namespace ? "}>" : "}";
       return out;
@@ -381,7 +398,10 @@ void dump_json(std::string& out, const Value& v, const JsonDumpOptions& o, const
       else out += python_float_repr(x);
       return;
     }
-    case Value::Kind::kString: append_json_string(out, v.as_string(), o.ensure_ascii); return;
+    case Value::Kind::kString:
+      StringLimit::check(out.size() + v.as_string().size());
+      append_json_string(out, v.as_string(), o.ensure_ascii);
+      return;
     case Value::Kind::kList: {
       const auto& items = v.as_list()->items;
       if (items.empty()) { out += "[]"; return; }
@@ -390,6 +410,7 @@ void dump_json(std::string& out, const Value& v, const JsonDumpOptions& o, const
         if (i) out += item_sep;
         if (o.indent) newline(depth + 1);
         dump_json(out, items[i], o, item_sep, key_sep, depth + 1);
+        StringLimit::check(out.size());
       }
       if (o.indent) newline(depth);
       out += ']';
@@ -412,6 +433,7 @@ void dump_json(std::string& out, const Value& v, const JsonDumpOptions& o, const
         append_json_string(out, entries[i]->first, o.ensure_ascii);
         out += key_sep;
         dump_json(out, entries[i]->second, o, item_sep, key_sep, depth + 1);
+        StringLimit::check(out.size());
       }
       if (o.indent) newline(depth);
       out += '}';

@@ -25,6 +25,22 @@ class Interpreter;
 // template) are refused before recursive printing or destruction could exhaust the stack.
 constexpr uint32_t kMaxValueDepth = 512;
 
+// While one is alive on this thread, repr(), str() of a container and
+// json_dumps refuse to build a string longer than max_bytes (the render's
+// Limits::max_output_bytes): a list of a million shared 16 MiB strings is
+// cheap to build and would print as terabytes.
+class StringLimit {
+ public:
+  explicit StringLimit(size_t max_bytes);
+  ~StringLimit();
+  StringLimit(const StringLimit&) = delete;
+  StringLimit& operator=(const StringLimit&) = delete;
+  static void check(size_t n_bytes);  // throws Error naming the limit when n_bytes is over it
+
+ private:
+  size_t saved_;
+};
+
 struct List {
   std::vector<Value> items;
   uint32_t depth = 1;           // 1 + the deepest child container
