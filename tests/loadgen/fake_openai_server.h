@@ -81,14 +81,14 @@ class FakeOpenAiServer {
     return arrived_.wait_for(lock, limit, [&] { return n_requests_.load() >= n; });
   }
 
-  // When the server really received each request and wrote each of its
+  // When the server really received each request and began writing each of its
   // token events, on the steady clock: what a client measured can be
   // compared with what the server did, however late a loaded machine made
   // the server's sleeps.
   struct Timeline {
     nlohmann::json body;
     std::chrono::steady_clock::time_point arrived;
-    std::vector<std::chrono::steady_clock::time_point> token_sent;  // [n_tokens], after each write returned
+    std::vector<std::chrono::steady_clock::time_point> token_sent;  // [n_tokens], just before each write
   };
   std::vector<Timeline> timelines() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -151,9 +151,11 @@ class FakeOpenAiServer {
         else
           chunk["choices"] = {{{"index", 0}, {"text", piece}, {"finish_reason", nullptr}}};
         chunk["usage"] = nullptr;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          timeline->token_sent.push_back(std::chrono::steady_clock::now());
+        }
         if (!emit("data: " + chunk.dump() + "\n\n")) return false;
-        std::lock_guard<std::mutex> lock(mu_);
-        timeline->token_sent.push_back(std::chrono::steady_clock::now());
       }
       if (o.send_usage) {
         nlohmann::json usage = {{"choices", nlohmann::json::array()},
