@@ -25,7 +25,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # The timing binary, the server and router suites, serve's fault tests,
 # the engine's fault tests, the load generator, and the 1,000-stream loads.
-tests='^(loadgen_timing_test|load_1000_streams|load_1000_streams_router|serve_bench_smoke|HttpServerTest\.|SlowClientTest\.|RouterTest\.|Router\.|ServeFaults\.|EngineFaults\.|SseParser\.|Stats\.|Metrics\.|Dataset\.|Arrivals\.)'
+tests='^(loadgen_timing_test|load_1000_streams|load_1000_streams_router|serve_bench_smoke|HttpServerTest\.|SlowClientTest\.|ApiSurfaceTest\.|HostileInputTest\.|HostileTemplateTest\.|AnthropicTest\.|ResponsesTest\.|WebUiTest\.|RouterWebUi\.|RouterTest\.|Router\.|ServeFaults\.|EngineFaults\.|SseParser\.|Stats\.|Metrics\.|Dataset\.|Arrivals\.)'
 
 load_pids=()
 start_load() {
