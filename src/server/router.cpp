@@ -108,6 +108,8 @@ Router::Router(RouterOptions options)
   if (options_.backends.empty()) fail(ErrorCode::kInvalidArgument, "router: give at least one --backend URL");
   for (const auto& url : options_.backends) backends_.push_back(parse_backend_url(url));
   requests_ = std::make_unique<std::atomic<int64_t>[]>(backends_.size());
+  health_misses_ = std::make_unique<std::atomic<int>[]>(backends_.size());
+  for (size_t i = 0; i < backends_.size(); ++i) health_misses_[i] = 0;
   for (size_t i = 0; i < backends_.size(); ++i) requests_[i] = 0;
   const int n_threads = std::max(2, options_.n_http_threads);
   http_->new_task_queue = [n_threads] { return new WorkerPool(static_cast<size_t>(n_threads)); };
@@ -171,7 +173,15 @@ void Router::check_health_now() {
     c.set_connection_timeout(1, 0);
     c.set_read_timeout(2, 0);
     auto r = c.Get("/health");
-    policy_.set_healthy(static_cast<int>(i), r && r->status == 200);
+    // An answer is definitive (503: its executor is down). No answer within
+    // the timeouts may be a loaded backend: down after kHealthMissesBeforeDown
+    // in a row, not at the first.
+    if (r) {
+      health_misses_[i] = 0;
+      policy_.set_healthy(static_cast<int>(i), r->status == 200);
+    } else if (++health_misses_[i] >= kHealthMissesBeforeDown) {
+      policy_.set_healthy(static_cast<int>(i), false);
+    }
   }
 }
 
@@ -316,6 +326,9 @@ void Router::install_routes() {
       for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
         if (relay->client_gone) break;
         int b = policy_.acquire(prompt, cost, tried);
+        // Health is a preference, not a verdict: with every healthy backend
+        // tried, a loaded one may still answer, and a dead one fails fast.
+        if (b < 0) b = policy_.acquire(prompt, cost, tried, /*any_health=*/true);
         if (b < 0) break;
         tried.push_back(b);
         if (attempt > 0) ++retries_;
@@ -408,7 +421,10 @@ void Router::install_routes() {
       res.status = 499;  // nobody reads it
       return;
     }
-    if (relay->failed) return reply_error(res, 503, relay->failure, "service_unavailable");
+    if (relay->failed) {
+      res.set_header("Retry-After", "1");
+      return reply_error(res, 503, relay->failure, "service_unavailable");
+    }
     const bool streaming = relay->content_type.rfind("text/event-stream", 0) == 0;
     if (!streaming || relay->status != 200) {
       if (!wait_watching_client(lock, [&] { return relay->upstream_done; })) {

@@ -80,6 +80,8 @@ class Router {
   int port_ = 0;
   std::shared_ptr<int> listen_fd_;
   std::unique_ptr<std::atomic<int64_t>[]> requests_;
+  std::unique_ptr<std::atomic<int>[]> health_misses_;  // health checks in a row with no answer, per backend
+  static constexpr int kHealthMissesBeforeDown = 3;
   std::atomic<int64_t> retries_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<int> upstream_threads_{0};

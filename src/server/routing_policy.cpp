@@ -10,11 +10,11 @@ namespace shardlm::server {
 RoutingPolicy::RoutingPolicy(size_t n, RoutingOptions options)
     : options_(options), outstanding_(n, 0), in_flight_(n, 0), healthy_(n, true) {}
 
-int RoutingPolicy::acquire(const std::string& prompt, int64_t cost, const std::vector<int>& excluded) {
+int RoutingPolicy::acquire(const std::string& prompt, int64_t cost, const std::vector<int>& excluded, bool any_health) {
   std::lock_guard<std::mutex> lock(mutex_);
   const int n = static_cast<int>(outstanding_.size());
   auto usable = [&](int r) {
-    return healthy_[r] && std::find(excluded.begin(), excluded.end(), r) == excluded.end();
+    return (any_health || healthy_[r]) && std::find(excluded.begin(), excluded.end(), r) == excluded.end();
   };
   int least = -1;
   for (int r = 0; r < n; ++r) {

@@ -25,8 +25,11 @@ class RoutingPolicy {
 
   // Picks a healthy replica for a prompt (its text or rendered chat), or -1
   // when none is healthy; `excluded` replicas (already tried) are skipped.
-  // Counts `cost_tokens` as outstanding on it until release().
-  int acquire(const std::string& prompt, int64_t cost_tokens, const std::vector<int>& excluded = {});
+  // any_health: unhealthy replicas are candidates too (a caller whose
+  // healthy ones are all tried). Counts `cost_tokens` as outstanding on it
+  // until release().
+  int acquire(const std::string& prompt, int64_t cost_tokens, const std::vector<int>& excluded = {},
+              bool any_health = false);
   void release(int replica, int64_t cost_tokens);
   void set_healthy(int replica, bool healthy);
   bool healthy(int replica) const;
