@@ -9,9 +9,9 @@ connections held, peak RSS of each process, TTFT p50/p99, wall time.
 Each stream's fate is one of: done (200 and [DONE]); refused (an HTTP
 status other than 200: the server said why); silent (the request was sent
 and the server closed with no status line: always a server bug); cut (200,
-then the stream ended before [DONE]); and the client's own failures, which
-say nothing about the server: could not connect, could not send, or ran
-out of the test's time. The client runs at a raised priority where it may
+then the stream ended before [DONE]); unfinished (sent, and not done when
+the test's time ran out); and the client's own failures, which say
+nothing about the server: could not connect or could not send. The client runs at a raised priority where it may
 (root: nice -10), so that a machine kept busy starves the server, not the
 instrument that measures it.
 
@@ -118,7 +118,7 @@ async def one_stream(port, i, out_len, deadline):
         r["fate"] = "client_send"
         writer.write(head + body)
         await asyncio.wait_for(writer.drain(), timeout=max(0.1, deadline - time.time()))
-        r["fate"] = "client_timeout"  # until the server says something
+        r["fate"] = "unfinished"  # until the server says something
         status = await asyncio.wait_for(reader.readline(), timeout=max(0.1, deadline - time.time()))
         if not status:
             r["fate"], r["error"] = "silent", "the server closed the connection with no status line"
@@ -129,7 +129,7 @@ async def one_stream(port, i, out_len, deadline):
             r["fate"], r["error"] = "refused", (status + rest).decode(errors="replace")[:300]
             writer.close()
             return r
-        r["fate"] = "client_timeout"
+        r["fate"] = "unfinished"
         while True:
             line = await asyncio.wait_for(reader.readline(), timeout=max(0.1, deadline - time.time()))
             if not line:
@@ -152,7 +152,7 @@ async def one_stream(port, i, out_len, deadline):
         writer.close()
     except (ConnectionResetError, BrokenPipeError) as e:
         # A reset after the request was sent is the server's doing; before, the client's.
-        if r["fate"] == "client_timeout":
+        if r["fate"] == "unfinished":
             r["fate"] = "silent"
         r["error"] = f"{type(e).__name__}: {e}"
     except Exception as e:  # refused connect, timeout
@@ -255,7 +255,7 @@ def main():
             with open(a.json, "w") as f:
                 json.dump(figures, f)
         problems = []
-        server_side = {k: v for k, v in fates.items() if k in ("silent", "refused", "cut")}
+        server_side = {k: v for k, v in fates.items() if k in ("silent", "refused", "cut", "unfinished")}
         client_side = {k: v for k, v in fates.items() if k.startswith("client_")}
         if server_side:
             problems.append(f"the server failed {sum(server_side.values())} of {a.connections} streams {server_side}, "
