@@ -99,4 +99,26 @@ std::string random_id(const std::string& prefix, int n_hex) {
   return out;
 }
 
+void reply_agent_json(httplib::Response& res, int status, const ordered_json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+}
+
+void agent_guarded(httplib::Response& res, const std::function<void()>& fn,
+                   const std::function<ordered_json(const ApiError&)>& shape) {
+  auto answer = [&](const ApiError& e) { reply_agent_json(res, e.status, shape(e)); };
+  try {
+    fn();
+  } catch (const ApiException& e) {
+    answer(e.error());
+  } catch (const Error& e) {
+    const int status = e.code() == ErrorCode::kInvalidArgument ? 400 : 500;
+    answer({status, e.what(), status == 400 ? "invalid_request_error" : "internal_server_error", "", ""});
+  } catch (const nlohmann::json::exception& e) {
+    answer({400, "a request field has the wrong type: " + brief_text(e.what(), 200), "invalid_request_error", "", ""});
+  } catch (const std::exception& e) {
+    answer({500, e.what(), "internal_server_error", "", ""});
+  }
+}
+
 }  // namespace shardlm::server

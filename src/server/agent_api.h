@@ -88,4 +88,13 @@ std::string random_id(const std::string& prefix, int n_hex = 24);
 // The usage of a finished stream.
 Usage stream_usage(const RequestStream& stream);
 
+// Answers `body` as JSON (invalid UTF-8 replaced).
+void reply_agent_json(httplib::Response& res, int status, const ordered_json& body);
+
+// Runs a handler; what it throws is answered with the body `shape` makes of
+// it (each API has its own error shape): ApiException as it is, a typed
+// Error as 400 (invalid argument) or 500, a JSON type error as 400.
+void agent_guarded(httplib::Response& res, const std::function<void()>& fn,
+                   const std::function<ordered_json(const ApiError&)>& shape);
+
 }  // namespace shardlm::server

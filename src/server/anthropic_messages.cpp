@@ -479,26 +479,12 @@ std::string AnthropicStreamEncoder::finish(const Usage& usage) {
 
 namespace {
 
-void reply(httplib::Response& res, int status, const ordered_json& body) {
-  res.status = status;
-  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
-}
+void reply(httplib::Response& res, int status, const ordered_json& body) { reply_agent_json(res, status, body); }
 
 // Runs a handler, answering what it throws in Anthropic's error shape.
 template <typename Fn>
 void anthropic_guarded(httplib::Response& res, Fn&& fn) {
-  try {
-    fn();
-  } catch (const ApiException& e) {
-    reply(res, e.error().status, anthropic_error_json(e.error().status, e.error().message));
-  } catch (const Error& e) {
-    const int status = e.code() == ErrorCode::kInvalidArgument ? 400 : 500;
-    reply(res, status, anthropic_error_json(status, e.what()));
-  } catch (const nlohmann::json::exception& e) {
-    reply(res, 400, anthropic_error_json(400, "a request field has the wrong type: " + brief_text(e.what(), 200)));
-  } catch (const std::exception& e) {
-    reply(res, 500, anthropic_error_json(500, e.what()));
-  }
+  agent_guarded(res, fn, [](const ApiError& e) { return anthropic_error_json(e.status, e.message); });
 }
 
 void handle_messages(const httplib::Request& req, httplib::Response& res, const RouteContext& ctx) {

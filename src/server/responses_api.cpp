@@ -505,25 +505,12 @@ std::string ResponsesStreamEncoder::fail(const std::string& message) {
 
 namespace {
 
-void reply(httplib::Response& res, int status, const ordered_json& body) {
-  res.status = status;
-  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
-}
+void reply(httplib::Response& res, int status, const ordered_json& body) { reply_agent_json(res, status, body); }
 
+// Runs a handler, answering what it throws in OpenAI's error shape.
 template <typename Fn>
 void openai_guarded(httplib::Response& res, Fn&& fn) {
-  try {
-    fn();
-  } catch (const ApiException& e) {
-    reply(res, e.error().status, error_json(e.error()));
-  } catch (const Error& e) {
-    const int status = e.code() == ErrorCode::kInvalidArgument ? 400 : 500;
-    reply(res, status, error_json({status, e.what(), status == 400 ? "invalid_request_error" : "internal_server_error", "", ""}));
-  } catch (const nlohmann::json::exception& e) {
-    reply(res, 400, error_json({400, "a request field has the wrong type: " + brief_text(e.what(), 200), "invalid_request_error", "", ""}));
-  } catch (const std::exception& e) {
-    reply(res, 500, error_json({500, e.what(), "internal_server_error", "", ""}));
-  }
+  agent_guarded(res, fn, [](const ApiError& e) { return error_json(e); });
 }
 
 ApiError not_found(const std::string& id, const std::string& param) {
