@@ -9,6 +9,28 @@ set(SHARDLM_HOT_CXX_FLAGS "" CACHE STRING "Extra compile flags for compute-bound
 set(SHARDLM_HOT_LAYERS core backend comm kv sched sampling grammar model plan engine)
 set(SHARDLM_HOT_TEST_LAYERS backend comm model cuda)
 
+# SHARDLM_COLD_TEST_CXX_FLAGS: extra flags for the test files of the other
+# layers (server, loader, plan, tokenizer, ...), whose code only drives
+# processes, sockets and assertions. scripts/test.sh passes -O0: GoogleTest's
+# macros at -O2 were a third of the Release pass's compile time, and nothing
+# those files do is compute-bound.
+set(SHARDLM_COLD_TEST_CXX_FLAGS "" CACHE STRING "Extra compile flags for the test files of the non-compute layers (scripts/test.sh: -O0)")
+
+# Precompiled headers. nlohmann/json costs about 2 s of every translation unit
+# that includes it and CLI11 about 5 s; a layer with ten such files parses them
+# once instead. Off: -DSHARDLM_PCH=OFF (ccache needs sloppiness
+# pch_defines,time_macros to cache precompiled headers).
+option(SHARDLM_PCH "Precompile nlohmann/json and CLI11 in the targets that include them most" ON)
+set(SHARDLM_PCH_LAYERS server tokenizer)
+
+# shardlm_precompile(TARGET [HEADER...]): TARGET's C++ files get nlohmann/json
+# (and HEADERs) precompiled.
+function(shardlm_precompile target)
+  if(SHARDLM_PCH)
+    target_precompile_headers(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:<nlohmann/json.hpp>>" ${ARGN})
+  endif()
+endfunction()
+
 # shardlm_hot_target(TARGET): all of TARGET's C++ sources are hot.
 function(shardlm_hot_target target)
   if(SHARDLM_HOT_CXX_FLAGS)
@@ -20,7 +42,10 @@ endfunction()
 # in the folder that defines the target; paths relative to it).
 function(shardlm_hot_sources)
   if(SHARDLM_HOT_CXX_FLAGS)
-    set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "${SHARDLM_HOT_CXX_FLAGS}")
+    # A precompiled header built at the layer's -O level would be refused by
+    # these files (GCC checks __OPTIMIZE__), so they parse the headers.
+    set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "${SHARDLM_HOT_CXX_FLAGS}"
+                                SKIP_PRECOMPILE_HEADERS ON)
   endif()
 endfunction()
 
@@ -37,6 +62,9 @@ function(shardlm_layer name)
   target_link_libraries(shardlm_${name} PUBLIC ${ARGN})
   if(name IN_LIST SHARDLM_HOT_LAYERS)
     shardlm_hot_target(shardlm_${name})
+  endif()
+  if(name IN_LIST SHARDLM_PCH_LAYERS)
+    shardlm_precompile(shardlm_${name})
   endif()
 endfunction()
 
@@ -56,6 +84,8 @@ function(shardlm_test name)
   get_filename_component(test_layer ${CMAKE_CURRENT_SOURCE_DIR} NAME)
   if(test_layer IN_LIST SHARDLM_HOT_TEST_LAYERS)
     shardlm_hot_target(${name})
+  elseif(SHARDLM_COLD_TEST_CXX_FLAGS)
+    target_compile_options(${name} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${SHARDLM_COLD_TEST_CXX_FLAGS}>")
   endif()
   # Tests find the sources, the build and the CLI through the environment.
   # ctest's ENVIRONMENT property holds only one variable when passed through
