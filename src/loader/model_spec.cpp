@@ -23,6 +23,7 @@ const char* shard_role_name(ShardRole role) {
     case ShardRole::kExpertColumn: return "expert-column";
     case ShardRole::kExpertRow: return "expert-row";
     case ShardRole::kRouter: return "router";
+    case ShardRole::kFusedParts: return "fused-parts";
   }
   return "?";
 }

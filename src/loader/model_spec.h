@@ -21,6 +21,7 @@ enum class Family {
   kMistral,  // MistralForCausalLM: the Llama graph
   kMixtral,  // MixtralForCausalLM: sparse MoE, softmax over the top-k logits
   kQwen3Moe, // Qwen3MoeForCausalLM: sparse MoE, top-k of the softmax, norm_topk_prob
+  kPhi3,     // Phi3ForCausalLM (Phi-3, Phi-4): fused qkv_proj and gate_up_proj
 };
 
 const char* family_name(Family family);
@@ -110,6 +111,8 @@ enum class ShardRole {
   kExpertColumn,  // expert `expert`'s gate/up: on the ranks holding the expert, dim 0 over its intermediate
   kExpertRow,     // expert `expert`'s down: dim 1 over its intermediate
   kRouter,        // an MoE router [n_experts, hidden]: replicated
+  kFusedParts,    // rows of several column-parallel Linears stacked ([Σ rows, in]: Phi-3's qkv_proj,
+                  // gate_up_proj): each part split over its own space, a rank holding its slice of every part
 };
 const char* shard_role_name(ShardRole role);  // "replicated", "column", ...
 
@@ -139,6 +142,14 @@ enum class TensorSlot {
 };
 const char* tensor_slot_name(TensorSlot slot);  // "q", "expert_down", ...
 
+// One part of a kFusedParts tensor: `rows` consecutive rows (after the
+// previous parts') that are the Linear of `slot`, split over `space`.
+struct FusedPart {
+  TensorSlot slot = TensorSlot::kQ;
+  ShardSpace space = ShardSpace::kNone;
+  int64_t rows = 0;
+};
+
 // One tensor of a Hugging Face checkpoint, by its HF name.
 struct TensorSpec {
   TensorSpec() = default;
@@ -162,6 +173,7 @@ struct TensorSpec {
   ShardSpace space = ShardSpace::kNone;  // kColumn / kRow: what the split divides
   TensorSlot slot = TensorSlot::kAttnNorm;
   int64_t expert = -1;  // expert tensors and their quantized parts: the expert's id
+  std::vector<FusedPart> fused;  // kFusedParts: the parts, in row order
   // The first (or only) tensor of a Linear: where the model assembles it
   // (the .weight of an unquantized one, qweight / the fp8 weight otherwise).
   bool primary() const {

@@ -10,6 +10,15 @@
 
 namespace shardlm {
 
+namespace {
+
+// Where load_weights keeps a held tensor: its name, and the part of a fused one.
+std::string held_key(const std::string& name, int fused_part) {
+  return fused_part < 0 ? name : name + "#" + std::to_string(fused_part);
+}
+
+}  // namespace
+
 RankComms split_rank_comms(Communicator& world, const Layout& layout) {
   const int tp = layout.tp, rank = world.rank();
   SHARDLM_CHECK(world.size() == layout.tp * layout.pp, "world of ", world.size(), " ranks for ", layout.to_string());
@@ -148,7 +157,7 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
                           local_shape);
     }
     Tensor adopted = b.adopt_weight(std::move(host));
-    held.emplace(ts.name, HeldTensor{std::move(adopted), ts});
+    held.emplace(held_key(ts.name, ts.fused_part), HeldTensor{std::move(adopted), ts});
   }
   copied_bytes_ = b.allocated_bytes() - allocated_before;
   // Views that stayed views are mapped checkpoint bytes; what a backend copied
@@ -170,6 +179,23 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
   }
   for (const auto& [name, tspec] : specs) {
     const TensorSpec& t = tspec;
+    if (t.role == ShardRole::kFusedParts) {  // each part is its own Linear: rows of the fused tensor
+      if (!shard_.layers.contains(t.layer)) continue;
+      DecoderLayerWeights& w = layers[static_cast<size_t>(t.layer - shard_.layers.begin)];
+      for (size_t p = 0; p < t.fused.size(); ++p) {
+        const Tensor& part = get(held_key(name, static_cast<int>(p)));
+        switch (t.fused[p].slot) {
+          case TensorSlot::kQ: w.q.weight = part; break;
+          case TensorSlot::kK: w.k.weight = part; break;
+          case TensorSlot::kV: w.v.weight = part; break;
+          case TensorSlot::kGate: w.gate.weight = part; break;
+          case TensorSlot::kUp: w.up.weight = part; break;
+          default:
+            fail(ErrorCode::kInternal, "tensor ", name, ": fused part of slot ", tensor_slot_name(t.fused[p].slot));
+        }
+      }
+      continue;
+    }
     if (held.find(name) == held.end()) continue;  // another rank's or stage's, or an absent optional
     if (t.layer < 0) {
       if (t.slot == TensorSlot::kEmbedding && shard_.first_stage) embed_ = get(name);

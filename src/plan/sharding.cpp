@@ -297,8 +297,8 @@ std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const ModelTensors&
     else add_slice(t, dim, slice);
   };
   // The range a column or row split divides on this rank.
-  auto space_range = [&](const TensorSpec& t) -> Range {
-    switch (t.space) {
+  auto space_range = [&](const TensorSpec& t, ShardSpace space) -> Range {
+    switch (space) {
       case ShardSpace::kQHeads: return q_cols;
       case ShardSpace::kKvHeads: return kv_rows;
       case ShardSpace::kIntermediate: return s.intermediate;
@@ -318,14 +318,27 @@ std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const ModelTensors&
     switch (t.role) {
       case ShardRole::kReplicated:
       case ShardRole::kRouter: add(t, -1, {}); break;
-      case ShardRole::kColumn: add(t, 0, space_range(t)); break;
-      case ShardRole::kRow: add(t, 1, space_range(t)); break;
+      case ShardRole::kColumn: add(t, 0, space_range(t, t.space)); break;
+      case ShardRole::kRow: add(t, 1, space_range(t, t.space)); break;
       case ShardRole::kVocab: add(t, 0, s.vocab); break;
       case ShardRole::kExpertColumn:
       case ShardRole::kExpertRow:
         if (!s.experts.contains(t.expert)) break;
         add(t, t.role == ShardRole::kExpertRow ? 1 : 0, s.expert_intermediate);
         break;
+      case ShardRole::kFusedParts: {
+        // Each part's rows of this rank, offset by the parts before it.
+        if (t.part != QuantPart::kNone)
+          fail(ErrorCode::kUnsupported, t.name, ": fused Linears of quantized checkpoints are not sharded yet");
+        int64_t offset = 0;
+        for (size_t p = 0; p < t.fused.size(); ++p) {
+          const Range r = space_range(t, t.fused[p].space);
+          add_slice(t, 0, {offset + r.begin, offset + r.end});
+          out.back().fused_part = static_cast<int>(p);
+          offset += t.fused[p].rows;
+        }
+        break;
+      }
     }
   }
   return out;

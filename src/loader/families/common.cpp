@@ -93,6 +93,23 @@ void LayerTable::linear(const std::string& name, int64_t n_out, int64_t n_in, Te
   }
 }
 
+void LayerTable::fused_linear(const std::string& name, std::vector<FusedPart> parts, int64_t n_in) {
+  const std::string module = prefix_ + name;
+  if (spec_.quant.quantizes(module))
+    fail(ErrorCode::kUnsupported, spec_.quant.source, ": ", module, " is a fused Linear of ", spec_.architecture,
+         "; shardlm shards fused Linears of unquantized checkpoints only (", spec_.quant.describe(), " is not supported yet)");
+  int64_t rows = 0;
+  for (const FusedPart& p : parts) rows += p.rows;
+  TensorSpec t{module + ".weight", {rows, n_in}, false, layer_};
+  t.module = module;
+  t.out_features = rows;
+  t.in_features = n_in;
+  t.slot = parts.front().slot;
+  t.role = ShardRole::kFusedParts;
+  t.fused = std::move(parts);
+  out_.push_back(std::move(t));
+}
+
 void llama_attention_tensors(LayerTable& t) {
   const ModelSpec& s = t.spec();
   const int64_t h = s.hidden_size;

@@ -49,6 +49,9 @@ class LayerTable {
   // parts when the spec's quantization_config covers it).
   void linear(const std::string& module, int64_t n_out, int64_t n_in, TensorSlot slot, ShardRole role,
               ShardSpace space, int64_t expert = -1);
+  // Linear "<prefix><module>" whose rows stack `parts` (kFusedParts); an
+  // unquantized checkpoint only.
+  void fused_linear(const std::string& module, std::vector<FusedPart> parts, int64_t n_in);
   const ModelSpec& spec() const { return spec_; }
 
  private:

@@ -4,11 +4,12 @@
 
 namespace shardlm {
 
-extern const FamilyDef kQwen2Family, kQwen3Family, kLlamaFamily, kMistralFamily, kMixtralFamily, kQwen3MoeFamily;
+extern const FamilyDef kQwen2Family, kQwen3Family, kLlamaFamily, kMistralFamily, kMixtralFamily, kQwen3MoeFamily,
+    kPhi3Family;
 
 const std::vector<const FamilyDef*>& family_defs() {
   static const std::vector<const FamilyDef*> defs = {
-      &kQwen2Family, &kQwen3Family, &kLlamaFamily, &kMistralFamily, &kMixtralFamily, &kQwen3MoeFamily,
+      &kQwen2Family, &kQwen3Family, &kLlamaFamily, &kMistralFamily, &kMixtralFamily, &kQwen3MoeFamily, &kPhi3Family,
   };
   return defs;
 }

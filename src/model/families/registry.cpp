@@ -4,7 +4,7 @@
 
 namespace shardlm {
 
-extern const DecoderFamily kQwen2Graph, kQwen3Graph, kLlamaGraph, kMixtralGraph, kQwen3MoeGraph;
+extern const DecoderFamily kQwen2Graph, kQwen3Graph, kLlamaGraph, kMixtralGraph, kQwen3MoeGraph, kPhi3Graph;
 
 const DecoderFamily& decoder_family(const ModelSpec& spec) {
   const DecoderFamily* f = nullptr;
@@ -15,6 +15,7 @@ const DecoderFamily& decoder_family(const ModelSpec& spec) {
     case Family::kMistral: f = &kLlamaGraph; break;
     case Family::kMixtral: f = &kMixtralGraph; break;
     case Family::kQwen3Moe: f = &kQwen3MoeGraph; break;
+    case Family::kPhi3: f = &kPhi3Graph; break;
   }
   if (!f) fail(ErrorCode::kUnsupported, "architecture ", spec.architecture, " has no model graph");
   f->check(spec);
