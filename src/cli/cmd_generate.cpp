@@ -4,7 +4,10 @@
 //   {"prompt_token_ids": [...], "token_ids": [...], "text": "...", "finish_reason": "length"|"stop"}
 // --dump-logits FILE writes the logits of the last prompt position (the
 // distribution the first new token came from) as raw little-endian f32 [vocab].
+// --dump-tensors NAMES prints the named intermediates (model/tensor_dump.h)
+// per layer and step to stderr; --dump-tensors-json FILE writes them whole.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -53,6 +56,8 @@ struct GenerateCliOptions {
   bool json = false;
   std::string dump_logits;
   std::string dump_routing;
+  std::string dump_tensors;       // comma-separated names
+  std::string dump_tensors_json;  // FILE
   bool enable_expert_parallel = false;
   std::string tp = "1";  // a degree, or auto
   int pp = 1;
@@ -199,7 +204,17 @@ int run_generate(const GenerateCliOptions& o) {
   g.layout.tp = parse_tp_flag(o.tp);
   g.layout.pp = o.pp;
   g.layout.expert_parallel = o.enable_expert_parallel;
-  g.trace_routing = !o.dump_routing.empty();
+  if (!o.dump_routing.empty() && !spec.is_moe())
+    fail(ErrorCode::kInvalidArgument, "--dump-routing: ", spec.architecture, " is a dense model; it has no experts to route to");
+  if (!o.dump_tensors_json.empty() && o.dump_tensors.empty())
+    fail(ErrorCode::kInvalidArgument, "--dump-tensors-json needs --dump-tensors NAMES (which intermediates to write)");
+  for (std::string_view rest = o.dump_tensors; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    const std::string name(rest.substr(0, comma));
+    if (!name.empty()) g.dump_tensors.push_back(name);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  }
+  if (!o.dump_routing.empty()) g.dump_tensors.push_back("ffn_moe_topk");  // the routing is that intermediate
   if (o.enable_expert_parallel && !spec.is_moe())
     fail(ErrorCode::kInvalidArgument, "--enable-expert-parallel: ", spec.architecture,
          " is a dense model without experts; drop the flag (it applies to mixture-of-experts models)");
@@ -271,8 +286,9 @@ int run_generate(const GenerateCliOptions& o) {
 
   GenerateResult r;
   if (under_mpi) {
-    if (g.trace_routing)
-      fail(ErrorCode::kInvalidArgument, "--dump-routing is for the threads path; run without mpirun to record the routing");
+    if (!g.dump_tensors.empty())
+      fail(ErrorCode::kInvalidArgument, o.dump_routing.empty() ? "--dump-tensors" : "--dump-routing",
+           " is for the threads path; run without mpirun to record intermediates");
 #ifdef SHARDLM_HAVE_MPI
     g.device = device_for_mpi_process(o.device);  // one GPU per process: local rank % GPUs
     if (o.cuda_graphs == "on")
@@ -307,18 +323,44 @@ int run_generate(const GenerateCliOptions& o) {
     nlohmann::json j;
     j["top_k"] = spec.n_experts_per_token;
     j["layers"] = nlohmann::json::object();
-    const size_t k = static_cast<size_t>(spec.n_experts_per_token);
-    for (size_t l = 0; l < r.routing.size(); ++l) {
-      if (r.routing[l].empty()) continue;
-      nlohmann::json rows = nlohmann::json::array();
-      for (size_t i = 0; i + k <= r.routing[l].size(); i += k)
-        rows.push_back(std::vector<int32_t>(r.routing[l].begin() + static_cast<std::ptrdiff_t>(i),
-                                            r.routing[l].begin() + static_cast<std::ptrdiff_t>(i + k)));
-      j["layers"][std::to_string(l)] = rows;
+    for (const DumpedTensor& t : r.tensors) {
+      if (t.name != "ffn_moe_topk") continue;
+      nlohmann::json& rows = j["layers"][std::to_string(t.layer)];
+      if (rows.is_null()) rows = nlohmann::json::array();
+      const size_t k = static_cast<size_t>(t.shape.back());  // [n_tokens, top_k]
+      for (size_t i = 0; i + k <= t.values.size(); i += k) {
+        std::vector<int32_t> row;
+        for (size_t e = 0; e < k; ++e) row.push_back(static_cast<int32_t>(t.values[i + e]));
+        rows.push_back(row);
+      }
     }
     std::ofstream out(o.dump_routing);
     out << j.dump() << "\n";
     if (!out) fail(ErrorCode::kIo, "--dump-routing: cannot write ", o.dump_routing);
+  }
+  if (!o.dump_tensors.empty()) {
+    // One line per (name, layer, step) to stderr: shape, the first values, mean |x|.
+    for (const DumpedTensor& t : r.tensors) {
+      if (std::find(g.dump_tensors.begin(), g.dump_tensors.end(), t.name) == g.dump_tensors.end() &&
+          std::find(g.dump_tensors.begin(), g.dump_tensors.end(), "all") == g.dump_tensors.end())
+        continue;  // only asked for by --dump-routing
+      double sum_abs = 0;
+      for (float v : t.values) sum_abs += std::abs(v);
+      std::ostringstream line;
+      line << t.name << " layer " << t.layer << " " << shape_string(t.shape) << ":";
+      for (size_t i = 0; i < std::min<size_t>(6, t.values.size()); ++i) line << " " << t.values[i];
+      if (t.values.size() > 6) line << " ...";
+      line << " mean|x| " << (t.values.empty() ? 0.0 : sum_abs / static_cast<double>(t.values.size()));
+      std::fprintf(stderr, "%s\n", line.str().c_str());
+    }
+    if (!o.dump_tensors_json.empty()) {
+      nlohmann::json all = nlohmann::json::array();
+      for (const DumpedTensor& t : r.tensors)
+        all.push_back({{"name", t.name}, {"layer", t.layer}, {"shape", t.shape}, {"values", t.values}});
+      std::ofstream out(o.dump_tensors_json);
+      out << all.dump() << "\n";
+      if (!out) fail(ErrorCode::kIo, "--dump-tensors-json: cannot write ", o.dump_tensors_json);
+    }
   }
   if (o.json) {
     nlohmann::json j;
@@ -363,6 +405,11 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--dump-routing", o->dump_routing,
                   "MoE: write the experts chosen per token and layer (JSON) for every position fed");
+  sub->add_option("--dump-tensors", o->dump_tensors,
+                  "Print these intermediates (comma-separated names: q, kqv, attn_out, ffn_out, l_out, ..., or all) "
+                  "per layer and step to stderr, as the driver rank computes them");
+  sub->add_option("--dump-tensors-json", o->dump_tensors_json,
+                  "With --dump-tensors: write them whole as JSON [{name, layer, shape, values}] here");
   sub->add_flag("--enable-expert-parallel", o->enable_expert_parallel,
                 "MoE: experts go whole to the TP ranks (EP = TP), as vLLM's flag; attention stays tensor-parallel");
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads, or processes under mpirun)")->capture_default_str();

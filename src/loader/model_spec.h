@@ -21,6 +21,7 @@ enum class Family {
   kMistral,  // MistralForCausalLM: the Llama graph
   kMixtral,  // MixtralForCausalLM: sparse MoE, softmax over the top-k logits
   kQwen3Moe, // Qwen3MoeForCausalLM: sparse MoE, top-k of the softmax, norm_topk_prob
+  kPhi3,     // Phi3ForCausalLM (Phi-3, Phi-4): fused qkv_proj and gate_up_proj
 };
 
 const char* family_name(Family family);
@@ -51,7 +52,7 @@ struct ModelSpec {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: biases on q/k/v projections
   bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k
-  // Mixture of experts (model/moe_block.h runs them; plan/moe_accounting.h sizes them).
+  // Mixture of experts (model/layers.h moe() runs them; plan/moe_accounting.h sizes them).
   int64_t n_experts = 0;              // num_experts (Qwen3-MoE) / num_local_experts (Mixtral)
   int64_t n_experts_per_token = 0;    // num_experts_per_tok (top-k)
   int64_t moe_intermediate_size = 0;  // each expert's MLP width (Mixtral: intermediate_size)
@@ -98,6 +99,57 @@ enum class QuantPart {
 };
 const char* quant_part_name(QuantPart part);  // "qweight", "qzeros", "scales", "g_idx", "weight", "weight_scale_inv"
 
+// How plan shards a tensor over the tensor-parallel ranks of a stage
+// (Megatron's names: a column-parallel Linear [out, in] splits its output
+// features, dim 0; a row-parallel one its input features, dim 1). plan
+// switches on it and never reads a Hugging Face name.
+enum class ShardRole {
+  kReplicated,    // every rank holds all of it (norms)
+  kColumn,        // dim 0 split over `space` (q/k/v, gate/up; their biases)
+  kRow,           // dim 1 split over `space`; partial outputs all-reduced (o_proj, down_proj)
+  kVocab,         // rows of the vocabulary (embed_tokens, lm_head)
+  kExpertColumn,  // expert `expert`'s gate/up: on the ranks holding the expert, dim 0 over its intermediate
+  kExpertRow,     // expert `expert`'s down: dim 1 over its intermediate
+  kRouter,        // an MoE router [n_experts, hidden]: replicated
+  kFusedParts,    // rows of several column-parallel Linears stacked ([Σ rows, in]: Phi-3's qkv_proj,
+                  // gate_up_proj): each part split over its own space, a rank holding its slice of every part
+};
+const char* shard_role_name(ShardRole role);  // "replicated", "column", ...
+
+// What a column or row split divides: heads (× head_dim) or MLP columns.
+enum class ShardSpace {
+  kNone,
+  kQHeads,        // Q heads: q_proj rows, o_proj columns
+  kKvHeads,       // the KV heads a rank's Q heads use: k_proj/v_proj rows
+  kIntermediate,  // the dense MLP's intermediate columns
+};
+
+// What a tensor is to the model's graph: model/ places weights by slot and
+// never reads a Hugging Face name either (loader/families/ owns the names).
+enum class TensorSlot {
+  kEmbedding,   // [vocab, hidden]; first stage (and the last, when tied)
+  kFinalNorm,   // [hidden]; last stage
+  kLmHead,      // [vocab, hidden]; last stage
+  kAttnNorm,    // [hidden] before attention
+  kQ, kK, kV,   // projections [q_dim | kv_dim, hidden]
+  kQBias, kKBias, kVBias,
+  kQNorm, kKNorm,  // [head_dim] per-head RMSNorm
+  kO,           // [hidden, q_dim]
+  kMlpNorm,     // [hidden] before the MLP / MoE block
+  kGate, kUp, kDown,                      // dense MLP
+  kRouter,                                // [n_experts, hidden]
+  kExpertGate, kExpertUp, kExpertDown,    // expert `expert`'s MLP
+};
+const char* tensor_slot_name(TensorSlot slot);  // "q", "expert_down", ...
+
+// One part of a kFusedParts tensor: `rows` consecutive rows (after the
+// previous parts') that are the Linear of `slot`, split over `space`.
+struct FusedPart {
+  TensorSlot slot = TensorSlot::kQ;
+  ShardSpace space = ShardSpace::kNone;
+  int64_t rows = 0;
+};
+
 // One tensor of a Hugging Face checkpoint, by its HF name.
 struct TensorSpec {
   TensorSpec() = default;
@@ -113,9 +165,20 @@ struct TensorSpec {
   std::vector<DType> dtypes;                       // accepted storage dtypes, first = what make-model writes
   std::vector<std::vector<int64_t>> other_shapes;  // also accepted (fp8 per-tensor / per-channel scales)
   QuantPart part = QuantPart::kNone;
-  std::string module;        // quantized parts: "model.layers.0.self_attn.q_proj"
+  std::string module;        // a Linear's tensors (every part): "model.layers.0.self_attn.q_proj"
   int64_t out_features = 0;  // quantized parts: the logical Linear is [out_features, in_features]
   int64_t in_features = 0;
+  // Sharding and meaning, set by the family's tensor table (loader/families/).
+  ShardRole role = ShardRole::kReplicated;
+  ShardSpace space = ShardSpace::kNone;  // kColumn / kRow: what the split divides
+  TensorSlot slot = TensorSlot::kAttnNorm;
+  int64_t expert = -1;  // expert tensors and their quantized parts: the expert's id
+  std::vector<FusedPart> fused;  // kFusedParts: the parts, in row order
+  // The first (or only) tensor of a Linear: where the model assembles it
+  // (the .weight of an unquantized one, qweight / the fp8 weight otherwise).
+  bool primary() const {
+    return part == QuantPart::kNone || part == QuantPart::kQWeight || part == QuantPart::kFp8Weight;
+  }
 };
 
 // Every tensor a checkpoint of this spec holds, in a stable order. For a tied

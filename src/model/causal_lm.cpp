@@ -6,10 +6,18 @@
 #include <map>
 
 #include "core/error.h"
-#include "model/moe_block.h"
 #include "model/quantized_linear.h"
 
 namespace shardlm {
+
+namespace {
+
+// Where load_weights keeps a held tensor: its name, and the part of a fused one.
+std::string held_key(const std::string& name, int fused_part) {
+  return fused_part < 0 ? name : name + "#" + std::to_string(fused_part);
+}
+
+}  // namespace
 
 RankComms split_rank_comms(Communicator& world, const Layout& layout) {
   const int tp = layout.tp, rank = world.rank();
@@ -22,7 +30,7 @@ RankComms split_rank_comms(Communicator& world, const Layout& layout) {
 
 CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank, Communicator& tp,
                    Communicator& pp, std::shared_ptr<backend::Backend> backend)
-    : spec_(spec), layout_(layout), shard_(shard_for(spec, layout, tp_rank, pp_rank)), graph_(family_graph(spec)),
+    : spec_(spec), layout_(layout), shard_(shard_for(spec, layout, tp_rank, pp_rank)), family_(decoder_family(spec)),
       tp_(tp), pp_(pp), backend_(std::move(backend)) {
   SHARDLM_CHECK(backend_ != nullptr, "CausalLM needs a backend");
   if (tp.size() != layout.tp || tp.rank() != tp_rank)
@@ -36,21 +44,21 @@ CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int
   dims_.n_q_local = shard_.q_heads.size();
   dims_.n_kv_local = shard_.kv_heads.size();
   dims_.inter_local = shard_.intermediate.size();
-  if (graph_.moe.enabled && !backend_->has_moe_ops())
+  if (spec.is_moe() && !backend_->has_moe_ops())
     fail(ErrorCode::kUnsupported, spec.architecture, " is a mixture-of-experts model; the ", backend_->name(),
          " backend does not implement the MoE ops (moe_route, moe_experts) yet; run it on the CPU backend");
   // Every layer sparse (Mixtral, Qwen3-MoE without mlp_only_layers): no dense
   // MLP buffers.
   if (spec.is_moe() && spec.n_moe_layers() == spec.n_layers) dims_.inter_local = 0;
-  if (graph_.moe.enabled) {
-    dims_.n_experts = graph_.moe.n_experts;
-    dims_.top_k = graph_.moe.top_k;
-    dims_.renormalize = graph_.moe.renormalize;
+  if (spec.is_moe()) {
+    dims_.n_experts = spec.n_experts;
+    dims_.top_k = spec.n_experts_per_token;
+    dims_.renormalize = spec.norm_topk_prob;
   }
   dims_.eps = static_cast<float>(spec.rms_norm_eps);
   dims_.heads = {shard_.q_heads.size(), shard_.q_heads.begin, shard_.kv_heads.begin, spec.group_size()};
   std::vector<float> inv_freq(static_cast<size_t>(spec.head_dim / 2));
-  backend::rope_inv_freq(graph_.rope, inv_freq.data());
+  backend::rope_inv_freq(rope_config(spec), inv_freq.data());
   inv_freq_ = backend_->alloc(DType::kF32, {spec.head_dim / 2});
   backend_->upload(inv_freq.data(), inv_freq_);
   for (int r = 0; r < layout.tp; ++r) vocab_ranges_.push_back(shard_for(spec, layout, r, pp_rank).vocab);
@@ -93,6 +101,10 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
       }
     b.reserve_weights(total, n);
   }
+  for (const auto& [name, t] : specs)
+    if (t.expert >= 0 && t.part != QuantPart::kNone)
+      fail(ErrorCode::kUnsupported, weights_->describe(), ": ", t.module, " is quantized (", spec_.quant.describe(),
+           "); shardlm runs quantized dense Linears, not quantized MoE experts yet");
   std::map<std::string, HeldTensor> held;
   for (TensorShard ts : shards) {
     const WeightRef* ref = weights_->find(ts.name);
@@ -145,7 +157,7 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
                           local_shape);
     }
     Tensor adopted = b.adopt_weight(std::move(host));
-    held.emplace(ts.name, HeldTensor{std::move(adopted), ts});
+    held.emplace(held_key(ts.name, ts.fused_part), HeldTensor{std::move(adopted), ts});
   }
   copied_bytes_ = b.allocated_bytes() - allocated_before;
   // Views that stayed views are mapped checkpoint bytes; what a backend copied
@@ -158,56 +170,87 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
     SHARDLM_CHECK(it != held.end(), "tensor ", name, " not in this rank's shard");
     return it->second.tensor;
   };
-  auto vec = [&](const std::string& name) { return get(name); };
-  auto weight = [&](const std::string& name) { return get(name); };
-  auto linear = [&](const std::string& module) { return assemble_linear(spec_, module, held, weights_->describe()); };
+  // Each tensor goes where its slot says (the family's table in
+  // loader/families/ names it); a Linear is assembled at its primary part.
+  std::vector<DecoderLayerWeights> layers(static_cast<size_t>(shard_.layers.size()));
   for (int64_t l = shard_.layers.begin; l < shard_.layers.end; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    DecoderLayerWeights w;
-    w.layer = l;
-    w.input_norm = vec(p + "input_layernorm.weight");
-    w.post_norm = vec(p + "post_attention_layernorm.weight");
-    w.q = linear(p + "self_attn.q_proj");
-    w.k = linear(p + "self_attn.k_proj");
-    w.v = linear(p + "self_attn.v_proj");
-    if (graph_.qkv_bias) {
-      w.q.bias = vec(p + "self_attn.q_proj.bias");
-      w.k.bias = vec(p + "self_attn.k_proj.bias");
-      w.v.bias = vec(p + "self_attn.v_proj.bias");
-    }
-    if (graph_.qk_norm) {
-      w.q_norm = vec(p + "self_attn.q_norm.weight");
-      w.k_norm = vec(p + "self_attn.k_norm.weight");
-    }
-    w.o = linear(p + "self_attn.o_proj");
-    if (graph_.moe.enabled && spec_.is_moe_layer(l)) {
-      const MoeGraph& m = graph_.moe;
-      const std::string block = p + m.block + ".";
-      if (spec_.quant.quantizes(block + "gate"))
-        fail(ErrorCode::kUnsupported, weights_->describe(), ": the router ", block, "gate is quantized (",
-             spec_.quant.describe(), "); published checkpoints keep it unquantized (modules_to_not_convert)");
-      w.router.weight = weight(block + "gate.weight");
-      w.expert_begin = shard_.experts.begin;
-      for (int64_t e = shard_.experts.begin; e < shard_.experts.end; ++e) {
-        const std::string ep = block + "experts." + std::to_string(e) + ".";
-        for (const std::string& part : {m.gate, m.up, m.down})
-          if (spec_.quant.quantizes(ep + part))
-            fail(ErrorCode::kUnsupported, weights_->describe(), ": ", ep, part, " is quantized (",
-                 spec_.quant.describe(), "); shardlm runs quantized dense Linears, not quantized MoE experts yet");
-        w.experts.push_back({weight(ep + m.gate + ".weight"), weight(ep + m.up + ".weight"), weight(ep + m.down + ".weight")});
+    layers[static_cast<size_t>(l - shard_.layers.begin)].layer = l;
+    layers[static_cast<size_t>(l - shard_.layers.begin)].expert_begin = shard_.experts.begin;
+  }
+  for (const auto& [name, tspec] : specs) {
+    const TensorSpec& t = tspec;
+    if (t.role == ShardRole::kFusedParts) {  // each part is its own Linear: rows of the fused tensor
+      if (!shard_.layers.contains(t.layer)) continue;
+      DecoderLayerWeights& w = layers[static_cast<size_t>(t.layer - shard_.layers.begin)];
+      for (size_t p = 0; p < t.fused.size(); ++p) {
+        const Tensor& part = get(held_key(name, static_cast<int>(p)));
+        switch (t.fused[p].slot) {
+          case TensorSlot::kQ: w.q.weight = part; break;
+          case TensorSlot::kK: w.k.weight = part; break;
+          case TensorSlot::kV: w.v.weight = part; break;
+          case TensorSlot::kGate: w.gate.weight = part; break;
+          case TensorSlot::kUp: w.up.weight = part; break;
+          default:
+            fail(ErrorCode::kInternal, "tensor ", name, ": fused part of slot ", tensor_slot_name(t.fused[p].slot));
+        }
       }
-    } else {
-      w.gate = linear(p + "mlp.gate_proj");
-      w.up = linear(p + "mlp.up_proj");
-      w.down = linear(p + "mlp.down_proj");
+      continue;
     }
-    layers_.push_back(w);
+    if (held.find(name) == held.end()) continue;  // another rank's or stage's, or an absent optional
+    if (t.layer < 0) {
+      if (t.slot == TensorSlot::kEmbedding && shard_.first_stage) embed_ = get(name);
+      if (t.slot == TensorSlot::kFinalNorm) final_norm_ = get(name);
+      if (t.slot == TensorSlot::kLmHead) lm_head_ = Linear{get(name), Tensor{}, {}};
+      continue;
+    }
+    DecoderLayerWeights& w = layers[static_cast<size_t>(t.layer - shard_.layers.begin)];
+    auto linear = [&](Linear& dst) {
+      if (!t.primary()) return;
+      Tensor bias = dst.bias;  // a bias placed before its weight (the map orders ".bias" first)
+      dst = assemble_linear(spec_, t.module, held, weights_->describe());
+      dst.bias = bias;
+    };
+    auto expert = [&](int part) -> Tensor& {
+      const size_t e = static_cast<size_t>(t.expert - shard_.experts.begin);
+      if (w.experts.size() <= e) w.experts.resize(e + 1);
+      ExpertLinears& x = w.experts[e];
+      return part == 0 ? x.gate : part == 1 ? x.up : x.down;
+    };
+    switch (t.slot) {
+      case TensorSlot::kAttnNorm: w.attn_norm = get(name); break;
+      case TensorSlot::kMlpNorm: w.mlp_norm = get(name); break;
+      case TensorSlot::kQ: linear(w.q); break;
+      case TensorSlot::kK: linear(w.k); break;
+      case TensorSlot::kV: linear(w.v); break;
+      case TensorSlot::kO: linear(w.o); break;
+      case TensorSlot::kQBias: w.q.bias = get(name); break;
+      case TensorSlot::kKBias: w.k.bias = get(name); break;
+      case TensorSlot::kVBias: w.v.bias = get(name); break;
+      case TensorSlot::kQNorm: w.q_norm = get(name); break;
+      case TensorSlot::kKNorm: w.k_norm = get(name); break;
+      case TensorSlot::kGate: linear(w.gate); break;
+      case TensorSlot::kUp: linear(w.up); break;
+      case TensorSlot::kDown: linear(w.down); break;
+      case TensorSlot::kRouter: w.router.weight = get(name); break;
+      case TensorSlot::kExpertGate:
+      case TensorSlot::kExpertUp:
+      case TensorSlot::kExpertDown:
+        expert(t.slot == TensorSlot::kExpertGate ? 0 : t.slot == TensorSlot::kExpertUp ? 1 : 2) = get(name);
+        break;
+      case TensorSlot::kEmbedding:
+      case TensorSlot::kFinalNorm:
+      case TensorSlot::kLmHead:
+        fail(ErrorCode::kInternal, "tensor ", name, ": slot ", tensor_slot_name(t.slot), " inside decoder layer ", t.layer);
+    }
   }
-  if (shard_.first_stage) embed_ = get("model.embed_tokens.weight");
-  if (shard_.last_stage) {
-    final_norm_ = vec("model.norm.weight");
-    lm_head_ = Linear{get(spec_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), Tensor{}, {}};
+  layers_ = std::move(layers);
+  // A tied model's last stage reads the embedding rows as its lm_head.
+  if (shard_.last_stage && spec_.tie_word_embeddings) {
+    for (const auto& [name, t] : specs)
+      if (t.slot == TensorSlot::kEmbedding) lm_head_ = Linear{get(name), Tensor{}, {}};
   }
+  if (shard_.first_stage) SHARDLM_CHECK(embed_.defined(), "no embedding in this rank's shard");
+  if (shard_.last_stage) SHARDLM_CHECK(final_norm_.defined() && lm_head_.weight.defined(), "no final norm or lm_head");
 }
 
 KvCache CausalLM::make_kv_cache(int64_t n_blocks, int64_t block_size, DType dtype) const {
@@ -291,18 +334,10 @@ void CausalLM::reserve_step_buffers(int64_t n_tokens, int64_t n_logits) {
 }
 
 void CausalLM::run_layers(Tensor& hidden, KvCache& cache) {
-  backend::Backend& b = *backend_;
   const StepContext step{meta_, inv_freq_};
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const DecoderLayerWeights& w = layers_[i];
-    attention_block(b, dims_, w, cache.layer(static_cast<int64_t>(i)), step, hidden, tp_, workspace_);
-    if (w.sparse()) {
-      std::vector<int32_t>* trace = routing_trace_ ? &(*routing_trace_)[static_cast<size_t>(w.layer)] : nullptr;
-      moe_block(b, dims_, w, step, hidden, tp_, workspace_, trace);
-    } else {
-      mlp_block(b, dims_, w, step, hidden, tp_, workspace_);
-    }
-  }
+  const LayerContext c{*backend_, dims_, step, tp_, workspace_, dump_};
+  for (size_t i = 0; i < layers_.size(); ++i)
+    family_.layer(c, layers_[i], cache.layer(static_cast<int64_t>(i)), hidden);
 }
 
 void CausalLM::make_logits(const Tensor& hidden, Tensor& out) {
@@ -311,6 +346,7 @@ void CausalLM::make_logits(const Tensor& hidden, Tensor& out) {
   Tensor x = last_hidden_.slice_rows(0, n_logits);  // [n_logits, hidden]
   b.gather_logit_rows(hidden, meta_, x);
   b.rms_norm(x, final_norm_, dims_.eps, x);
+  if (dump_) dump_->record(b, "result_norm", -1, x);
   Tensor local = logits_local_.defined() ? logits_local_.slice_rows(0, n_logits) : Tensor{};
   Tensor gathered = logits_gathered_.defined() ? logits_gathered_.slice_rows(0, n_logits) : Tensor{};
   lm_head_logits(b, x, lm_head_, vocab_ranges_, out, local, gathered, tp_);
@@ -328,6 +364,7 @@ void CausalLM::run_stage(const ForwardBatch& batch, KvCache& cache, float* logit
   Tensor hidden = hidden_.slice_rows(0, n);  // [n_tokens, hidden]
   if (shard_.first_stage) {
     embed_tokens(b, embed_, shard_.vocab, spec_.vocab_size, meta_, hidden, tp_);
+    if (dump_) dump_->record(b, "embd", -1, hidden);
   } else {
     pp_.recv(hidden.data(), hidden.nbytes(), shard_.pp_rank - 1);
   }
@@ -362,8 +399,8 @@ std::string CausalLM::enable_decode_graphs(const backend::DecodeGraphOptions& op
   if (layout_.tp > 1 || layout_.pp > 1)
     return off(str_cat("layout ", layout_.to_string(),
                        ": graphs are captured for TP = PP = 1 only; the collectives between ranks are not captured"));
-  if (graph_.moe.enabled) return off("mixture-of-experts layers route on the host and are not captured");
-  if (routing_trace_) return off("expert routing is being traced");
+  if (spec_.is_moe()) return off("mixture-of-experts layers route on the host and are not captured");
+  if (dump_) return off("intermediates are being dumped");
   backend::Backend& b = *backend_;
   // Steps that do not fit (more sequences, a longer context, any prefill) run
   // eagerly; the graph path itself only ever runs on the driver (TP = PP = 1).

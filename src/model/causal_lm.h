@@ -19,7 +19,7 @@
 #include "backend/backend.h"
 #include "backend/device/decode_graphs.h"
 #include "comm/communicator.h"
-#include "model/family.h"
+#include "model/families/family.h"
 #include "model/forward_batch.h"
 #include "model/kv_cache.h"
 #include "model/layers.h"
@@ -100,7 +100,7 @@ class CausalLM {
   const ModelSpec& spec() const { return spec_; }
   const Layout& layout() const { return layout_; }
   const RankShard& shard() const { return shard_; }
-  const FamilyGraph& graph() const { return graph_; }
+  const DecoderFamily& family() const { return family_; }
   backend::Backend& backend() const { return *backend_; }
   // Bytes of the weights this rank holds: the mapped checkpoint ranges its
   // views cover plus what its backend allocated for copies (column slices on
@@ -109,13 +109,11 @@ class CausalLM {
   int64_t weight_bytes() const { return weight_bytes_; }
   // Bytes the backend's allocator obtained for weight copies (measured).
   int64_t copied_bytes() const { return copied_bytes_; }
-  // MoE: from now on, the experts each forward routes every token to are
-  // appended to (*trace)[layer] ([tokens × top_k] ids, best first) for the
-  // sparse layers this rank runs; nullptr stops. trace must outlive the calls.
-  void trace_routing(std::vector<std::vector<int32_t>>* trace) {
-    routing_trace_ = trace;
-    if (trace) trace->resize(static_cast<size_t>(spec_.n_layers));
-  }
+  // From now on, the intermediates each forward computes on this rank's
+  // layers are handed to `dump` by (name, layer) (model/tensor_dump.h);
+  // nullptr stops. dump must outlive the calls. Decode graphs stay off
+  // while a dump is attached (a replay runs no host code).
+  void dump_tensors(TensorDump* dump) { dump_ = dump; }
 
  private:
   CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank, Communicator& tp, Communicator& pp,
@@ -137,7 +135,7 @@ class CausalLM {
   ModelSpec spec_;
   Layout layout_;
   RankShard shard_;
-  FamilyGraph graph_;
+  const DecoderFamily& family_;
   Communicator& tp_;
   Communicator& pp_;
   std::shared_ptr<backend::Backend> backend_;
@@ -158,7 +156,7 @@ class CausalLM {
   Tensor last_hidden_;                         // [n_logits capacity, hidden]
   Tensor logits_local_, logits_gathered_, logits_out_;  // [n_logits capacity, vocab_local / vocab / vocab]
   int64_t hidden_capacity_ = 0, logits_capacity_ = 0;
-  std::vector<std::vector<int32_t>>* routing_trace_ = nullptr;  // [layer][tokens × top_k]
+  TensorDump* dump_ = nullptr;                 // dump_tensors
   std::unique_ptr<backend::DecodeGraphs> graphs_;  // enable_decode_graphs; null: every step eager
   KvCache* graph_kv_ = nullptr;                    // the cache of the graph step being run
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "backend/backend.h"
@@ -25,11 +26,17 @@ void validate_generate(const ModelSpec& spec, const std::vector<int32_t>& prompt
   if (opt.max_tokens < 1) fail(ErrorCode::kInvalidArgument, "generate: --max-tokens must be at least 1, got ", opt.max_tokens);
   validate_layout(spec, opt.layout);
   if (opt.layout.dp != 1) fail(ErrorCode::kInvalidArgument, "generate runs one replica; data parallelism is for serve");
-  if (opt.trace_routing && !spec.is_moe())
-    fail(ErrorCode::kInvalidArgument, "--dump-routing: ", spec.architecture, " is a dense model; it has no experts to route to");
-  if (opt.trace_routing && opt.layout.pp != 1)
-    fail(ErrorCode::kInvalidArgument, "--dump-routing needs --pipeline-parallel-size 1 (the driver records the layers it runs), got ",
-         opt.layout.pp);
+  if (!opt.dump_tensors.empty()) {
+    TensorDump check(opt.dump_tensors);  // refuses an unknown name
+    if (opt.layout.pp != 1)
+      fail(ErrorCode::kInvalidArgument, "--dump-tensors needs --pipeline-parallel-size 1 (the driver records the layers it runs), got ",
+           opt.layout.pp);
+    const std::vector<std::string> moe_only = {"ffn_moe_logits", "ffn_moe_topk", "ffn_moe_weights"};
+    for (const std::string& n : opt.dump_tensors)
+      if (!spec.is_moe() && std::find(moe_only.begin(), moe_only.end(), n) != moe_only.end())
+        fail(ErrorCode::kInvalidArgument, "--dump-tensors ", n, ": ", spec.architecture,
+             " is a dense model; it has no experts to route to");
+  }
 }
 
 int64_t generate_kv_blocks(const std::vector<int32_t>& prompt, const GenerateOptions& opt) {
@@ -107,8 +114,11 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
   run_rank_group(opt.layout, opt.device, std::max(1, static_cast<int>(hw) / n_ranks), [&](RankContext& r) {
     auto model = CausalLM::load(spec, weights, opt.layout, r.tp_rank, r.pp_rank, *r.comms.tp, *r.comms.pp, r.backend);
     KvCache cache = model->make_kv_cache(n_blocks, opt.block_size, opt.kv_dtype);
-    std::vector<std::vector<int32_t>> routing;
-    if (opt.trace_routing && model->is_driver()) model->trace_routing(&routing);
+    std::optional<TensorDump> dump;
+    if (!opt.dump_tensors.empty() && model->is_driver()) {
+      dump.emplace(opt.dump_tensors);
+      model->dump_tensors(&*dump);
+    }
     std::string graphs;
     if (opt.graphs.enabled) {
       backend::DecodeGraphOptions g = opt.graphs;
@@ -136,8 +146,8 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
     if (opt.device_sampling) local.prompt_logits.clear();  // never left the device
     if (model->is_driver()) {
       local.weight_bytes_rank0 = model->weight_bytes();
-      model->trace_routing(nullptr);
-      local.routing = std::move(routing);
+      model->dump_tensors(nullptr);
+      if (dump) local.tensors = dump->tensors();
       local.graphs = graphs;
       if (const backend::DecodeGraphs* dg = model->decode_graphs()) local.graph_replays = dg->cache().n_replays();
       std::lock_guard<std::mutex> lock(mu);

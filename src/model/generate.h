@@ -14,6 +14,7 @@
 #include "backend/device/decode_graphs.h"
 #include "comm/communicator.h"
 #include "model/forward_batch.h"
+#include "model/tensor_dump.h"
 #include "model/weight_source.h"
 #include "plan/sharding.h"
 
@@ -27,10 +28,11 @@ struct GenerateOptions {
   DType kv_dtype = DType::kF32;
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;  // > 0: prefill the prompt in chunks of this many tokens
-  // MoE: record the experts chosen for every token fed (prompt, then each
-  // generated token but the last) in GenerateResult::routing. Needs pp == 1
+  // Intermediates to record by name (model/tensor_dump.h: "q", "ffn_moe_topk",
+  // "all", ...) on the driver's layers, for every token fed (prompt, then each
+  // generated token but the last), into GenerateResult::tensors. Needs pp == 1
   // (the driver runs every layer); kInvalidArgument otherwise.
-  bool trace_routing = false;
+  std::vector<std::string> dump_tensors;
   // Decode steps through CUDA graphs (CausalLM::enable_decode_graphs); its
   // max_context is filled in from the prompt and max_tokens.
   backend::DecodeGraphOptions graphs;
@@ -51,8 +53,8 @@ struct GenerateResult {
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;        // all steps after the first token
   int64_t weight_bytes_rank0 = 0;     // bytes held by the driver rank
-  // trace_routing: [layer][positions × top_k] expert ids, best first (empty for dense layers).
-  std::vector<std::vector<int32_t>> routing;
+  // dump_tensors: what the driver recorded, in the order computed (one entry per (name, layer) per step).
+  std::vector<DumpedTensor> tensors;
   std::string graphs;                 // the driver's "CUDA graphs: ..." line ("" when not asked for)
   int64_t graph_replays = 0;          // decode steps the driver replayed from a graph
 };

@@ -24,40 +24,119 @@ void Workspace::reserve(backend::Backend& b, const RankDims& d, int64_t n_tokens
   capacity_ = n_tokens;
 }
 
-void attention_block(backend::Backend& b, const RankDims& d, const DecoderLayerWeights& w,
-                     const backend::KvLayerView& cache, const StepContext& step, Tensor& hidden, Communicator& tp,
-                     Workspace& ws) {
-  const int64_t n = step.meta.n_tokens(), hd = d.head_dim;
-  Tensor x = ws.normed(n), q = ws.q(n), k = ws.k(n), v = ws.v(n), attn = ws.attn(n), proj = ws.proj(n);
-  b.rms_norm(hidden, w.input_norm, d.eps, x);
-  b.matmul(x, w.q, q);
-  b.matmul(x, w.k, k);
-  b.matmul(x, w.v, v);
-  if (w.q_norm.defined()) {
-    Tensor q_heads = q.reshape({n * d.n_q_local, hd}), k_heads = k.reshape({n * d.n_kv_local, hd});
-    b.rms_norm(q_heads, w.q_norm, d.eps, q_heads);
-    b.rms_norm(k_heads, w.k_norm, d.eps, k_heads);
-  }
-  b.rope(q, step.inv_freq, step.meta);
-  b.rope(k, step.inv_freq, step.meta);
-  b.kv_cache_write(cache, step.meta, k, v);
-  b.paged_attention(q, cache, step.meta, d.heads, attn);
-  b.matmul(attn, w.o, proj);
-  tp.all_reduce_sum(proj);
-  b.add(hidden, proj);
+Tensor norm(const LayerContext& c, const Tensor& hidden, const Tensor& weight, std::string_view name, int64_t layer) {
+  Tensor x = c.ws.normed(c.n_tokens());  // [n, hidden]
+  c.b.rms_norm(hidden, weight, c.dims.eps, x);
+  c.name(name, layer, x);
+  return x;
 }
 
-void mlp_block(backend::Backend& b, const RankDims& d, const DecoderLayerWeights& w, const StepContext& step,
-               Tensor& hidden, Communicator& tp, Workspace& ws) {
-  const int64_t n = step.meta.n_tokens();
-  Tensor x = ws.normed(n), gate = ws.gate(n), up = ws.up(n), proj = ws.proj(n);
-  b.rms_norm(hidden, w.post_norm, d.eps, x);
-  b.matmul(x, w.gate, gate);
-  b.matmul(x, w.up, up);
-  b.silu_mul(gate, up, gate);
-  b.matmul(gate, w.down, proj);
-  tp.all_reduce_sum(proj);
-  b.add(hidden, proj);
+Qkv qkv(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x) {
+  const int64_t n = c.n_tokens();
+  Qkv a{c.ws.q(n), c.ws.k(n), c.ws.v(n)};
+  c.b.matmul(x, w.q, a.q);
+  c.b.matmul(x, w.k, a.k);
+  c.b.matmul(x, w.v, a.v);
+  c.name("q", w.layer, a.q);
+  c.name("k", w.layer, a.k);
+  c.name("v", w.layer, a.v);
+  return a;
+}
+
+void qk_norm(const LayerContext& c, const DecoderLayerWeights& w, const Qkv& a) {
+  const RankDims& d = c.dims;
+  const int64_t n = c.n_tokens();
+  Tensor q_heads = a.q.reshape({n * d.n_q_local, d.head_dim}), k_heads = a.k.reshape({n * d.n_kv_local, d.head_dim});
+  c.b.rms_norm(q_heads, w.q_norm, d.eps, q_heads);
+  c.b.rms_norm(k_heads, w.k_norm, d.eps, k_heads);
+  c.name("q_norm", w.layer, a.q);
+  c.name("k_norm", w.layer, a.k);
+}
+
+void rope_and_cache(const LayerContext& c, int64_t layer, const backend::KvLayerView& cache, const Qkv& a) {
+  Tensor q = a.q, k = a.k;
+  c.b.rope(q, c.step.inv_freq, c.step.meta);
+  c.b.rope(k, c.step.inv_freq, c.step.meta);
+  c.name("q_rope", layer, q);
+  c.name("k_rope", layer, k);
+  c.b.kv_cache_write(cache, c.step.meta, k, a.v);
+}
+
+Tensor attend_and_project(const LayerContext& c, const DecoderLayerWeights& w, const backend::KvLayerView& cache,
+                          const Qkv& a) {
+  const int64_t n = c.n_tokens();
+  Tensor attn = c.ws.attn(n), proj = c.ws.proj(n);
+  c.b.paged_attention(a.q, cache, c.step.meta, c.dims.heads, attn);
+  c.name("kqv", w.layer, attn);
+  c.b.matmul(attn, w.o, proj);
+  c.tp.all_reduce_sum(proj);
+  c.name("attn_out", w.layer, proj);
+  return proj;
+}
+
+Tensor gated_mlp(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x) {
+  const int64_t n = c.n_tokens();
+  Tensor gate = c.ws.gate(n), up = c.ws.up(n), proj = c.ws.proj(n);
+  c.b.matmul(x, w.gate, gate);
+  c.b.matmul(x, w.up, up);
+  c.name("ffn_gate", w.layer, gate);
+  c.name("ffn_up", w.layer, up);
+  c.b.silu_mul(gate, up, gate);
+  c.name("ffn_act", w.layer, gate);
+  c.b.matmul(gate, w.down, proj);
+  c.tp.all_reduce_sum(proj);
+  c.name("ffn_out", w.layer, proj);
+  return proj;
+}
+
+Tensor moe(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x) {
+  const RankDims& d = c.dims;
+  SHARDLM_CHECK(w.sparse() && d.n_experts > 0 && d.top_k > 0, "moe on a dense layer ", w.layer);
+  const int64_t n = c.n_tokens();
+  Tensor logits = c.ws.router_logits(n), ids = c.ws.route_ids(n), weights = c.ws.route_weights(n);
+  Tensor proj = c.ws.proj(n);
+  c.b.matmul(x, w.router, logits);
+  c.name("ffn_moe_logits", w.layer, logits);
+  c.b.moe_route(logits, d.top_k, d.renormalize, ids, weights);
+  c.name("ffn_moe_topk", w.layer, ids);
+  c.name("ffn_moe_weights", w.layer, weights);
+  c.b.moe_experts(x, ids, weights, w.experts.data(), static_cast<int64_t>(w.experts.size()), w.expert_begin, proj);
+  c.tp.all_reduce_sum(proj);
+  c.name("ffn_out", w.layer, proj);
+  return proj;
+}
+
+void residual_add(const LayerContext& c, Tensor& hidden, const Tensor& delta, std::string_view name, int64_t layer) {
+  c.b.add(hidden, delta);
+  c.name(name, layer, hidden);
+}
+
+backend::RopeConfig rope_config(const ModelSpec& spec) {
+  backend::RopeConfig rc;
+  rc.head_dim = spec.head_dim;
+  rc.theta = spec.rope_theta;
+  const RopeScaling& s = spec.rope_scaling;
+  if (s.type.empty() || s.type == "default") {
+    rc.scaling = backend::RopeConfig::Scaling::kNone;
+  } else if (s.type == "linear") {
+    rc.scaling = backend::RopeConfig::Scaling::kLinear;
+    rc.factor = s.factor;
+  } else if (s.type == "llama3") {
+    rc.scaling = backend::RopeConfig::Scaling::kLlama3;
+    rc.factor = s.factor;
+    rc.low_freq_factor = s.low_freq_factor;
+    rc.high_freq_factor = s.high_freq_factor;
+    rc.original_max_position = s.original_max_position_embeddings;
+    if (!(s.high_freq_factor > s.low_freq_factor))
+      fail(ErrorCode::kInvalidArgument, "config.json rope_scaling: high_freq_factor (", s.high_freq_factor,
+           ") must exceed low_freq_factor (", s.low_freq_factor, ")");
+  } else {
+    fail(ErrorCode::kUnsupported, "config.json rope_scaling.rope_type \"", s.type,
+         "\" is not supported by the CPU engine (supported: none, linear, llama3)");
+  }
+  if (spec.head_dim % 2 != 0)
+    fail(ErrorCode::kUnsupported, "head_dim ", spec.head_dim, " is odd; rotary embeddings need an even head_dim");
+  return rc;
 }
 
 void embed_tokens(backend::Backend& b, const Tensor& emb, Range vocab, int64_t vocab_size,

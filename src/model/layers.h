@@ -1,14 +1,19 @@
-// Layers shared by every family: pre-norm attention and SwiGLU MLP blocks
-// on a tensor-parallel rank's slices, vocab-parallel embedding and lm_head.
-// They are written once against backend::Backend (the ops) and Communicator
-// (the collectives, visible here where they happen).
+// The pieces every family's decoder layer is built from (model/families/):
+// norm, qkv, qk-norm, rope+cache, attend+project, gated MLP, MoE, residual
+// add; and the vocab-parallel embedding and lm_head around the layers. They
+// run on a tensor-parallel rank's slices, written once against
+// backend::Backend (the ops) and Communicator (the collectives, visible here
+// where they happen). Each names what it computes (model/tensor_dump.h).
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
+#include "loader/model_spec.h"
+#include "model/tensor_dump.h"
 #include "plan/sharding.h"
 
 namespace shardlm {
@@ -16,18 +21,19 @@ namespace shardlm {
 using backend::ExpertLinears;
 using backend::Linear;
 
-// One decoder layer as held by a rank (local slices, checkpoint dtype).
+// One decoder layer as held by a rank (local slices, checkpoint dtype),
+// placed by the slots of its family's tensor table (loader/families/).
 struct DecoderLayerWeights {
   int64_t layer = 0;             // global index
-  Tensor input_norm;             // [hidden]
-  Tensor post_norm;              // [hidden]
-  Linear q, k, v;                // q: [n_q_local × head_dim, hidden]; k, v: [n_kv_local × head_dim, hidden]
-  Tensor q_norm, k_norm;         // Qwen3: [head_dim]; undefined otherwise
-  Linear o;                      // [hidden, n_q_local × head_dim] (column slice)
+  Tensor attn_norm;              // [hidden]
+  Tensor mlp_norm;               // [hidden]
+  Linear q, k, v;                // q: [n_q_local × head_dim, hidden]; k, v: [n_kv_local × head_dim, hidden] (+ biases)
+  Tensor q_norm, k_norm;         // [head_dim] (Qwen3); undefined otherwise
+  Linear o;                      // [hidden, n_q_local × head_dim] (row-parallel: input slice)
   Linear gate, up;               // dense MLP: [inter_local, hidden]
-  Linear down;                   // dense MLP: [hidden, inter_local] (column slice)
+  Linear down;                   // dense MLP: [hidden, inter_local] (row-parallel)
   // Sparse (MoE) layers instead of gate/up/down: the router, replicated on
-  // every rank, and the experts this rank holds (model/moe_block.h).
+  // every rank, and the experts this rank holds.
   Linear router;                       // [n_experts, hidden]; undefined on a dense layer
   std::vector<ExpertLinears> experts;  // [n_experts_local]: global ids expert_begin ..
   int64_t expert_begin = 0;
@@ -81,14 +87,59 @@ struct StepContext {
   const Tensor& inv_freq;  // [head_dim / 2] f32
 };
 
-// hidden[n_tokens, hidden] += o_proj(attention(...)) summed over the TP group.
-void attention_block(backend::Backend& b, const RankDims& dims, const DecoderLayerWeights& w,
-                     const backend::KvLayerView& cache, const StepContext& step, Tensor& hidden, Communicator& tp,
-                     Workspace& ws);
+// What every piece of a layer reads: the backend, this rank's sizes, the
+// step, the TP group, the activation buffers, and the dump (nullptr: none).
+struct LayerContext {
+  backend::Backend& b;
+  const RankDims& dims;
+  const StepContext& step;
+  Communicator& tp;
+  Workspace& ws;
+  TensorDump* dump = nullptr;
+  int64_t n_tokens() const { return step.meta.n_tokens(); }
+  // Hands intermediate (name, layer) to the dump, if one wants it.
+  void name(std::string_view name, int64_t layer, const Tensor& t) const {
+    if (dump) dump->record(b, name, layer, t);
+  }
+};
 
-// hidden[n_tokens, hidden] += down(silu(gate(x)) × up(x)), x = post_norm(hidden), summed over the TP group.
-void mlp_block(backend::Backend& b, const RankDims& dims, const DecoderLayerWeights& w, const StepContext& step,
-               Tensor& hidden, Communicator& tp, Workspace& ws);
+// The attention projections of a layer: views into the workspace.
+struct Qkv {
+  Tensor q;  // [n_tokens, n_q_local, head_dim]
+  Tensor k;  // [n_tokens, n_kv_local, head_dim]
+  Tensor v;  // [n_tokens, n_kv_local, head_dim]
+};
+
+// x[n_tokens, hidden] = rms_norm(hidden) × weight, into the workspace; named `name`.
+Tensor norm(const LayerContext& c, const Tensor& hidden, const Tensor& weight, std::string_view name, int64_t layer);
+// q, k, v = x × Wᵀ (+ bias where the Linear has one).
+Qkv qkv(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x);
+// RMSNorm over each head of q and k (q_norm, k_norm [head_dim]), in place.
+void qk_norm(const LayerContext& c, const DecoderLayerWeights& w, const Qkv& a);
+// RoPE on q and k in place (the step's positions), then k and v into the cache.
+void rope_and_cache(const LayerContext& c, int64_t layer, const backend::KvLayerView& cache, const Qkv& a);
+// Paged attention of q over the cache, then o_proj, summed over the TP
+// group: [n_tokens, hidden] (the workspace's projection buffer).
+Tensor attend_and_project(const LayerContext& c, const DecoderLayerWeights& w, const backend::KvLayerView& cache,
+                          const Qkv& a);
+// down(silu(gate(x)) × up(x)) summed over the TP group: [n_tokens, hidden].
+Tensor gated_mlp(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x);
+// The mixture-of-experts MLP, the sparse variant of gated_mlp:
+//   logits = x × routerᵀ                            [n_tokens, n_experts] (router replicated)
+//   ids, weights = top_k(softmax(logits)) (renormalised when dims.renormalize)  [n_tokens, top_k]
+//   partial = Σ_{j: ids[t,j] held here} weights[t,j] × expert_{ids[t,j]}(x_t)
+// summed over the TP group: [n_tokens, hidden]. Every rank of a stage holds
+// every token (attention is tensor-parallel), so each computes the partial
+// output of the experts it holds (whole experts under expert parallelism, a
+// column slice of every expert without) for all tokens, and the all-reduce
+// combines them: no all_to_all dispatch is needed.
+Tensor moe(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x);
+// hidden += delta; the new residual stream is named `name`.
+void residual_add(const LayerContext& c, Tensor& hidden, const Tensor& delta, std::string_view name, int64_t layer);
+
+// The rope config of a spec: theta, and "linear"/"llama3" scaling. Throws
+// kUnsupported for another rope_scaling type.
+backend::RopeConfig rope_config(const ModelSpec& spec);
 
 // out[n_tokens, hidden]: embeddings of the step's ids, each looked up on the
 // rank whose vocab range holds it, then summed over the TP group.

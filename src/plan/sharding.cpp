@@ -237,20 +237,6 @@ RankShard shard_for(const ModelSpec& spec, const Layout& layout, int tp_rank, in
   return s;
 }
 
-namespace {
-
-// "model.layers.12.self_attn.q_proj.weight" -> "self_attn.q_proj.weight"
-std::string layer_suffix(const std::string& name) {
-  size_t dot = name.find('.', std::string("model.layers.").size());
-  return name.substr(dot + 1);
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
-
 std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank) {
   return rank_tensors(spec, ModelTensors(spec), layout, tp_rank, pp_rank);
 }
@@ -310,36 +296,49 @@ std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const ModelTensors&
     if (t.part != QuantPart::kNone && dim >= 0) add_quant(t, dim, slice);
     else add_slice(t, dim, slice);
   };
+  // The range a column or row split divides on this rank.
+  auto space_range = [&](const TensorSpec& t, ShardSpace space) -> Range {
+    switch (space) {
+      case ShardSpace::kQHeads: return q_cols;
+      case ShardSpace::kKvHeads: return kv_rows;
+      case ShardSpace::kIntermediate: return s.intermediate;
+      case ShardSpace::kNone: break;
+    }
+    fail(ErrorCode::kInternal, "tensor ", t.name, " is ", shard_role_name(t.role),
+         "-parallel without a split space (its family's table in loader/families/ must name one)");
+  };
   for (const TensorSpec& t : tensors.all) {
-    if (t.layer >= 0) {
-      if (!s.layers.contains(t.layer)) continue;
-      const std::string suffix = layer_suffix(t.name);
-      const int64_t expert = expert_index(t.name);
-      if (expert >= 0) {  // an expert's w1/w3/gate_proj/up_proj (rows) or w2/down_proj (columns)
-        if (!s.experts.contains(expert)) continue;
-        const bool down = suffix.find("down_proj.") != std::string::npos || suffix.find(".w2.") != std::string::npos;
-        add(t, down ? 1 : 0, s.expert_intermediate);
-      } else if (suffix.find("layernorm") != std::string::npos || suffix.find("_norm.") != std::string::npos ||
-          ends_with(suffix, "gate.weight") /* MoE router */) {
-        add(t, -1, {});
-      } else if (suffix.rfind("self_attn.q_proj", 0) == 0) {
-        add(t, 0, q_cols);
-      } else if (suffix.rfind("self_attn.k_proj", 0) == 0 || suffix.rfind("self_attn.v_proj", 0) == 0) {
-        add(t, 0, kv_rows);
-      } else if (suffix.rfind("self_attn.o_proj", 0) == 0) {
-        add(t, 1, q_cols);
-      } else if (suffix.find("down_proj.") != std::string::npos || suffix.find(".w2.") != std::string::npos) {
-        add(t, 1, s.intermediate);
-      } else {  // gate_proj / up_proj / w1 / w3: rows of the intermediate dimension
-        add(t, 0, s.intermediate);
+    if (t.layer >= 0 && !s.layers.contains(t.layer)) continue;
+    if (t.layer < 0) {  // embedding, final norm, lm_head: by the stage that uses them
+      const bool first = t.slot == TensorSlot::kEmbedding;
+      const bool needed = first ? s.first_stage || (spec.tie_word_embeddings && s.last_stage)
+                                : s.last_stage && !(t.slot == TensorSlot::kLmHead && spec.tie_word_embeddings);
+      if (!needed) continue;
+    }
+    switch (t.role) {
+      case ShardRole::kReplicated:
+      case ShardRole::kRouter: add(t, -1, {}); break;
+      case ShardRole::kColumn: add(t, 0, space_range(t, t.space)); break;
+      case ShardRole::kRow: add(t, 1, space_range(t, t.space)); break;
+      case ShardRole::kVocab: add(t, 0, s.vocab); break;
+      case ShardRole::kExpertColumn:
+      case ShardRole::kExpertRow:
+        if (!s.experts.contains(t.expert)) break;
+        add(t, t.role == ShardRole::kExpertRow ? 1 : 0, s.expert_intermediate);
+        break;
+      case ShardRole::kFusedParts: {
+        // Each part's rows of this rank, offset by the parts before it.
+        if (t.part != QuantPart::kNone)
+          fail(ErrorCode::kUnsupported, t.name, ": fused Linears of quantized checkpoints are not sharded yet");
+        int64_t offset = 0;
+        for (size_t p = 0; p < t.fused.size(); ++p) {
+          const Range r = space_range(t, t.fused[p].space);
+          add_slice(t, 0, {offset + r.begin, offset + r.end});
+          out.back().fused_part = static_cast<int>(p);
+          offset += t.fused[p].rows;
+        }
+        break;
       }
-    } else if (t.name == "model.embed_tokens.weight") {
-      bool needed = s.first_stage || (spec.tie_word_embeddings && s.last_stage);
-      if (needed) add(t, 0, s.vocab);
-    } else if (t.name == "model.norm.weight") {
-      if (s.last_stage) add(t, -1, {});
-    } else if (t.name == "lm_head.weight") {
-      if (s.last_stage && !spec.tie_word_embeddings) add(t, 0, s.vocab);
     }
   }
   return out;

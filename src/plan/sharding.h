@@ -116,6 +116,9 @@ struct TensorShard {
   Range slice;                       // along split_dim (whole dim when replicated)
   std::vector<int64_t> local_shape;  // shape held on the rank
   int64_t bytes = 0;                 // local_shape elements × dtype size
+  // A fused tensor (ShardRole::kFusedParts) gives one TensorShard per part,
+  // each a row slice (slice: rows of the whole tensor); -1 otherwise.
+  int fused_part = -1;
 };
 
 // Every tensor a rank loads, with its slice. Tied embeddings: the last stage

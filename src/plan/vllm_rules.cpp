@@ -12,6 +12,7 @@ const char* vllm_attention_class(const ModelSpec& spec) {
     case Family::kMistral: return "LlamaAttention (vllm/model_executor/models/llama.py, MistralForCausalLM)";
     case Family::kMixtral: return "MixtralAttention (vllm/model_executor/models/mixtral.py)";
     case Family::kQwen3Moe: return "Qwen3MoeAttention (vllm/model_executor/models/qwen3_moe.py)";
+    case Family::kPhi3: return "LlamaAttention (vllm/model_executor/models/phi3.py, Phi3ForCausalLM)";
   }
   return "attention";
 }
@@ -25,6 +26,7 @@ std::string hf_repo_id(const ModelSpec& spec, const std::string& hf_name) {
     case Family::kLlama: return "meta-llama/" + hf_name;
     case Family::kMistral:
     case Family::kMixtral: return "mistralai/" + hf_name;
+    case Family::kPhi3: return "microsoft/" + hf_name;
   }
   return hf_name;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent numpy reference for Qwen2 / Qwen3 / Llama-3 / Qwen3-MoE / Mixtral checkpoints.
+"""Independent numpy reference for Qwen2 / Qwen3 / Llama-3 / Qwen3-MoE / Mixtral / Phi-3 checkpoints.
 
 Shares no code with shardlm: it parses safetensors itself (struct + json),
 reads config.json / generation_config.json and runs the Hugging Face
@@ -28,6 +28,11 @@ transformers forward (Qwen2Model, Qwen3Model, LlamaModel) in float64:
     sparse set ((l + 1) % decoder_sparse_step != 0, or in mlp_only_layers)
     keep the dense MLP. The experts chosen for every position fed are
     recorded (best first) and printed as "routing".
+  * Phi-3 / Phi-4 (transformers' Phi3Attention, Phi3MLP): q, k, v are the
+    column ranges [0, q), [q, q + kv), [q + kv, q + 2 kv) of one qkv_proj
+    output; gate and up the two halves of gate_up_proj's output (gate first,
+    up * silu(gate)). Full rotary, no rope scaling and no binding sliding
+    window only (refused otherwise, like shardlm).
 
 Quantized checkpoints (config.json quantization_config: AWQ, GPTQ, FP8) are
 unpacked by quantized.py, with its own code, and the forward runs on the
@@ -144,8 +149,14 @@ class Model:
             self.config = c = json.load(f)
         self.arch = c["architectures"][0]
         if self.arch not in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
-                             "Qwen3MoeForCausalLM", "MixtralForCausalLM"):
+                             "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
             raise SystemExit(f"reference: architecture {self.arch} not supported")
+        if self.arch == "Phi3ForCausalLM":
+            if c.get("partial_rotary_factor", 1.0) != 1.0:
+                raise SystemExit("reference: Phi-3 partial_rotary_factor below 1 not supported")
+            sw = c.get("sliding_window")
+            if sw is not None and sw < c.get("max_position_embeddings", 4096):
+                raise SystemExit("reference: Phi-3 sliding_window below max_position_embeddings not supported")
         self.w = load_weights(model_dir)
         self.hidden = c["hidden_size"]
         self.n_layers = c["num_hidden_layers"]
@@ -214,6 +225,10 @@ class Model:
 
     def mlp(self, h, l):
         p = f"model.layers.{l}."
+        if self.arch == "Phi3ForCausalLM":
+            gate_up = self.linear(h, p + "mlp.gate_up_proj")  # [n, 2 * intermediate]
+            gate, up = np.split(gate_up, 2, axis=-1)
+            return self.linear(up * (gate / (1 + np.exp(-gate))), p + "mlp.down_proj")
         if not self.sparse_layer(l):
             gate = self.linear(h, p + "mlp.gate_proj")
             up = self.linear(h, p + "mlp.up_proj")
@@ -262,9 +277,17 @@ class Model:
         for l in range(self.n_layers):
             p = f"model.layers.{l}."
             h = self.rms_norm(x, self.w[p + "input_layernorm.weight"])
-            q = self.linear(h, p + "self_attn.q_proj", True).reshape(n, self.n_heads, d).transpose(1, 0, 2)
-            k = self.linear(h, p + "self_attn.k_proj", True).reshape(n, self.n_kv, d).transpose(1, 0, 2)
-            v = self.linear(h, p + "self_attn.v_proj", True).reshape(n, self.n_kv, d).transpose(1, 0, 2)
+            if self.arch == "Phi3ForCausalLM":
+                qkv = self.linear(h, p + "self_attn.qkv_proj")  # [n, (n_heads + 2 n_kv) * d]
+                qe, ke = self.n_heads * d, self.n_heads * d + self.n_kv * d
+                q, k, v = qkv[:, :qe], qkv[:, qe:ke], qkv[:, ke:]
+            else:
+                q = self.linear(h, p + "self_attn.q_proj", True)
+                k = self.linear(h, p + "self_attn.k_proj", True)
+                v = self.linear(h, p + "self_attn.v_proj", True)
+            q = q.reshape(n, self.n_heads, d).transpose(1, 0, 2)
+            k = k.reshape(n, self.n_kv, d).transpose(1, 0, 2)
+            v = v.reshape(n, self.n_kv, d).transpose(1, 0, 2)
             if p + "self_attn.q_norm.weight" in self.w:
                 q = self.rms_norm(q, self.w[p + "self_attn.q_norm.weight"])
                 k = self.rms_norm(k, self.w[p + "self_attn.k_norm.weight"])

@@ -1,0 +1,54 @@
+// Phi-3 / Phi-4 (Phi3ForCausalLM): the Llama layer with q, k and v stacked in
+// one self_attn.qkv_proj [q_dim + 2 × kv_dim, hidden] and gate and up in one
+// mlp.gate_up_proj [2 × intermediate, hidden] (gate first, as transformers'
+// Phi3MLP chunks it). Each fused Linear is sharded by its parts: a rank holds
+// its Q heads' rows, its KV heads' rows of k and of v, and its intermediate
+// columns of gate and of up, under any TP degree.
+//
+// Runs as released: Phi-4 (full rotary, no rope scaling, no window).
+// Refused by name, for now: partial_rotary_factor below 1 (Phi-4-mini), the
+// longrope / su rope_scaling (Phi-3-mini-128k, Phi-4-mini: the common parser
+// refuses rope types other than llama3), and a sliding_window below
+// max_position_embeddings (Phi-3-mini-4k: 2047).
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "loader/config_fields.h"
+#include "loader/families/family.h"
+
+namespace shardlm {
+
+namespace {
+
+void parse(const nlohmann::json& config, ModelSpec& spec, const std::string& source) {
+  require_silu(config, spec, source);
+  refuse_mistral_sliding_window(config, spec, source);
+  const double partial = optional_number(config, "partial_rotary_factor", 1.0, source);
+  if (partial != 1.0)
+    fail(ErrorCode::kUnsupported, source, ": partial_rotary_factor=", partial, " (rotary embeddings on the first ",
+         partial * 100, "% of each head) is not supported yet; shardlm's rope rotates whole heads");
+}
+
+void write(const ModelSpec&, nlohmann::json&) {}
+
+void tensors(const ModelSpec& s, int64_t layer, std::vector<TensorSpec>& out) {
+  LayerTable t(s, layer, out);
+  const int64_t h = s.hidden_size, i = s.intermediate_size;
+  t.add("input_layernorm.weight", {h}, TensorSlot::kAttnNorm);
+  t.fused_linear("self_attn.qkv_proj",
+                 {{TensorSlot::kQ, ShardSpace::kQHeads, s.q_dim()},
+                  {TensorSlot::kK, ShardSpace::kKvHeads, s.kv_dim()},
+                  {TensorSlot::kV, ShardSpace::kKvHeads, s.kv_dim()}},
+                 h);
+  t.linear("self_attn.o_proj", h, s.q_dim(), TensorSlot::kO, ShardRole::kRow, ShardSpace::kQHeads);
+  t.add("post_attention_layernorm.weight", {h}, TensorSlot::kMlpNorm);
+  t.fused_linear("mlp.gate_up_proj",
+                 {{TensorSlot::kGate, ShardSpace::kIntermediate, i}, {TensorSlot::kUp, ShardSpace::kIntermediate, i}}, h);
+  t.linear("mlp.down_proj", h, i, TensorSlot::kDown, ShardRole::kRow, ShardSpace::kIntermediate);
+}
+
+}  // namespace
+
+extern const FamilyDef kPhi3Family{Family::kPhi3, "phi3", "Phi3ForCausalLM", parse, write, tensors};
+
+}  // namespace shardlm

@@ -1,0 +1,84 @@
+// A family is two files: Phi-3's fused qkv_proj and gate_up_proj reach the
+// Llama-shaped graph through plan's fused-part slices. Every TP × PP layout
+// gives the TP=1 tokens and logits, and the bytes a rank holds are plan's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/causal_lm.h"
+#include "model/generate.h"
+#include "plan/sharding.h"
+#include "random_weights.h"
+
+namespace shardlm {
+namespace {
+
+using testing::qwen25_7b_like;
+using testing::random_weights;
+
+ModelSpec small_phi4() {
+  ModelSpec s = qwen25_7b_like(160, 3, 96, 320);
+  s.architecture = "Phi3ForCausalLM";
+  s.model_type = "phi3";
+  s.family = Family::kPhi3;
+  s.n_heads = 10;  // phi-4's 4:1 GQA
+  s.n_kv_heads = 5;
+  s.head_dim = 16;
+  s.qkv_bias = false;
+  s.rope_theta = 250000.0;
+  return s;
+}
+
+GenerateResult run(const ModelSpec& spec, std::shared_ptr<const WeightSource> w, int tp, int pp) {
+  GenerateOptions opt;
+  opt.layout.tp = tp;
+  opt.layout.pp = pp;
+  opt.max_tokens = 4;
+  opt.block_size = 4;
+  return generate_local(spec, std::move(w), {5, 17, 101, 3, 250, 77}, opt, /*keep_all_logits=*/true);
+}
+
+TEST(Phi3, FusedPartsAgreeAcrossLayouts) {
+  const ModelSpec spec = small_phi4();
+  auto w = random_weights(spec, 11);
+  const GenerateResult base = run(spec, w, 1, 1);
+  ASSERT_EQ(base.tokens.size(), 4u);
+  for (auto [tp, pp] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{4, 2}, std::pair{7, 1}, std::pair{3, 3}}) {
+    const GenerateResult r = run(spec, w, tp, pp);
+    EXPECT_EQ(r.tokens, base.tokens) << "TP=" << tp << " PP=" << pp;
+    double worst = 0, scale = 1e-6;
+    for (size_t s = 0; s < r.step_logits.size(); ++s)
+      for (size_t i = 0; i < r.step_logits[s].size(); ++i) {
+        worst = std::max(worst, static_cast<double>(std::fabs(r.step_logits[s][i] - base.step_logits[s][i])));
+        scale = std::max(scale, static_cast<double>(std::fabs(base.step_logits[s][i])));
+      }
+    EXPECT_LT(worst / scale, 2e-4) << "TP=" << tp << " PP=" << pp;
+    EXPECT_EQ(r.weight_bytes_rank0, rank_weight_bytes(spec, Layout{tp, pp}, 0, 0)) << "TP=" << tp;
+  }
+}
+
+// Plan's slices of a fused tensor: one per part, each a row range of the
+// part's own split, offset by the parts before it.
+TEST(Phi3, PlanSlicesFusedTensorsByParts) {
+  const ModelSpec spec = small_phi4();
+  const Layout layout{3, 1};
+  std::vector<TensorShard> qkv, gate_up;
+  for (const TensorShard& t : rank_tensors(spec, layout, 1, 0)) {
+    if (t.name == "model.layers.0.self_attn.qkv_proj.weight") qkv.push_back(t);
+    if (t.name == "model.layers.0.mlp.gate_up_proj.weight") gate_up.push_back(t);
+  }
+  // Rank 1 of 3: Q heads [4, 7) of 10, so KV heads [2, 4) of 5 (group 2).
+  ASSERT_EQ(qkv.size(), 3u);
+  EXPECT_EQ(qkv[0].slice, (Range{4 * 16, 7 * 16}));
+  EXPECT_EQ(qkv[1].slice, (Range{160 + 2 * 16, 160 + 4 * 16}));
+  EXPECT_EQ(qkv[2].slice, (Range{160 + 80 + 2 * 16, 160 + 80 + 4 * 16}));
+  for (int p = 0; p < 3; ++p) EXPECT_EQ(qkv[p].fused_part, p);
+  // 96 columns in 16-wide units over 3: 32 each; gate rows then up rows.
+  ASSERT_EQ(gate_up.size(), 2u);
+  EXPECT_EQ(gate_up[0].slice, (Range{32, 64}));
+  EXPECT_EQ(gate_up[1].slice, (Range{96 + 32, 96 + 64}));
+  EXPECT_EQ(gate_up[1].local_shape, (std::vector<int64_t>{32, 160}));
+}
+
+}  // namespace
+}  // namespace shardlm
