@@ -23,6 +23,9 @@ bool packed_matmul_available(DType weight_dtype);
 // (measured single-threaded on Qwen2.5-0.5B's layer shapes).
 int64_t packed_matmul_min_tokens(DType weight_dtype);
 
+// Whether packed_matmul runs this dtype on AMX tiles.
+bool packed_uses_amx(DType weight_dtype);
+
 // x: [n, k] f32 rows; w: [m, k] rows of weight_dtype; y: [n, m] f32 (overwritten).
 void packed_matmul(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);
 
