@@ -10,6 +10,11 @@
 // cache the previous call warmed. Each shape is warmed up over all copies,
 // then timed as the best of R calls (best: on a shared machine, the fastest
 // call is the one the fewest other processes interrupted).
+// Each row names the kernel path the call took (backend::matmul_path: rows
+// with the ISA CPUID chose, packed, amx). Where batch-invariant mode
+// (backend::set_batch_invariant) would take another path, the same calls are
+// timed in that mode too, interleaved with the default (call by call), and
+// the column inv/def gives the ratio of the times: what invariance costs there.
 #include <omp.h>
 
 #include <algorithm>
@@ -22,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_isa.h"
 #include "backend/ops.h"
 #include "bandwidth.h"
 
@@ -78,10 +84,11 @@ int main(int argc, char** argv) {
     }
   }
   const bench::Bandwidth bw = bench::measure_bandwidth();
-  std::printf("threads %d, %s weights; bandwidth: read %.2f GB/s, triad %.2f GB/s\n", omp_get_max_threads(),
-              dtype_safetensors_name(dtype), bw.read / 1e9, bw.triad / 1e9);
-  std::printf("%-14s %7s %6s %5s %10s %9s %9s %8s\n", "shape", "m", "k", "n", "us/call", "GB/s", "GFLOP/s",
-              "read%");
+  std::printf("cpu %s (kernels: %s), threads %d, %s weights; bandwidth: read %.2f GB/s, triad %.2f GB/s\n",
+              backend::cpu_model_name().c_str(), backend::cpu_isa_name(backend::active_cpu_isa()),
+              omp_get_max_threads(), dtype_safetensors_name(dtype), bw.read / 1e9, bw.triad / 1e9);
+  std::printf("%-14s %7s %6s %5s %-12s %10s %9s %9s %8s %8s\n", "shape", "m", "k", "n", "path", "us/call", "GB/s",
+              "GFLOP/s", "read%", "inv/def");
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (const Shape& s : kShapes) {
@@ -99,13 +106,29 @@ int main(int argc, char** argv) {
         const backend::MatrixView wv{w.data() + (call++ % n_copies) * wbytes, dtype, s.m, s.k};
         backend::matmul(x.data(), n, wv, nullptr, y.data());
       };
+      const backend::MatmulPath path = backend::matmul_path(n, dtype);
+      backend::set_batch_invariant(true);
+      const bool inv_differs = backend::matmul_path(n, dtype) != path;
+      backend::set_batch_invariant(false);
       for (size_t c = 0; c < n_copies; ++c) one_call();  // warm-up: page in every copy
-      const double t = seconds_best(reps, one_call);
+      double t = 1e30, t_inv = 1e30;
+      for (int r = 0; r < reps; ++r) {  // interleaved: default, invariant, default, ...
+        t = std::min(t, seconds_best(1, one_call));
+        if (inv_differs) {
+          backend::set_batch_invariant(true);
+          t_inv = std::min(t_inv, seconds_best(1, one_call));
+          backend::set_batch_invariant(false);
+        }
+      }
       const double gbs = static_cast<double>(wbytes) / t / 1e9;
       const double gflops = 2.0 * n * s.m * s.k / t / 1e9;
-      std::printf("%-14s %7lld %6lld %5lld %10.1f %9.2f %9.2f %7.1f%%\n", s.name, static_cast<long long>(s.m),
-                  static_cast<long long>(s.k), static_cast<long long>(n), t * 1e6, gbs, gflops,
-                  100.0 * gbs * 1e9 / bw.read);
+      std::string path_name = backend::matmul_path_name(path);
+      if (path == backend::MatmulPath::kRows) path_name += std::string("/") + backend::cpu_isa_name(backend::active_cpu_isa());
+      char inv[16] = "-";
+      if (inv_differs) std::snprintf(inv, sizeof inv, "%.2f", t_inv / t);
+      std::printf("%-14s %7lld %6lld %5lld %-12s %10.1f %9.2f %9.2f %7.1f%% %8s\n", s.name,
+                  static_cast<long long>(s.m), static_cast<long long>(s.k), static_cast<long long>(n),
+                  path_name.c_str(), t * 1e6, gbs, gflops, 100.0 * gbs * 1e9 / bw.read, inv);
     }
   }
   return 0;

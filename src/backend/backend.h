@@ -167,6 +167,19 @@ class Backend {
     (void)max_context;
   }
 
+  // ---- batch invariance ----
+  // on: from now on, every op computes each output row in an order that does
+  // not depend on the other rows of its step (how many share it, their
+  // contexts, which kernel the row count selects), so a row's result is
+  // bit-identical computed alone or in any batch: what speculative
+  // verification and same-tokens-under-load need. off: the fastest kernel
+  // per shape (the default). Returns whether the backend now runs as asked;
+  // one without invariant kernels answers false to on, and the caller must
+  // refuse the feature that needed it. The CPU backend's setting is
+  // process-wide (every rank of a process shares it).
+  virtual bool set_batch_invariant(bool on) { return !on; }
+  virtual bool batch_invariant() const { return false; }
+
   // ---- sampling where the logits are ----
   // True when sample_rows is implemented (a GPU: the logits never cross).
   virtual bool has_device_sampler() const { return false; }

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "core/error.h"
 
 #include "backend/packed_gemm.h"
+#include "backend/rows_gemm.h"
 #include "backend/simd.h"
 
 namespace shardlm::backend {
@@ -31,103 +33,34 @@ void set_num_threads(int n) {
 int num_threads() { return omp_get_max_threads(); }
 
 namespace {
+std::atomic<bool> g_batch_invariant{false};
+}  // namespace
+
+void set_batch_invariant(bool on) { g_batch_invariant.store(on, std::memory_order_relaxed); }
+bool batch_invariant() { return g_batch_invariant.load(std::memory_order_relaxed); }
+
+MatmulPath matmul_path(int64_t n, DType weight_dtype) {
+  if (!batch_invariant() && packed_matmul_available(weight_dtype) && n >= packed_matmul_min_tokens(weight_dtype))
+    return packed_uses_amx(weight_dtype) ? MatmulPath::kAmx : MatmulPath::kPacked;
+  return MatmulPath::kRows;
+}
+
+const char* matmul_path_name(MatmulPath path) {
+  switch (path) {
+    case MatmulPath::kRows: return "rows";
+    case MatmulPath::kPacked: return "packed";
+    case MatmulPath::kAmx: return "amx";
+  }
+  return "rows";
+}
+
+namespace {
 
 using namespace simd;
 
 template <DType D>
 inline float load1(const void* base, int64_t i) {
   return load_as_f32(base, D, static_cast<size_t>(i));
-}
-
-constexpr int64_t kPrefetchBytes = 512;
-
-// y[t, j] for RB weight rows from row j0 and TB tokens from t0: each weight
-// vector is widened once and used for TB tokens.
-template <DType D, int RB, int TB>
-inline void matmul_tile(const float* x, int64_t k, const void* w, int64_t m, int64_t j0, int64_t t0, float* y) {
-  const size_t wsize = dtype_size(D);
-  const char* wrow[RB];
-  for (int r = 0; r < RB; ++r) wrow[r] = static_cast<const char*>(w) + static_cast<size_t>(j0 + r) * k * wsize;
-  const float* xrow[TB];
-  for (int t = 0; t < TB; ++t) xrow[t] = x + (t0 + t) * k;
-  float sums[RB][TB];
-  int64_t i = 0;
-#ifdef SHARDLM_AVX2
-  Vec acc[RB][TB];
-  for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < TB; ++t) acc[r][t] = zerov();
-  for (; i + kLanes <= k; i += kLanes) {
-    Vec xv[TB];
-    for (int t = 0; t < TB; ++t) xv[t] = loadx(xrow[t] + i);
-    for (int r = 0; r < RB; ++r) {
-      // The hardware prefetcher stops at each 4 KiB page: ask for the line
-      // kPrefetchBytes ahead of every row's stream so DRAM stays busy.
-      if ((i * static_cast<int64_t>(wsize)) % 64 == 0) prefetch(wrow[r] + i * static_cast<int64_t>(wsize) + kPrefetchBytes);
-      const Vec wv = loadv<D>(wrow[r], i);
-      for (int t = 0; t < TB; ++t) acc[r][t] = fmav(wv, xv[t], acc[r][t]);
-    }
-  }
-  for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < TB; ++t) sums[r][t] = hsum(acc[r][t]);
-#else
-  for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < TB; ++t) sums[r][t] = 0.0f;
-#endif
-  for (; i < k; ++i)
-    for (int r = 0; r < RB; ++r) {
-      const float wv = load1<D>(wrow[r], i);
-      for (int t = 0; t < TB; ++t) sums[r][t] += wv * xrow[t][i];
-    }
-  for (int t = 0; t < TB; ++t)
-    for (int r = 0; r < RB; ++r) y[(t0 + t) * m + j0 + r] = sums[r][t];
-}
-
-template <DType D, int RB>
-inline void matmul_rows(const float* x, int64_t k, const void* w, int64_t m, int64_t j0, int64_t t0, int64_t t1,
-                        float* y) {
-  int64_t t = t0;
-  for (; t + 4 <= t1; t += 4) matmul_tile<D, RB, 4>(x, k, w, m, j0, t, y);
-  switch (t1 - t) {
-    case 3: matmul_tile<D, RB, 3>(x, k, w, m, j0, t, y); break;
-    case 2: matmul_tile<D, RB, 2>(x, k, w, m, j0, t, y); break;
-    case 1: matmul_tile<D, RB, 1>(x, k, w, m, j0, t, y); break;
-    default: break;
-  }
-}
-
-constexpr int64_t kRowBlocksPerChunk = 8;
-
-template <DType D, int RB>
-void matmul_row_blocks(const float* x, int64_t n, const void* w, int64_t m, int64_t k, float* y) {
-  constexpr int64_t kTokenBlock = 64;  // x block stays in L2 while W streams
-  const int64_t n_row_blocks = (m + RB - 1) / RB;
-#pragma omp parallel
-  for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
-    const int64_t t1 = std::min(n, t0 + kTokenBlock);
-    // Dynamic chunks of rows: on a shared machine one thread often runs
-    // slower than the other, and a static split would make the other wait.
-#pragma omp for schedule(dynamic, kRowBlocksPerChunk)
-    for (int64_t rb = 0; rb < n_row_blocks; ++rb) {
-      const int64_t j0 = rb * RB;
-      if (j0 + RB <= m) {
-        matmul_rows<D, RB>(x, k, w, m, j0, t0, t1, y);
-      } else {
-        for (int64_t j = j0; j < m; ++j) matmul_rows<D, 1>(x, k, w, m, j, t0, t1, y);
-      }
-    }
-  }
-}
-
-template <DType D>
-void matmul_typed(const float* x, int64_t n, const void* w, int64_t m, int64_t k, float* y) {
-#if defined(__AVX512F__)
-  // Up to 3 tokens (batch-1 decode, small batches): 8 weight rows in flight
-  // per thread keep more DRAM requests outstanding (measured on 4864x896
-  // bf16, 2 threads: 19.3 GB/s with 4 rows, 22.7 with 8), and 8 x 3
-  // accumulators still fit AVX-512's 32 registers.
-  if (n < 4) return matmul_row_blocks<D, 8>(x, n, w, m, k, y);
-#endif
-  matmul_row_blocks<D, 4>(x, n, w, m, k, y);
 }
 
 #ifdef SHARDLM_AVX2
@@ -296,9 +229,14 @@ void attention_typed(const float* q, const KvLayerView& c, const AttentionSeq* s
     for (int64_t t = 0; t < seqs[s].n_tokens; ++t) {
       const int64_t n_ctx = seqs[s].n_past + t + 1;
       int64_t chunks = 1;
-      if (n_rows * n_groups < want_items)
+      if (batch_invariant()) {
+        // The split (and so the order of the sums) from the context alone,
+        // never from how many rows share the step.
+        chunks = std::clamp<int64_t>(n_ctx / kMinSplitPositions, 1, std::max<int64_t>(1, want_items / n_groups));
+      } else if (n_rows * n_groups < want_items) {
         chunks = std::clamp<int64_t>(n_ctx / kMinSplitPositions, 1,
                                      (want_items + n_rows * n_groups - 1) / (n_rows * n_groups));
+      }
       for (int64_t kvh = kv_first; kvh <= kv_last; ++kvh) {
         const int64_t global_kv = kvh + heads.kv_head_begin;
         const int64_t h0 = std::max<int64_t>(0, global_kv * g - heads.q_head_begin);
@@ -430,15 +368,10 @@ void check_seqs(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs) 
 
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y) {
   const int64_t m = w.rows, k = w.cols;
-  if (packed_matmul_available(w.dtype) && n >= packed_matmul_min_tokens(w.dtype)) {
+  if (matmul_path(n, w.dtype) != MatmulPath::kRows) {
     packed_matmul(x, n, w.data, w.dtype, m, k, y);
-  } else switch (w.dtype) {
-    case DType::kF32: matmul_typed<DType::kF32>(x, n, w.data, m, k, y); break;
-    case DType::kBF16: matmul_typed<DType::kBF16>(x, n, w.data, m, k, y); break;
-    case DType::kF16: matmul_typed<DType::kF16>(x, n, w.data, m, k, y); break;
-    default:
-      fail(ErrorCode::kUnsupported, "matmul: no kernel for ", dtype_safetensors_name(w.dtype),
-           " weights without a quantization scheme");
+  } else {
+    rows_gemm(active_cpu_isa(), x, n, w.data, w.dtype, m, k, y);
   }
   if (bias) {
     SHARDLM_CHECK(bias->n == m, "bias has ", bias->n, " elements, matrix ", m, " rows");

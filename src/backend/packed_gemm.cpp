@@ -210,9 +210,12 @@ bool packed_matmul_available(DType weight_dtype) {
   return weight_dtype == DType::kF32 || weight_dtype == DType::kBF16 || weight_dtype == DType::kF16;
 }
 
-int64_t packed_matmul_min_tokens(DType weight_dtype) {
-  return weight_dtype == DType::kBF16 && amx_available() ? 8 : 16;
-}
+bool packed_uses_amx(DType weight_dtype) { return weight_dtype == DType::kBF16 && amx_available(); }
+
+// Without AMX the rows kernel (backend/rows_gemm.h) is faster up to 24 rows:
+// on a Zen 5 EPYC, 2 threads, Qwen2.5-0.5B shapes, it took 0.59-0.95x the
+// packed GEMM's time at 16 and 24 rows, 0.89-1.10x at 32 (bench/matmul_bench's inv/def).
+int64_t packed_matmul_min_tokens(DType weight_dtype) { return packed_uses_amx(weight_dtype) ? 8 : 32; }
 
 void packed_matmul(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y) {
   if (weight_dtype == DType::kBF16 && amx_available())
@@ -229,6 +232,7 @@ void packed_matmul(const float* x, int64_t n, const void* w, DType weight_dtype,
 #else  // no SIMD: backend::matmul keeps its portable loops
 
 bool packed_matmul_available(DType) { return false; }
+bool packed_uses_amx(DType) { return false; }
 int64_t packed_matmul_min_tokens(DType) { return INT64_MAX; }
 bool packed_fp8_available(const QuantMatrixView&) { return false; }
 void packed_matmul_fp8(const float*, int64_t, const QuantMatrixView&, float*) {

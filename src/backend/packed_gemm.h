@@ -18,10 +18,13 @@ namespace shardlm::backend {
 // (f32, bf16, f16 with AVX2+FMA+F16C or AVX-512).
 bool packed_matmul_available(DType weight_dtype);
 
-// From how many tokens on packed_matmul beats the per-token GEMV tile:
-// 8 for bf16 on AMX tiles (backend/amx_gemm.h), 16 for the AVX kernel
-// (measured single-threaded on Qwen2.5-0.5B's layer shapes).
+// From how many tokens on packed_matmul beats the rows kernel
+// (backend/rows_gemm.h): 8 for bf16 on AMX tiles (backend/amx_gemm.h), 32
+// for the AVX kernel (measured with 2 threads on Qwen2.5-0.5B's layer shapes).
 int64_t packed_matmul_min_tokens(DType weight_dtype);
+
+// Whether packed_matmul runs this dtype on AMX tiles.
+bool packed_uses_amx(DType weight_dtype);
 
 // x: [n, k] f32 rows; w: [m, k] rows of weight_dtype; y: [n, m] f32 (overwritten).
 void packed_matmul(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);

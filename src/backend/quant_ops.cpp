@@ -337,10 +337,12 @@ constexpr int64_t kFp8PrefetchBytes = 512;
 // tokens: each widened vector is scaled by its row's block scale first, so
 // RB × TB accumulators + RB scales + TB x vectors fit the register file (32
 // zmm: the (8, 2) and (4, 4) tiles; 16 ymm: (4, 2)).
-template <int RB, int TB>
+// kScaleSums (one token, unless batch-invariant): per-block sums scaled
+// into the totals; otherwise (the order every token count shares) each
+// widened vector is scaled first.
+template <int RB, int TB, bool kScaleSums = TB == 1>
 void fp8_tile(const float* x, const QuantMatrixView& w, int64_t j0, int64_t t0, float* y) {
   using namespace simd;
-  constexpr bool kScaleSums = TB == 1;
   const int64_t K = w.n_in, N = w.n_out, bk = w.block_k;
   const uint8_t* row[RB];
   for (int r = 0; r < RB; ++r) row[r] = w.weight + (j0 + r) * K;
@@ -396,7 +398,11 @@ void fp8_rows(const float* x, int64_t n, const QuantMatrixView& w, int64_t j0, f
   int64_t t = 0;
   for (; t + kTB <= n; t += kTB) fp8_tile<RB, kTB>(x, w, j0, t, y);
   for (; t + 2 <= n; t += 2) fp8_tile<RB, 2>(x, w, j0, t, y);
-  for (; t < n; ++t) fp8_tile<RB, 1>(x, w, j0, t, y);
+  const bool invariant = batch_invariant();
+  for (; t < n; ++t) {
+    if (invariant) fp8_tile<RB, 1, false>(x, w, j0, t, y);
+    else fp8_tile<RB, 1>(x, w, j0, t, y);
+  }
 }
 
 template <int RB>
@@ -417,7 +423,9 @@ void fp8_row_blocks(const float* x, int64_t n, const QuantMatrixView& w, float* 
 void fp8_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
   // Prefill and large batches: the packed f32 GEMM, panels widened and
   // scaled as they are packed (backend/packed_gemm.h).
-  if (n >= packed_matmul_min_tokens(DType::kF32) && packed_fp8_available(w)) return packed_matmul_fp8(x, n, w, y);
+  // (Not when batch-invariant: the GEMM sums in another order than the tiles.)
+  if (!batch_invariant() && n >= packed_matmul_min_tokens(DType::kF32) && packed_fp8_available(w))
+    return packed_matmul_fp8(x, n, w, y);
   // Up to 3 tokens, 8 rows in flight keep more DRAM requests outstanding
   // (as the dense GEMV; AVX2's 16 registers take 4).
   if (n < 4 && simd::kLanes == 16) return fp8_row_blocks<8>(x, n, w, y);

@@ -15,7 +15,20 @@
 #define SHARDLM_SIMD 1
 #endif
 
+// Each ISA's functions live in their own inline namespace: a kernel built for
+// several ISAs (backend/rows_gemm.h) includes this header under different
+// flags, and Vec-typed functions of the same name must not be merged by the
+// linker across those translation units.
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define SHARDLM_SIMD_ABI isa_avx512
+#elif defined(SHARDLM_AVX2)
+#define SHARDLM_SIMD_ABI isa_avx2
+#else
+#define SHARDLM_SIMD_ABI isa_scalar
+#endif
+
 namespace shardlm::backend::simd {
+inline namespace SHARDLM_SIMD_ABI {
 
 // E4M3 bytes are widened through f16: sign-extended to 16 bits and shifted
 // left by 7, a byte's sign lands on bit 15 and its 7 exponent/mantissa bits
@@ -138,4 +151,5 @@ inline void prefetch(const void* p) {
 #endif
 }
 
+}  // inline namespace SHARDLM_SIMD_ABI
 }  // namespace shardlm::backend::simd

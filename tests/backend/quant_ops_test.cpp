@@ -6,6 +6,7 @@
 // agree with it bit for bit. Through the Backend interface, as the model calls it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -225,6 +226,35 @@ TEST_P(QuantMatmulTest, MatchesMatmulOnDequantizedWeights) {
       }
     ASSERT_GT(max_ref, 0.1) << "a test whose outputs are all ~0 proves nothing";
   }
+}
+
+// Batch invariance (backend/ops.h set_batch_invariant): with f32
+// activations, a row's output is bit-identical computed alone or as one of
+// 3, 5, 16 or 64 rows, whichever token tile or GEMM the row count selects.
+TEST_P(QuantMatmulTest, ARowAloneOrInAnyBatchIsBitIdentical) {
+  const Case c = GetParam();
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.0f, 0.05f), xd(0.0f, 1.0f);
+  std::vector<float> w(static_cast<size_t>(c.n_out * c.n_in));
+  for (auto& v : w) v = dist(rng);
+  const Packed p = pack(c, w);
+  const Linear l = linear(c, p);
+  const QuantMatrixView view = quant_view(l.quant, l.weight);
+  set_batch_invariant(true);
+  std::vector<float> probe(static_cast<size_t>(c.n_in)), alone(static_cast<size_t>(c.n_out));
+  for (auto& v : probe) v = xd(rng);
+  quant_matmul(probe.data(), 1, view, nullptr, alone.data(), QuantActivations::kF32);
+  for (int64_t n : {3, 5, 16, 64}) {
+    std::vector<float> x(static_cast<size_t>(n * c.n_in)), y(static_cast<size_t>(n * c.n_out));
+    for (auto& v : x) v = xd(rng);
+    const int64_t at = (n - 1) * 2 / 3;
+    std::copy(probe.begin(), probe.end(), x.begin() + at * c.n_in);
+    quant_matmul(x.data(), n, view, nullptr, y.data(), QuantActivations::kF32);
+    for (int64_t j = 0; j < c.n_out; ++j)
+      ASSERT_EQ(y[static_cast<size_t>(at * c.n_out + j)], alone[static_cast<size_t>(j)])
+          << c.name << ": row " << at << " of " << n << ", channel " << j;
+  }
+  set_batch_invariant(false);
 }
 
 INSTANTIATE_TEST_SUITE_P(

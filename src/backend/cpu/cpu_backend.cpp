@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "backend/cpu_isa.h"
 #include "core/error.h"
 
 namespace shardlm::backend {
@@ -37,15 +38,16 @@ VectorView vector(const Tensor& v) { return {v.data(), v.dtype(), v.numel()}; }
 
 CpuBackend::CpuBackend(int n_threads) : n_threads_(n_threads) { set_num_threads(n_threads_); }
 
+bool CpuBackend::set_batch_invariant(bool on) {
+  backend::set_batch_invariant(on);
+  return true;
+}
+
+bool CpuBackend::batch_invariant() const { return backend::batch_invariant(); }
+
 std::string CpuBackend::name() const {
-  std::string isa =
-#if defined(__AVX512F__)
-      "avx512";
-#elif defined(__AVX2__)
-      "avx2";
-#else
-      "portable";
-#endif
+  // The GEMV/small-batch kernel's ISA, chosen by CPUID at run time.
+  const std::string isa = cpu_isa_name(active_cpu_isa());
   return "cpu (" + std::to_string(n_threads_ > 0 ? n_threads_ : num_threads()) + " threads, " + isa + ")";
 }
 

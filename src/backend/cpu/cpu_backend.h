@@ -45,6 +45,10 @@ class CpuBackend final : public Backend {
                        const AttentionHeads& heads, Tensor& out) override;
   void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) override;
   bool has_moe_ops() const override { return true; }
+  // Dense matmuls on backend/rows_gemm.h for every row count, quantized ones
+  // on their row-order kernels, attention split by context length only.
+  bool set_batch_invariant(bool on) override;
+  bool batch_invariant() const override;
   void moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights) override;
   void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
                    int64_t n_experts_local, int64_t expert_begin, Tensor& out) override;

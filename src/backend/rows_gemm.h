@@ -1,0 +1,44 @@
+// y[n, m] = x[n, k] · W[m, k]ᵀ for any number of rows n, each weight vector
+// widened once and used by a register tile of rows (so the 2–16 rows of a
+// batched decode step read W once, not once per row), and with one
+// reduction order for every output element whatever n is:
+//   lane l of the element's accumulator sums w[i]·x[i] for i ≡ l (mod L) in
+//   increasing i with FMAs over the whole vectors of k (L = 16 on AVX-512,
+//   8 on AVX2); the L lanes are added by a fixed pairwise tree
+//   (lane i + lane i + L/2, then + L/4, ...); the k % L tail is added
+//   after, in order. Scalar: one sequential sum per element.
+// The tile shape, the thread split and the token blocking change with n;
+// none of them changes that order, so a row's output is bit-identical
+// computed alone or among any others (batch invariance: backend/ops.h).
+// Built once per ISA (backend/cpu/isa/rows_gemm_*.cpp) and chosen at run
+// time (backend/cpu_isa.h). Internal to the backend layer.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cpu_isa.h"
+#include "core/dtype.h"
+
+namespace shardlm::backend {
+
+// Whether rows_gemm has a kernel for this weight dtype (f32, bf16, f16).
+bool rows_gemm_supports(DType weight_dtype);
+
+// x: [n, k] f32; w: [m, k] in weight_dtype; y: [n, m] f32 (overwritten).
+// isa: the kernel to run (at most detected_cpu_isa(); avx512bf16 runs the
+// avx512 kernel: the exact path takes no bf16 dot products).
+void rows_gemm(CpuIsa isa, const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k,
+               float* y);
+
+// One build per ISA, each in its own namespace (same contract as rows_gemm).
+namespace rows_avx512 {
+void rows_gemm(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);
+}
+namespace rows_avx2 {
+void rows_gemm(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);
+}
+namespace rows_scalar {
+void rows_gemm(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);
+}
+
+}  // namespace shardlm::backend

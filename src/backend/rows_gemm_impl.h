@@ -1,0 +1,242 @@
+// The body of backend/rows_gemm.h's kernel, included once per ISA by
+// backend/cpu/isa/rows_gemm_<isa>.cpp, each compiled with that ISA's flags
+// and defining SHARDLM_ROWS_NS (rows_avx512, rows_avx2, rows_scalar).
+// Everything here has internal linkage, so the copies never meet at link
+// time; it calls no inline function of another header that could be
+// compiled for a different ISA elsewhere (simd.h is per-ISA namespaced; the
+// error helpers are left to the dispatcher, backend/rows_gemm.cpp).
+#ifndef SHARDLM_ROWS_NS
+#error "define SHARDLM_ROWS_NS before including rows_gemm_impl.h"
+#endif
+
+#include <omp.h>
+
+#include <cstring>
+
+#include "backend/rows_gemm.h"
+#include "backend/simd.h"
+
+namespace shardlm::backend::SHARDLM_ROWS_NS {
+namespace {
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// One stored element as f32 (the k % L tail).
+template <DType D>
+inline float elem(const char* row, int64_t i) {
+  if constexpr (D == DType::kF32) {
+    float f;
+    std::memcpy(&f, row + 4 * i, 4);
+    return f;
+  } else if constexpr (D == DType::kBF16) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * i, 2);
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * i, 2);
+    return f16_to_f32(h);  // out of line (core): never an ISA-specific inline copy
+  }
+}
+
+// Per element dtype bytes.
+template <DType D>
+constexpr int64_t kSize = D == DType::kF32 ? 4 : 2;
+
+// Token rows per block whose x stays in L2 while a row block's weights are
+// reused across it (about 512 KiB of x), a multiple of `tb`.
+inline int64_t token_block(int64_t n, int64_t k, int64_t tb) {
+  const int64_t fit = max64(tb, (int64_t{512} << 10) / max64(1, 4 * k) / tb * tb);
+  return min64(n, fit);
+}
+
+#ifdef SHARDLM_SIMD
+using namespace simd;
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The fixed tree over 16 lanes: s1[i] = a[i] + a[i+8], s2[i] = s1[i] + s1[i+4],
+// s3[i] = s2[i] + s2[i+2], sum = s3[0] + s3[1]. Sixteen accumulators at once:
+// out lane 4g + c holds the tree sum of v[4c + g] (every add pairs lanes of
+// one accumulator, exactly as the tree says, so the result of an accumulator
+// does not depend on which others share the call).
+inline __m512 reduce16(const __m512* v) {
+  __m512 w[8], x[4], y[2];
+  for (int p = 0; p < 8; ++p)
+    w[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
+  for (int q = 0; q < 4; ++q)
+    x[q] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * q], w[2 * q + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * q], w[2 * q + 1], 0xDD));
+  for (int h = 0; h < 2; ++h) {
+    const __m512d a = _mm512_castps_pd(x[2 * h]), b = _mm512_castps_pd(x[2 * h + 1]);
+    y[h] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // Back to accumulator order: result c·4 + g sits in lane 4g + c.
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(order, z);
+}
+
+// sums[o] = tree sum of acc[o] for o < N.
+template <int N>
+inline void reduce_all(const Vec* acc, float* sums) {
+  constexpr int kGroups = (N + 15) / 16;
+  for (int g = 0; g < kGroups; ++g) {
+    Vec v[16];
+    for (int o = 0; o < 16; ++o) v[o] = g * 16 + o < N ? acc[g * 16 + o] : zerov();
+    alignas(64) float out[16];
+    _mm512_store_ps(out, reduce16(v));
+    for (int o = 0; o < 16 && g * 16 + o < N; ++o) sums[g * 16 + o] = out[o];
+  }
+}
+
+// Tile shapes (weight rows RB × token rows TB, RB·TB accumulators + TB x
+// vectors + 1 weight vector of the 32 zmm registers).
+constexpr int kMaxTokens = 6;
+inline int rows_for(int64_t n) { return n <= 3 ? 8 : 4; }
+#else
+// AVX2: the tree over 8 lanes (s2[i] = a[i] + a[i+4], then as above), one
+// accumulator at a time (the same sequence simd::hsum does).
+template <int N>
+inline void reduce_all(const Vec* acc, float* sums) {
+  for (int o = 0; o < N; ++o) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc[o]), _mm256_extractf128_ps(acc[o], 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    sums[o] = _mm_cvtss_f32(lo);
+  }
+}
+// 16 ymm: RB·TB + TB + 1 <= 16.
+constexpr int kMaxTokens = 3;
+inline int rows_for(int64_t n) { return n == 1 ? 8 : 4; }
+#endif
+
+constexpr int64_t kPrefetchBytes = 512;
+
+// y[t0 + t, j0 + r] for r < RB, t < TB. PF: prefetch each weight row's
+// stream ahead (the first token group of a block: the later ones find the
+// rows in L1/L2).
+template <DType D, int RB, int TB, bool PF>
+inline void tile(const float* x, int64_t k, const char* w, int64_t m, int64_t j0, int64_t t0, float* y) {
+  constexpr int64_t es = kSize<D>;
+  const char* wrow[RB];
+  for (int r = 0; r < RB; ++r) wrow[r] = w + (j0 + r) * k * es;
+  const float* xrow[TB];
+  for (int t = 0; t < TB; ++t) xrow[t] = x + (t0 + t) * k;
+  Vec acc[RB * TB];
+  for (int o = 0; o < RB * TB; ++o) acc[o] = zerov();
+  const int64_t kv = k - k % kLanes;
+  for (int64_t i = 0; i < kv; i += kLanes) {
+    Vec xv[TB];
+    for (int t = 0; t < TB; ++t) xv[t] = loadx(xrow[t] + i);
+    for (int r = 0; r < RB; ++r) {
+      if constexpr (PF) {
+        if ((i * es) % 64 == 0) prefetch(wrow[r] + i * es + kPrefetchBytes);
+      }
+      const Vec wv = loadv<D>(wrow[r], i);
+      for (int t = 0; t < TB; ++t) acc[r * TB + t] = fmav(wv, xv[t], acc[r * TB + t]);
+    }
+  }
+  float sums[RB * TB];
+  reduce_all<RB * TB>(acc, sums);
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < TB; ++t) {
+      float s = sums[r * TB + t];
+      for (int64_t i = kv; i < k; ++i) s = __builtin_fmaf(elem<D>(wrow[r], i), xrow[t][i], s);
+      y[(t0 + t) * m + j0 + r] = s;
+    }
+}
+
+template <DType D, int RB, int TB>
+inline void tile_pf(bool pf, const float* x, int64_t k, const char* w, int64_t m, int64_t j0, int64_t t0, float* y) {
+  if (pf) tile<D, RB, TB, true>(x, k, w, m, j0, t0, y);
+  else tile<D, RB, TB, false>(x, k, w, m, j0, t0, y);
+}
+
+// Token rows [t0, t1) against weight rows [j0, j0 + RB): groups of at most
+// kMaxTokens rows, near-equal (16 = 6 + 5 + 5, not 6 + 6 + 4).
+template <DType D, int RB>
+void row_block(const float* x, int64_t k, const char* w, int64_t m, int64_t j0, int64_t t0, int64_t t1, float* y) {
+  const int64_t n_groups = (t1 - t0 + kMaxTokens - 1) / kMaxTokens;
+  for (int64_t g = 0, t = t0; g < n_groups; ++g) {
+    const int64_t tb = (t1 - t + (n_groups - g) - 1) / (n_groups - g);
+    const bool pf = g == 0;
+    switch (tb) {
+      case 1: tile_pf<D, RB, 1>(pf, x, k, w, m, j0, t, y); break;
+      case 2: tile_pf<D, RB, 2>(pf, x, k, w, m, j0, t, y); break;
+      case 3: tile_pf<D, RB, 3>(pf, x, k, w, m, j0, t, y); break;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      case 4: tile_pf<D, RB, 4>(pf, x, k, w, m, j0, t, y); break;
+      case 5: tile_pf<D, RB, 5>(pf, x, k, w, m, j0, t, y); break;
+      case 6: tile_pf<D, RB, 6>(pf, x, k, w, m, j0, t, y); break;
+#endif
+      default: __builtin_unreachable();  // tb <= kMaxTokens
+    }
+    t += tb;
+  }
+}
+
+template <DType D, int RB>
+void run_rb(const float* x, int64_t n, const void* wp, int64_t m, int64_t k, float* y) {
+  const char* w = static_cast<const char*>(wp);
+  const int64_t n_full = m / RB, n_blocks = n_full + (m % RB ? 1 : 0);
+  const int64_t tblock = token_block(n, k, kMaxTokens);
+#pragma omp parallel
+  for (int64_t t0 = 0; t0 < n; t0 += tblock) {
+    const int64_t t1 = min64(n, t0 + tblock);
+    // Dynamic chunks of row blocks: on a shared machine one thread often
+    // runs slower than the other, and a static split would make the other wait.
+#pragma omp for schedule(dynamic, 8)
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      if (b < n_full) {
+        row_block<D, RB>(x, k, w, m, b * RB, t0, t1, y);
+      } else {
+        for (int64_t j = n_full * RB; j < m; ++j) row_block<D, 1>(x, k, w, m, j, t0, t1, y);
+      }
+    }
+  }
+}
+
+template <DType D>
+void run(const float* x, int64_t n, const void* w, int64_t m, int64_t k, float* y) {
+  if (rows_for(n) == 8) return run_rb<D, 8>(x, n, w, m, k, y);
+  run_rb<D, 4>(x, n, w, m, k, y);
+}
+
+#else  // scalar: one sequential sum per element
+
+template <DType D>
+void run(const float* x, int64_t n, const void* wp, int64_t m, int64_t k, float* y) {
+  const char* w = static_cast<const char*>(wp);
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t j = 0; j < m; ++j) {
+    const char* row = w + j * k * kSize<D>;
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xr = x + t * k;
+      float s = 0.0f;
+      for (int64_t i = 0; i < k; ++i) s += elem<D>(row, i) * xr[i];
+      y[t * m + j] = s;
+    }
+  }
+}
+
+#endif
+
+}  // namespace
+
+void rows_gemm(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y) {
+  if (n <= 0 || m <= 0) return;
+  switch (weight_dtype) {
+    case DType::kF32: return run<DType::kF32>(x, n, w, m, k, y);
+    case DType::kBF16: return run<DType::kBF16>(x, n, w, m, k, y);
+    case DType::kF16: return run<DType::kF16>(x, n, w, m, k, y);
+    default: return;  // backend::rows_gemm checked the dtype
+  }
+}
+
+}  // namespace shardlm::backend::SHARDLM_ROWS_NS
