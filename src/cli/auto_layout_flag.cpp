@@ -30,7 +30,7 @@ int parse_tp_flag(const std::string& text) {
 
 void check_auto_alone(bool tp_auto, int pp, int dp, bool has_partition) {
   if (tp_auto && (pp != 1 || dp != 1 || has_partition))
-    fail(ErrorCode::kInvalidArgument, "-tp auto chooses TP, PP and DP together; drop -pp/-dp/--pp-layer-partition, ",
+    fail(ErrorCode::kInvalidArgument, "-tp auto chooses TP, PP and DP together; drop -pp/-dp/--pp-layer-partition/--tensor-split, ",
          "or give every degree yourself (`shardlm plan` lists the layouts)");
 }
 

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/tensor_split.h"
 #include "cli/command.h"
 #include "cli/default_model.h"
 #include "loader/generation_config.h"
@@ -61,6 +62,8 @@ struct GenerateCliOptions {
   bool enable_expert_parallel = false;
   std::string tp = "1";  // a degree, or auto
   int pp = 1;
+  std::string tensor_split;                // --tensor-split W0,W1,...
+  std::vector<int64_t> pp_layer_partition; // --pp-layer-partition
   std::string kv_dtype;  // "": f32 on cpu (exact), bf16 on cuda; bf16 halves the bytes at ~1e-3 relative logit error
   std::string device = "cpu";
   std::string decode_bench;  // "1,8,64": time decode steps of these many sequences instead of generating
@@ -130,6 +133,9 @@ int run_decode_bench(const GenerateCliOptions& o) {
   d.layout.tp = parse_tp_flag(o.tp);
   if (d.layout.tp == kAutoDegree) fail(ErrorCode::kInvalidArgument, "--decode-bench needs an explicit --tp");
   d.layout.pp = o.pp;
+  if (!o.tensor_split.empty()) d.layout.tensor_split = parse_tensor_split(o.tensor_split);
+  d.layout.pp_layer_partition = o.pp_layer_partition;
+  validate_layout(spec, d.layout);
   d.device = device_for_thread_ranks(o.device, d.layout.tp * d.layout.pp);
   d.graphs.enabled = backend::parse_cuda_graphs_flag(o.cuda_graphs, !d.device.is_cpu());
   std::vector<int64_t> batches;
@@ -215,11 +221,14 @@ int run_generate(const GenerateCliOptions& o) {
     rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
   }
   if (!o.dump_routing.empty()) g.dump_tensors.push_back("ffn_moe_topk");  // the routing is that intermediate
+  if (!o.tensor_split.empty()) g.layout.tensor_split = parse_tensor_split(o.tensor_split);
+  g.layout.pp_layer_partition = o.pp_layer_partition;
   if (o.enable_expert_parallel && !spec.is_moe())
     fail(ErrorCode::kInvalidArgument, "--enable-expert-parallel: ", spec.architecture,
          " is a dense model without experts; drop the flag (it applies to mixture-of-experts models)");
   const bool tp_auto = g.layout.tp == kAutoDegree;
-  check_auto_alone(tp_auto, o.pp, 1, false);
+  check_auto_alone(tp_auto, o.pp, 1, !o.pp_layer_partition.empty() || !o.tensor_split.empty());
+  if (!tp_auto) validate_layout(spec, g.layout);  // a bad --tensor-split / --pp-layer-partition fails before loading
   g.max_tokens = o.max_tokens;
   g.eos_token_ids = load_eos_token_ids(dir, spec);
   g.block_size = o.block_size;
@@ -413,6 +422,9 @@ void setup(CLI::App& app) {
   sub->add_flag("--enable-expert-parallel", o->enable_expert_parallel,
                 "MoE: experts go whole to the TP ranks (EP = TP), as vLLM's flag; attention stays tensor-parallel");
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads, or processes under mpirun)")->capture_default_str();
+  sub->add_option("--tensor-split", o->tensor_split, "Relative shares of the TP ranks (mixed devices): one weight per TP rank, or TP × PP stage-major, e.g. 3,1 (default: even)");
+  sub->add_option("--pp-layer-partition", o->pp_layer_partition, "Layers per stage, e.g. 10,18 (default: balanced by bytes)")
+      ->delimiter(',');
   sub->add_option("--kv-cache-dtype", o->kv_dtype,
                   "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
   add_device_option(sub, &o->device);

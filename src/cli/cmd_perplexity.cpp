@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "plan/tensor_split.h"
 #include "cli/command.h"
 #include "cli/default_model.h"
 #include "core/error.h"
@@ -28,6 +29,8 @@ struct PerplexityCliOptions {
   int64_t max_tokens = 0;
   int tp = 1;
   int pp = 1;
+  std::string tensor_split;                // --tensor-split W0,W1,...
+  std::vector<int64_t> pp_layer_partition; // --pp-layer-partition
   std::string kv_dtype;  // "": f32 on cpu, bf16 on cuda
   std::string device = "cpu";
   int64_t block_size = 16;
@@ -51,6 +54,9 @@ int run_perplexity(const PerplexityCliOptions& o) {
   PerplexityOptions p;
   p.layout.tp = o.tp;
   p.layout.pp = o.pp;
+  if (!o.tensor_split.empty()) p.layout.tensor_split = parse_tensor_split(o.tensor_split);
+  p.layout.pp_layer_partition = o.pp_layer_partition;
+  validate_layout(spec, p.layout);
   p.context = o.context;
   p.max_scored = o.max_tokens;
   p.block_size = o.block_size;
@@ -104,6 +110,9 @@ void setup(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   sub->add_option("--tp,--tensor-parallel-size", o->tp, "Tensor-parallel ranks (threads)")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_option("--pp,--pipeline-parallel-size", o->pp, "Pipeline stages (threads)")->capture_default_str()->check(CLI::Range(1, 4096));
+  sub->add_option("--tensor-split", o->tensor_split, "Relative shares of the TP ranks (mixed devices): one weight per TP rank, or TP × PP stage-major, e.g. 3,1 (default: even)");
+  sub->add_option("--pp-layer-partition", o->pp_layer_partition, "Layers per stage, e.g. 10,18 (default: balanced by bytes)")
+      ->delimiter(',');
   sub->add_option("--dump-top1", o->dump_top1,
                   "Write the argmax token of every scored position here (int32 LE): top-1 agreement between models");
   sub->add_option("--kv-cache-dtype", o->kv_dtype,

@@ -13,6 +13,8 @@
 #include "plan/checkpoint_headers.h"
 #include "plan/explain.h"
 #include "plan/planner.h"
+#include "plan/plan_plot.h"
+#include "plan/tensor_split.h"
 
 namespace shardlm::cli {
 namespace {
@@ -35,6 +37,10 @@ struct PlanCliOptions {
   int64_t block_size = kDefaultBlockSize;
   bool json = false;
   bool enable_expert_parallel = false;
+  std::string tensor_split;                 // --tensor-split: evaluate only this split
+  std::vector<int64_t> pp_layer_partition;  // --pp-layer-partition: only this split of the layers
+  double inter_node_latency_us = -1;        // < 0: by link type
+  std::string plot;                         // --plot FILE.svg
 };
 
 struct ResolvedModel {
@@ -107,6 +113,15 @@ int run_plan(const PlanCliOptions& o) {
     return usage_error("--enable-expert-parallel: " + model.spec.architecture +
                        " is a dense model without experts; the flag applies to mixture-of-experts models");
   options.expert_parallel = o.enable_expert_parallel;
+  try {
+    if (!o.tensor_split.empty()) options.tensor_split = parse_tensor_split(o.tensor_split);
+  } catch (const Error& e) {
+    return usage_error(e.what());
+  }
+  options.pp_layer_partition = o.pp_layer_partition;
+  if (o.inter_node_latency_us != -1 && !(o.inter_node_latency_us >= 0))
+    return usage_error("--inter-node-latency-us must not be negative");
+  options.inter_node_latency = o.inter_node_latency_us < 0 ? -1 : o.inter_node_latency_us * 1e-6;
   if (!parse_kv_cache_dtype(o.kv_cache_dtype, &options.budget.kv_cache_dtype))
     return usage_error("--kv-cache-dtype \"" + o.kv_cache_dtype + "\": expected auto, bf16, f16, f32 or fp8");
   if (!o.dtype.empty()) {
@@ -142,6 +157,7 @@ int run_plan(const PlanCliOptions& o) {
     throw;
   }
 
+  if (!o.plot.empty()) write_plan_svg(plan, o.plot);  // a file it cannot write: Error → exit 1
   if (o.json) {
     nlohmann::json j = plan_json(plan);
     j["model"]["official_total_bytes"] = model.official_total >= 0 ? nlohmann::json(model.official_total) : nlohmann::json();
@@ -190,6 +206,17 @@ void setup(CLI::App& app) {
   sub->add_option("--nodes", o->nodes, "Hosts the devices are split over, evenly and in order")->capture_default_str();
   sub->add_option("--inter-node-bandwidth", o->inter_node_gbit, "Link between hosts in Gb/s (100 = EDR InfiniBand / 100 GbE)")
       ->capture_default_str();
+  sub->add_option("--inter-node-latency-us", o->inter_node_latency_us,
+                  "Latency of one message hop between hosts in µs (default: 30 for ≥ 100 Gb/s InfiniBand/RoCE, 100 for "
+                  "slower TCP Ethernet)");
+  sub->add_option("--tensor-split", o->tensor_split,
+                  "Evaluate only this split of the TP ranks (one weight per TP rank, or TP × PP stage-major; default: "
+                  "even, or chosen from each device's memory and bandwidth on mixed devices)");
+  sub->add_option("--pp-layer-partition", o->pp_layer_partition,
+                  "Evaluate only this split of the layers, e.g. 10,18 (default: balanced by modelled time within memory)")
+      ->delimiter(',');
+  sub->add_option("--plot", o->plot, "Write an SVG picture of the recommended layout: bytes per device against capacity, "
+                  "TP groups / PP stages / replicas, the chosen split beside the even one");
   sub->add_option("--reserve-gib", o->reserve_gib, "Runtime reserve per device in GiB (CUDA context, cuBLAS, NCCL)")
       ->capture_default_str();
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();

@@ -9,6 +9,8 @@
 
 #include "backend/device/device_choice.h"
 #include "backend/device/decode_graphs.h"
+#include "plan/memory_budget.h"
+#include "plan/tensor_split.h"
 #include "cli/auto_layout_flag.h"
 #include "cli/device_flag.h"
 #include "cli/command.h"
@@ -52,6 +54,7 @@ struct ServeOptions {
   bool enable_expert_parallel = false;
   int dp = 1;
   std::vector<int64_t> pp_layer_partition;
+  std::string tensor_split;  // --tensor-split W0,W1,...
   int64_t block_size = 16;
   std::string kv_cache_dtype = "auto";
   std::string device = "cpu";
@@ -75,6 +78,21 @@ struct ServeOptions {
   size_t responses_store_max_bytes = 64u << 20;
 };
 
+// Each rank's own KV capacity (its memory less its weights: under
+// --tensor-split the ranks differ) and the rank whose capacity binds the
+// replica, which holds the minimum.
+std::string kv_binding_text(const std::vector<MemoryBudget>& budgets) {
+  if (budgets.size() < 2) return "";
+  size_t bind = 0;
+  std::string out = "KV capacity per rank (blocks):";
+  for (size_t r = 0; r < budgets.size(); ++r) {
+    out += (r ? ", " : " ") + with_commas(budgets[r].n_kv_blocks_capacity);
+    if (budgets[r].n_kv_blocks_capacity < budgets[bind].n_kv_blocks_capacity) bind = r;
+  }
+  return out + "; the replica holds the minimum: rank " + std::to_string(bind) + " (tp " +
+         std::to_string(budgets[bind].tp_rank) + ", pp " + std::to_string(budgets[bind].pp_rank) + ") binds\n";
+}
+
 int run_serve(const ServeOptions& given) {
   apply_quant_activations(given.quant_activations);
   ServeOptions o = given;
@@ -82,7 +100,9 @@ int run_serve(const ServeOptions& given) {
   o.model = resolve_model_dir(o.model, "serve");
   if (default_model && o.served_model_names.empty()) o.served_model_names.push_back(kDefaultModelName);
   const int tp = parse_tp_flag(o.tp);
-  check_auto_alone(tp == kAutoDegree, o.pp, o.dp, !o.pp_layer_partition.empty());
+  check_auto_alone(tp == kAutoDegree, o.pp, o.dp, !o.pp_layer_partition.empty() || !o.tensor_split.empty());
+  Layout requested{tp, o.pp, o.dp, o.pp_layer_partition, o.enable_expert_parallel};
+  if (!o.tensor_split.empty()) requested.tensor_split = parse_tensor_split(o.tensor_split);
   if (!std::filesystem::is_directory(o.model))
     fail(ErrorCode::kNotFound, "MODEL '", o.model, "' is not a directory; give a Hugging Face model directory (config.json, ",
          "*.safetensors, tokenizer.json); `shardlm make-model` writes a synthetic one");
@@ -111,8 +131,9 @@ int run_serve(const ServeOptions& given) {
       fail(ErrorCode::kInvalidArgument, "--enable-expert-parallel: ", spec.architecture,
            " is a dense model without experts; drop the flag (it applies to mixture-of-experts models)");
   }
-  ServeMpi mpi(o.model, Layout{tp, o.pp, o.dp, o.pp_layer_partition, o.enable_expert_parallel}, o.host, o.port,
-               choose_layout);
+  if (tp != kAutoDegree)  // a bad --tensor-split / --pp-layer-partition fails before anything starts
+    validate_layout(load_model_config(std::filesystem::path(o.model) / "config.json"), requested);
+  ServeMpi mpi(o.model, requested, o.host, o.port, choose_layout);
   // Under mpirun each process drives one GPU (local rank % GPUs); without
   // it, every rank of every replica is a thread sharing one GPU.
   const Device device = mpi.active() ? device_for_mpi_process(o.device)
@@ -220,7 +241,7 @@ int run_serve(const ServeOptions& given) {
     http_thread.join();
     throw;
   }
-  std::cerr << backend.report().text() << "\n"
+  std::cerr << backend.report().text() << "\n" << kv_binding_text(backend.report().budgets)
             << "shardlm serve: listening on http://" << o.host << ":" << http.port() << " as model '" << names[0]
             << "'" << (api_key.empty() ? "" : " (API key required)") << std::endl;
 
@@ -281,6 +302,7 @@ void setup(CLI::App& app) {
                 "MoE: experts go whole to the TP ranks of each stage (EP = TP), as vLLM's flag; attention stays tensor-parallel");
   sub->add_option("--pp-layer-partition", o->pp_layer_partition, "Layers per stage, e.g. 10,9,9 (default: balanced by bytes)")
       ->delimiter(',');
+  sub->add_option("--tensor-split", o->tensor_split, "Relative shares of the TP ranks (mixed devices): one weight per TP rank, or TP × PP stage-major, e.g. 3,1 (default: even)");
   sub->add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str()->check(CLI::IsMember({8, 16, 32, 64, 128}));
   sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (the weights' dtype), bf16, f16, f32, fp8 (E4M3)")->capture_default_str();
   add_device_option(sub, &o->device);

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "plan/moe_accounting.h"
+#include "plan/tensor_split.h"
 
 namespace shardlm {
 
@@ -38,6 +39,69 @@ std::string dtype_short(DType d) {
     case DType::kU8: return "u8";
   }
   return "?";
+}
+
+double inter_latency(const Plan& plan) {
+  return plan.options.inter_node_latency >= 0 ? plan.options.inter_node_latency
+                                              : default_inter_node_latency(plan.devices.inter_node_bandwidth);
+}
+
+std::string join_d(const std::vector<double>& v, int decimals, const char* sep = "/") {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + fixed(v[i], decimals);
+  return out;
+}
+
+// "TP=2 split 0.771,0.229: fits, 20.1 tokens/s one stream, 9,000 KV tokens; the even split does not fit (...)".
+void explain_split(const Plan& plan, const LayoutEvaluation& e, std::vector<std::string>& out) {
+  if (!e.even.evaluated) return;
+  const bool latency = plan.options.objective == Objective::kLatency;
+  std::ostringstream p;
+  const bool split = !e.layout.tensor_split.empty();
+  p << "On " << e.layout.to_string();
+  if (split) p << ", plan weighs each TP rank by its device's memory and bandwidth (memory^a × bandwidth^(1−a), the best a for "
+               << objective_name(plan.options.objective) << ")";
+  if (e.partition_by_time) p << (split ? " and" : ",") << " balances the layers by modelled time (" << join(e.layout.pp_layer_partition, "/") << ")";
+  p << ": " << (e.fits ? "fits" : "does not fit") << ", " << fixed(e.single_stream_tok_s, 1) << " tokens/s one stream, "
+    << fixed(e.aggregate_tok_s, 0) << " aggregate, " << with_commas(e.kv_tokens) << " KV tokens per replica. The even split"
+    << (e.layout.pp > 1 ? str_cat(" with the layers by bytes (", join(e.even.pp_layer_partition, "/"), ")") : std::string())
+    << ": ";
+  if (e.even.fits)
+    p << "fits, " << fixed(e.even.single_stream_tok_s, 1) << " tokens/s one stream, " << fixed(e.even.aggregate_tok_s, 0)
+      << " aggregate, " << with_commas(e.even.kv_tokens) << " KV tokens";
+  else
+    p << "does not fit (the tightest rank is " << gib(static_cast<double>(-e.even.headroom_bytes)) << " short)";
+  const double a = objective_score(e, plan.options.objective);
+  const double b = latency ? e.even.single_stream_tok_s : e.even.aggregate_tok_s;
+  if (e.even.fits && b > 0) p << " — " << fixed(a / b, 2) << "× the " << (latency ? "one-stream" : "aggregate") << " speed";
+  p << ".";
+  if (split) {
+    const int n_stages = e.layout.tensor_split.size() > static_cast<size_t>(e.layout.tp) ? e.layout.pp : 1;
+    for (int st = 0; st < n_stages; ++st) {
+      const RealisedSplit r = realised_split(plan.spec, e.layout, st);
+      p << (n_stages > 1 ? str_cat(" Stage ", st, ": requested ") : std::string(" Requested ")) << join_d(r.requested, 3)
+        << ", realised Q heads " << join_d(r.q_heads, 3) << ", MLP columns " << join_d(r.mlp, 3);
+      if (!r.experts.empty()) p << ", experts " << join_d(r.experts, 3);
+      p << ", vocabulary " << join_d(r.vocab, 3) << " (whole units: GQA groups or heads, aligned column blocks).";
+    }
+  }
+  out.push_back(p.str());
+}
+
+// Both balances of the layers: bytes (the engine's default) against modelled time.
+void explain_balances(const Plan& plan, const LayoutEvaluation& e, std::vector<std::string>& out) {
+  if (e.layout.pp < 2) return;
+  std::ostringstream p;
+  p << "Layers per stage: by bytes (the engine's default) [" << join(e.bytes_partition) << "], by modelled decode time on "
+    << "each stage's devices within their memory [" << join(e.layout.pp_layer_partition) << "]"
+    << (e.partition_by_time ? " — plan uses the time balance" : " — the byte balance is as fast, so plan keeps it")
+    << "; stage times per token (one stream, embedding row and lm_head included): " << join_d([&] {
+         std::vector<double> ms;
+         for (double x : e.stage_seconds) ms.push_back(x * 1e3);
+         return ms;
+       }(), 2, " / ")
+    << " ms.";
+  out.push_back(p.str());
 }
 
 const LayoutEvaluation* find_layout(const Plan& plan, int tp, int pp, int dp) {
@@ -296,6 +360,8 @@ std::vector<std::string> explain_plan(const Plan& plan) {
     out.push_back(p.str());
   }
 
+  explain_split(plan, rec, out);
+  explain_balances(plan, rec, out);
   if (rec.layout.pp > 1) explain_pp(plan, rec, out);
   else if (n <= s.n_layers && n > 1) {
     const LayoutEvaluation* all_pp = find_layout(plan, 1, n, 1);
@@ -338,7 +404,7 @@ std::vector<std::string> explain_plan(const Plan& plan) {
     if (rec.tp_spans_nodes) {
       p << " The TP group spans hosts: its all-reduces cross the " << fixed(plan.devices.inter_node_bandwidth / kGB, 1)
         << " GB/s inter-node link, " << fixed(kIntraNodeLatency * 1e6, 0) << " µs + 2⌈log2 hosts⌉ × "
-        << fixed(kInterNodeLatency * 1e6, 0) << " µs each";
+        << fixed(inter_latency(plan) * 1e6, 0) << " µs each";
       const LayoutEvaluation* local = nullptr;
       for (const auto& e : plan.layouts)
         if (e.fits && !e.tp_spans_nodes &&
@@ -352,6 +418,31 @@ std::vector<std::string> explain_plan(const Plan& plan) {
       p << ".";
     }
     out.push_back(p.str());
+  }
+  if (plan.devices.n_nodes > 1 && !rec.tp_spans_nodes && rec.layout.tp > 1) {
+    // Why not TP across the hosts: the best layout whose TP group spans them.
+    const LayoutEvaluation* wide = nullptr;
+    for (const auto& e : plan.layouts)
+      if (e.fits && e.tp_spans_nodes &&
+          (!wide || objective_score(e, plan.options.objective) > objective_score(*wide, plan.options.objective)))
+        wide = &e;
+    if (wide) {
+      std::ostringstream p;
+      const int n_ar = 2 * static_cast<int>(plan.spec.n_layers);
+      p << "TP inside a host, PP across hosts: " << wide->layout.to_string() << " would run its " << n_ar
+        << " all-reduces per token across the " << fixed(plan.devices.inter_node_bandwidth / kGB, 2) << " GB/s link at "
+        << fixed(all_reduce_latency(2, inter_latency(plan)) * 1e6, 0) << " µs each ("
+        << fixed(inter_latency(plan) * 1e6, 0) << " µs per inter-host hop"
+        << (plan.options.inter_node_latency >= 0 ? ", --inter-node-latency-us"
+                                                  : plan.devices.inter_node_bandwidth < 100e9 / 8
+                                                        ? ", the default for TCP Ethernet; set --inter-node-latency-us"
+                                                        : ", the default for InfiniBand/RoCE; set --inter-node-latency-us")
+        << "), " << fixed(wide->tp_comm_seconds * 1e3, 2) << " ms of communication per token: "
+        << fixed(objective_score(*wide, plan.options.objective), 1) << " vs "
+        << fixed(objective_score(rec, plan.options.objective), 1) << " tokens/s for " << rec.layout.to_string()
+        << ", whose only inter-host traffic is " << rec.layout.pp - 1 << " activation send(s) per token.";
+      out.push_back(p.str());
+    }
   }
   if (rec.idle_devices > 0) {
     std::ostringstream p;
@@ -434,7 +525,16 @@ std::string render_plan_text(const Plan& plan) {
                   e.fits ? std::to_string(e.max_concurrency).c_str() : "-",
                   fixed(e.single_stream_tok_s, 1).c_str(), e.fits ? fixed(e.aggregate_tok_s, 0).c_str() : "-",
                   e.idle_devices, e.vllm.accepted ? "ok" : e.vllm.rule.c_str());
-    out << line;
+    std::string row = line;
+    if (!e.layout.tensor_split.empty() || e.partition_by_time) {
+      // The row's layout is plan's own choice (mixed devices, layers by time): say which.
+      std::string what;
+      if (!e.layout.tensor_split.empty()) what = "tensor split " + format_tensor_split(e.layout.tensor_split);
+      if (e.partition_by_time) what += (what.empty() ? "" : ", ") + std::string("layers ") + join(e.layout.pp_layer_partition, "/");
+      row.pop_back();
+      row += "  (" + what + ")\n";
+    }
+    out << row;
   }
   out << "\n";
 
@@ -442,6 +542,7 @@ std::string render_plan_text(const Plan& plan) {
     const LayoutEvaluation& rec = plan.layouts[plan.recommended];
     out << "Recommended for " << objective_name(plan.options.objective) << ": " << rec.layout.to_string();
     if (rec.layout.pp > 1) out << " (layers per stage " << join(rec.layout.pp_layer_partition, "/") << ")";
+    if (!rec.layout.tensor_split.empty()) out << " (tensor split " << format_tensor_split(rec.layout.tensor_split) << ")";
     out << " — " << fixed(rec.single_stream_tok_s, 1) << " tokens/s for one stream, " << fixed(rec.aggregate_tok_s, 0)
         << " tokens/s at " << rec.batch << " sequences × " << rec.layout.dp << " replica(s) (context "
         << with_commas(rec.context_tokens) << "); max-model-len " << with_commas(rec.max_model_len) << ", "
@@ -461,6 +562,18 @@ std::string render_plan_text(const Plan& plan) {
                       with_commas(b.kv_bytes_per_token).c_str());
         out << line;
       }
+    {
+      // Every rank sized its KV from its own memory; the replica holds what its smallest capacity holds.
+      const auto& replica = rec.budgets[static_cast<size_t>(rec.tightest_replica)];
+      size_t bind = 0;
+      for (size_t r = 1; r < replica.size(); ++r)
+        if (replica[r].n_kv_blocks_capacity < replica[bind].n_kv_blocks_capacity) bind = r;
+      const int dev = rec.tightest_replica * per + static_cast<int>(bind);
+      out << "  KV capacity per rank (blocks of " << o.block_size << " tokens):";
+      for (size_t r = 0; r < replica.size(); ++r) out << (r ? ", " : " ") << with_commas(replica[r].n_kv_blocks_capacity);
+      out << "; the replica holds the minimum, " << with_commas(replica[bind].n_kv_blocks_capacity * o.block_size)
+          << " tokens: rank " << dev << " (" << plan.devices.devices[static_cast<size_t>(dev)].name << ") binds\n";
+    }
     out << "\n  " << shardlm_serve_command(plan, rec) << "\n";
     const std::string v = vllm_serve_command(plan, rec);
     if (!v.empty()) out << "  " << v << "\n";

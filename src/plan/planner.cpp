@@ -12,13 +12,18 @@
 #include "core/units.h"
 #include "plan/explain.h"
 #include "plan/moe_accounting.h"
+#include "plan/tensor_split.h"
 
 namespace shardlm {
 
-double all_reduce_latency(int n_hosts) {
+double default_inter_node_latency(double inter_node_bandwidth) {
+  return inter_node_bandwidth >= 100e9 / 8 ? kInterNodeLatency : kEthernetInterNodeLatency;
+}
+
+double all_reduce_latency(int n_hosts, double inter_node_latency) {
   double hops = 0;
   for (int span = 1; span < n_hosts; span *= 2) hops += 2;
-  return kIntraNodeLatency + hops * kInterNodeLatency;
+  return kIntraNodeLatency + hops * inter_node_latency;
 }
 
 double moe_expert_fraction(const ModelSpec& spec, int64_t batch) {
@@ -52,7 +57,85 @@ struct RankRead {
 class Evaluator {
  public:
   Evaluator(const ModelSpec& spec, const DeviceInventory& devices, const PlanOptions& options)
-      : spec_(spec), tensors_(spec), devices_(devices), options_(options) {}
+      : spec_(spec), tensors_(spec), devices_(devices), options_(options),
+        inter_latency_(options.inter_node_latency >= 0 ? options.inter_node_latency
+                                                       : default_inter_node_latency(devices.inter_node_bandwidth)) {}
+
+  std::vector<int64_t> bytes_partition(const Layout& layout) const { return pipeline_partition(spec_, tensors_, layout); }
+
+  // KV tokens every rank must hold: --max-model-len or the auto minimum, in whole blocks.
+  int64_t required_tokens() const {
+    const int64_t block = options_.budget.block_size;
+    const int64_t wanted = options_.max_model_len > 0 ? options_.max_model_len
+                                                       : std::min(kMinAutoModelLen, spec_.max_position_embeddings);
+    return (wanted + block - 1) / block * block;
+  }
+
+  // See time_balanced_partition in the header.
+  std::vector<int64_t> time_partition(const Layout& layout) {
+    const int pp = layout.pp, tp = layout.tp;
+    const int64_t n = spec_.n_layers;
+    if (pp == 1) return {n};
+    const int per_replica = layout.ranks_per_replica();
+    const int64_t required = required_tokens();
+    const int64_t ctx = std::max<int64_t>(1, std::min<int64_t>(required, 8192) / 2);
+    struct StageModel {
+      double per_layer_s = 0;  // slowest rank: one layer's reads + KV at the typical context ÷ bandwidth
+      double fixed_s = 0;      // last stage: lm_head read
+      int64_t cap = std::numeric_limits<int64_t>::max();  // layers its devices' memory holds
+    };
+    std::vector<StageModel> st(static_cast<size_t>(pp));
+    const double nl = static_cast<double>(n);
+    for (int s = 0; s < pp; ++s) {
+      Layout one{tp, 1, 1, {}};
+      one.expert_parallel = layout.expert_parallel;
+      one.tensor_split = stage_split(layout, s);
+      const bool first = s == 0, last = s == pp - 1;
+      for (int r = 0; r < tp; ++r) {
+        const StageParts& p = parts(one, r);
+        for (int d = 0; d < layout.dp; ++d) {
+          const DeviceSpec& dev = devices_.devices[static_cast<size_t>(d * per_replica + s * tp + r)];
+          const double fixed_mem = (first ? p.embed : 0.0) + (last ? p.head : 0.0);
+          const double avail = std::floor(static_cast<double>(dev.memory_bytes) * options_.budget.gpu_memory_utilization) -
+                               static_cast<double>(options_.budget.reserve_bytes) - p.workspace - fixed_mem;
+          const double per_layer_mem = (p.layer_bytes + static_cast<double>(required) * p.kv) / nl;
+          const int64_t cap = avail <= 0 ? 0 : static_cast<int64_t>(std::floor(avail / per_layer_mem));
+          StageModel& m = st[static_cast<size_t>(s)];
+          m.cap = std::min(m.cap, cap);
+          m.per_layer_s = std::max(m.per_layer_s, (p.layer_read + static_cast<double>(ctx) * p.kv) / nl / dev.memory_bandwidth);
+          if (last) m.fixed_s = std::max(m.fixed_s, p.head_read / dev.memory_bandwidth);
+        }
+      }
+    }
+    // Dynamic programme over (stage, layers so far): minimise the slowest
+    // stage, then the sum (one stream passes every stage), each stage within its cap.
+    struct Cell { double max_s; double sum_s; int64_t prev; bool ok; };
+    std::vector<std::vector<Cell>> dp(static_cast<size_t>(pp + 1), std::vector<Cell>(static_cast<size_t>(n + 1), {0, 0, -1, false}));
+    dp[0][0] = {0, 0, -1, true};
+    for (int stage = 1; stage <= pp; ++stage) {
+      const StageModel& m = st[static_cast<size_t>(stage - 1)];
+      for (int64_t k = stage; k <= n; ++k)
+        for (int64_t j = std::max<int64_t>(stage - 1, k - m.cap); j < k; ++j) {
+          const Cell& before = dp[static_cast<size_t>(stage - 1)][static_cast<size_t>(j)];
+          if (!before.ok) continue;
+          const double cost = m.fixed_s + static_cast<double>(k - j) * m.per_layer_s;
+          const Cell cand{std::max(before.max_s, cost), before.sum_s + cost, j, true};
+          Cell& cur = dp[static_cast<size_t>(stage)][static_cast<size_t>(k)];
+          const double eps = 1e-12;
+          if (!cur.ok || cand.max_s < cur.max_s - eps || (cand.max_s <= cur.max_s + eps && cand.sum_s < cur.sum_s - eps))
+            cur = cand;
+        }
+    }
+    if (!dp[static_cast<size_t>(pp)][static_cast<size_t>(n)].ok) return {};
+    std::vector<int64_t> counts(static_cast<size_t>(pp));
+    int64_t k = n;
+    for (int stage = pp; stage >= 1; --stage) {
+      const int64_t j = dp[static_cast<size_t>(stage)][static_cast<size_t>(k)].prev;
+      counts[static_cast<size_t>(stage - 1)] = k - j;
+      k = j;
+    }
+    return counts;
+  }
 
   LayoutEvaluation evaluate(Layout layout) {
     LayoutEvaluation e;
@@ -62,10 +145,7 @@ class Evaluator {
     e.vllm = vllm_check_layout(spec_, layout);
     e.idle_devices = devices_.n_devices() - layout.world_size();
     const int per_replica = layout.ranks_per_replica();
-    const int64_t block = options_.budget.block_size;
-    const int64_t wanted = options_.max_model_len > 0 ? options_.max_model_len
-                                                       : std::min(kMinAutoModelLen, spec_.max_position_embeddings);
-    e.required_tokens = (wanted + block - 1) / block * block;
+    e.required_tokens = required_tokens();
 
     e.headroom_bytes = std::numeric_limits<int64_t>::max();
     e.kv_tokens = std::numeric_limits<int64_t>::max();
@@ -115,6 +195,7 @@ class Evaluator {
         worst_single = t.step;
         e.tp_comm_seconds = t.tp_comm;
         e.pp_comm_seconds = t.pp_comm;
+        e.stage_seconds = t.stage_seconds;
       }
     }
     e.step_seconds_single = worst_single;
@@ -140,20 +221,59 @@ class Evaluator {
     double max_stage = 0;
     double tp_comm = 0;
     double pp_comm = 0;
+    std::vector<double> stage_seconds;
   };
+
+  // One TP rank of a one-stage layout, by part, for the time balance.
+  struct StageParts {
+    double layer_bytes = 0;  // every decoder layer
+    double layer_read = 0;   // what decode reads of them (experts: the fraction one token touches)
+    double embed = 0;        // embed_tokens rows
+    double head = 0;         // lm_head (or tied embedding rows) + final norm
+    double head_read = 0;
+    double kv = 0;           // KV bytes per token, every layer
+    double workspace = 0;
+  };
+  const StageParts& parts(const Layout& one, int tp_rank) {
+    auto key = std::make_tuple(one.tp, one.expert_parallel, one.tensor_split, tp_rank);
+    auto it = parts_.find(key);
+    if (it != parts_.end()) return it->second;
+    StageParts p;
+    const double fraction = moe_expert_fraction(spec_, 1);
+    for (const TensorShard& t : rank_tensors(spec_, tensors_, one, tp_rank, 0)) {
+      const double b = static_cast<double>(t.bytes);
+      if (t.name == "model.embed_tokens.weight") {
+        p.embed += b;
+        if (spec_.tie_word_embeddings) {
+          p.head += b;
+          p.head_read += b;
+        }
+      } else if (t.name == "lm_head.weight" || t.name == "model.norm.weight") {
+        p.head += b;
+        p.head_read += b;
+      } else {
+        p.layer_bytes += b;
+        p.layer_read += t.name.find(".experts.") != std::string::npos ? fraction * b : b;
+      }
+    }
+    p.kv = static_cast<double>(rank_kv_bytes_per_token(spec_, one, tp_rank, 0, options_.budget.kv_cache_dtype));
+    p.workspace = static_cast<double>(workspace_breakdown(spec_, one, tp_rank, 0, options_.budget).total());
+    return parts_.emplace(key, p).first->second;
+  }
 
   // Every decoder layer of a family has the same tensors, so what a rank holds
   // depends on its stage's layer count and on being the first/last stage, not
   // on which layers: budgets and reads are shared across layouts on this key.
   // MoE models whose layers differ (mlp_only_layers) key on the first layer too.
-  using StageKey = std::tuple<int, bool, int, int64_t, bool, bool, bool, int64_t>;  // tp, pp > 1, tp_rank, layers, first, last, EP, begin
+  // tp, pp > 1, tp_rank, layers, first, last, EP, begin, the stage's tensor split
+  using StageKey = std::tuple<int, bool, int, int64_t, bool, bool, bool, int64_t, std::vector<double>>;
   static StageKey stage_key_of(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank) {
     int64_t begin = 0;
     const bool mixed = spec.is_moe() && spec.n_moe_layers() != spec.n_layers;
     if (mixed)
       for (int s = 0; s < pp_rank; ++s) begin += layout.pp_layer_partition[s];
     return {layout.tp, layout.pp > 1, tp_rank, layout.pp_layer_partition[pp_rank], pp_rank == 0,
-            pp_rank == layout.pp - 1, layout.expert_parallel, begin};
+            pp_rank == layout.pp - 1, layout.expert_parallel, begin, stage_split(layout, pp_rank)};
   }
   StageKey stage_key(const Layout& layout, int tp_rank, int pp_rank) const {
     return stage_key_of(spec_, layout, tp_rank, pp_rank);
@@ -216,7 +336,7 @@ class Evaluator {
       if (layout.tp > 1) {
         const int n_hosts = devices_.node_of(first + layout.tp - 1) - devices_.node_of(first) + 1;
         if (n_hosts > 1) link = devices_.inter_node_bandwidth;
-        const double latency = all_reduce_latency(n_hosts);
+        const double latency = all_reduce_latency(n_hosts, inter_latency_);
         const double tp = layout.tp;
         const double all_reduce = 2.0 * (tp - 1) / tp * msg / link + latency;
         const int64_t layers = layout.pp_layer_partition[s];
@@ -226,6 +346,7 @@ class Evaluator {
       }
       t.tp_comm += comm;
       const double stage = compute + comm;
+      t.stage_seconds.push_back(stage);
       t.step += stage;
       t.max_stage = std::max(t.max_stage, stage);
       if (s + 1 < layout.pp) {
@@ -234,7 +355,7 @@ class Evaluator {
         const bool spans = devices_.node_of(a_dev) != devices_.node_of(b_dev);
         const double bw = spans ? devices_.inter_node_bandwidth
                                 : std::min(devices_.devices[a_dev].link_bandwidth, devices_.devices[b_dev].link_bandwidth);
-        const double send = msg / bw + (spans ? kInterNodeLatency : kIntraNodeLatency);
+        const double send = msg / bw + (spans ? inter_latency_ : kIntraNodeLatency);
         t.pp_comm += send;
         t.step += send;
       }
@@ -294,6 +415,8 @@ class Evaluator {
   std::map<std::tuple<StageKey, int64_t>, MemoryBudget> budgets_;
   std::map<StageKey, RankRead> reads_;
   std::map<StageKey, int64_t> kvpt_;
+  std::map<std::tuple<int, bool, std::vector<double>, int>, StageParts> parts_;
+  const double inter_latency_;
 };
 
 // a better than b for the objective; ties: the other objective, then fewer devices, then lower TP.
@@ -308,7 +431,64 @@ bool better(const LayoutEvaluation& a, const LayoutEvaluation& b, Objective obje
   return a.layout.tp < b.layout.tp;
 }
 
+// a preferred to b among the candidate splits of one (TP, PP, DP): fitting
+// first, then the objective (ties keep b, the engine's default), then headroom.
+bool preferred(const LayoutEvaluation& a, const LayoutEvaluation& b, Objective objective) {
+  if (a.fits != b.fits) return a.fits;
+  if (!a.fits) return a.headroom_bytes > b.headroom_bytes;
+  const double sa = objective_score(a, objective), sb = objective_score(b, objective);
+  return sa > sb * (1 + 1e-9);
+}
+
+// Candidate --tensor-split weights for the devices `layout` lands on (replica
+// 0): memory^a × bandwidth^(1−a) per stage, a = 0, 0.1, ..., 1, rounded to
+// 3 decimals so that the printed split is the evaluated one. None when every
+// TP group has identical devices.
+std::vector<std::vector<double>> candidate_splits(const DeviceInventory& devices, const MemoryBudgetOptions& o,
+                                                  const Layout& layout) {
+  if (layout.tp == 1) return {};
+  bool mixed = false;
+  for (int d = 0; d < layout.dp; ++d)
+    for (int st = 0; st < layout.pp; ++st)
+      for (int r = 1; r < layout.tp; ++r) {
+        const DeviceSpec& a = devices.devices[static_cast<size_t>((d * layout.pp + st) * layout.tp)];
+        const DeviceSpec& b = devices.devices[static_cast<size_t>((d * layout.pp + st) * layout.tp + r)];
+        mixed |= a.memory_bytes != b.memory_bytes || a.memory_bandwidth != b.memory_bandwidth;
+      }
+  if (!mixed) return {};
+  std::vector<std::vector<double>> out;
+  for (int step = 0; step <= 10; ++step) {
+    const double a = step / 10.0;
+    std::vector<double> all;
+    bool stages_alike = true;
+    for (int st = 0; st < layout.pp; ++st) {
+      std::vector<double> w;
+      double sum = 0;
+      for (int r = 0; r < layout.tp; ++r) {
+        const DeviceSpec& dev = devices.devices[static_cast<size_t>(st * layout.tp + r)];
+        const double mem = std::max(1.0, static_cast<double>(dev.memory_bytes) * o.gpu_memory_utilization -
+                                             static_cast<double>(o.reserve_bytes));
+        w.push_back(std::pow(mem, a) * std::pow(dev.memory_bandwidth, 1 - a));
+        sum += w.back();
+      }
+      for (double& x : w) x = std::max(0.001, std::round(1000.0 * x / sum) / 1000.0);
+      if (st > 0 && !std::equal(w.begin(), w.end(), all.begin())) stages_alike = false;
+      all.insert(all.end(), w.begin(), w.end());
+    }
+    if (stages_alike) all.resize(static_cast<size_t>(layout.tp));
+    if (std::find(out.begin(), out.end(), all) == out.end()) out.push_back(all);
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<int64_t> time_balanced_partition(const ModelSpec& spec, const DeviceInventory& devices,
+                                             const PlanOptions& options, const Layout& layout) {
+  validate_layout(spec, layout);
+  Evaluator ev(spec, devices, options);
+  return ev.time_partition(layout);
+}
 
 double objective_score(const LayoutEvaluation& e, Objective objective) {
   return objective == Objective::kLatency ? e.single_stream_tok_s : e.aggregate_tok_s;
@@ -338,14 +518,60 @@ Plan make_plan(const ModelSpec& spec, const DeviceInventory& devices, const Plan
   plan.options = options;
   Evaluator evaluator(spec, devices, options);
   const int n = devices.n_devices();
+  const auto& user_split = options.tensor_split;
+  const auto& user_partition = options.pp_layer_partition;
+  if (!user_partition.empty()) {
+    Layout check{1, static_cast<int>(user_partition.size()), 1, user_partition};
+    validate_layout(spec, check);  // sums and entries, with the flag's name
+  }
   for (int tp = 1; tp <= std::min<int64_t>(spec.n_heads, n); ++tp) {
     if (!quantized_tp_ok(spec, tp)) continue;  // slices would cut quantization groups
-    for (int pp = 1; pp <= std::min<int64_t>(spec.n_layers, n / tp); ++pp)
+    for (int pp = 1; pp <= std::min<int64_t>(spec.n_layers, n / tp); ++pp) {
+      if (!user_partition.empty() && static_cast<int>(user_partition.size()) != pp) continue;
+      const size_t n_split = user_split.size();
+      if (n_split > 0 && n_split != static_cast<size_t>(tp) && n_split != static_cast<size_t>(tp * pp)) continue;
       for (int dp = 1; dp <= n / (tp * pp); ++dp) {
-        Layout layout{tp, pp, dp, {}};
+        Layout layout{tp, pp, dp, user_partition};
         layout.expert_parallel = options.expert_parallel && tp > 1;
-        plan.layouts.push_back(evaluator.evaluate(layout));
+        layout.tensor_split = user_split;
+        LayoutEvaluation even = evaluator.evaluate(layout);
+        even.bytes_partition = evaluator.bytes_partition(layout);
+        LayoutEvaluation best = even;
+        // Plan's own choices where the user fixed none: splits for mixed
+        // devices, and the layers balanced by time.
+        std::vector<std::vector<double>> splits{user_split};
+        if (user_split.empty())
+          for (auto& w : candidate_splits(devices, options.budget, layout)) splits.push_back(std::move(w));
+        for (const auto& split : splits) {
+          Layout l = layout;
+          l.tensor_split = split;
+          try {
+            const std::vector<int64_t> bytes = evaluator.bytes_partition(l);
+            if (!split.empty() && split != user_split) {
+              LayoutEvaluation c = evaluator.evaluate(l);
+              c.bytes_partition = bytes;
+              if (preferred(c, best, options.objective)) best = std::move(c);
+            }
+            if (pp > 1 && user_partition.empty()) {
+              std::vector<int64_t> timed = evaluator.time_partition(l);
+              if (!timed.empty() && timed != bytes) {
+                l.pp_layer_partition = timed;
+                LayoutEvaluation c = evaluator.evaluate(l);
+                c.bytes_partition = bytes;
+                c.partition_by_time = true;
+                if (preferred(c, best, options.objective)) best = std::move(c);
+              }
+            }
+          } catch (const Error&) {
+            // A split some unit cannot follow (quantization groups, fewer units than ranks): not a candidate.
+          }
+        }
+        if (best.layout.tensor_split != layout.tensor_split || best.partition_by_time)
+          best.even = {true, even.fits, even.headroom_bytes, even.kv_tokens, even.single_stream_tok_s,
+                       even.aggregate_tok_s, even.layout.pp_layer_partition, even.budgets};
+        plan.layouts.push_back(std::move(best));
       }
+    }
   }
 
   for (int i = 0; i < static_cast<int>(plan.layouts.size()); ++i) {
@@ -383,11 +609,16 @@ std::string shardlm_serve_command(const Plan& plan, const LayoutEvaluation& e) {
   if (plan.options.budget.kv_cache_dtype != KvCacheDType::kAuto)
     out << " --kv-cache-dtype " << kv_dtype_name(plan.options.budget.kv_cache_dtype);
   if (e.layout.expert_parallel) out << " --enable-expert-parallel";
+  if (!e.layout.tensor_split.empty()) out << " --tensor-split " << format_tensor_split(e.layout.tensor_split);
+  if (e.layout.pp > 1 && (e.partition_by_time || !plan.options.pp_layer_partition.empty())) {
+    out << " --pp-layer-partition ";
+    for (size_t i = 0; i < e.layout.pp_layer_partition.size(); ++i) out << (i ? "," : "") << e.layout.pp_layer_partition[i];
+  }
   return out.str();
 }
 
 std::string vllm_serve_command(const Plan& plan, const LayoutEvaluation& e) {
-  if (!e.vllm.accepted) return "";
+  if (!e.vllm.accepted || !e.layout.tensor_split.empty()) return "";
   std::ostringstream out;
   out << "vllm serve " << (plan.hf_repo.empty() ? plan.model_name : plan.hf_repo) << " --tensor-parallel-size "
       << e.layout.tp << " --pipeline-parallel-size " << e.layout.pp << " --data-parallel-size " << e.layout.dp
@@ -406,6 +637,10 @@ nlohmann::json layout_json(const Plan& plan, const LayoutEvaluation& e, bool wit
       {"pp", e.layout.pp},
       {"dp", e.layout.dp},
       {"pp_layer_partition", e.layout.pp_layer_partition},
+      {"pp_partition_by", e.partition_by_time ? "time" : "bytes"},
+      {"bytes_pp_layer_partition", e.bytes_partition},
+      {"stage_seconds_single_stream", e.stage_seconds},
+      {"tensor_split", e.layout.tensor_split.empty() ? nlohmann::json() : nlohmann::json(e.layout.tensor_split)},
       {"expert_parallel", e.layout.expert_parallel},
       {"vllm_pp_layer_partition", e.vllm_partition},
       {"fits", e.fits},
@@ -437,6 +672,23 @@ nlohmann::json layout_json(const Plan& plan, const LayoutEvaluation& e, bool wit
     im.push_back({{"what", i.what}, {"max", i.max}, {"min", i.min}, {"max_rank", i.max_rank}, {"min_rank", i.min_rank},
                   {"percent", i.percent()}});
   j["imbalance"] = im;
+  if (e.even.evaluated)
+    j["even_split"] = {{"fits", e.even.fits},
+                       {"headroom_bytes", e.even.headroom_bytes},
+                       {"kv_tokens_per_replica", e.even.kv_tokens},
+                       {"single_stream_tokens_per_s", e.even.single_stream_tok_s},
+                       {"aggregate_tokens_per_s", e.even.aggregate_tok_s},
+                       {"pp_layer_partition", e.even.pp_layer_partition}};
+  if (!e.layout.tensor_split.empty()) {
+    nlohmann::json stages = nlohmann::json::array();
+    const int n_stages = e.layout.tensor_split.size() > static_cast<size_t>(e.layout.tp) ? e.layout.pp : 1;
+    for (int st = 0; st < n_stages; ++st) {
+      const RealisedSplit r = realised_split(plan.spec, e.layout, st);
+      stages.push_back({{"stage", st}, {"requested", r.requested}, {"q_heads", r.q_heads}, {"mlp_columns", r.mlp},
+                        {"experts", r.experts}, {"vocab", r.vocab}});
+    }
+    j["realised_split"] = stages;
+  }
   if (with_budgets) {
     nlohmann::json replicas = nlohmann::json::array();
     const int per_replica = e.layout.ranks_per_replica();

@@ -27,6 +27,16 @@
 //  - Throughput (B = concurrency): m = min(pp, B) micro-batches in flight; a
 //    round of B tokens takes max(sum of stage times + transfers for one
 //    micro-batch, m × slowest stage time for one micro-batch). DP replicas add up.
+//  - Mixed devices (--gpus with different cards): besides the even split, the
+//    TP ranks of each stage are tried with weights memory^a × bandwidth^(1−a),
+//    a = 0, 0.1, ..., 1 (memory = the usable part: × utilization − reserve),
+//    and the layers with the time-balanced partition below; the best for the
+//    objective is kept, the even split reported beside it.
+//  - PP partition (plan's default): stages balanced by modelled decode time on
+//    each stage's slowest rank (layer reads and KV ÷ bandwidth; the lm_head's
+//    read on the last stage, the embedding's memory on the first), each stage
+//    capped by what its devices' memory holds; kept when it beats the engine's
+//    byte-balanced default, and then printed as --pp-layer-partition.
 //  - C, the typical context: half of --max-model-len, or half of min(chosen
 //    length, 8,192) when the length is chosen automatically.
 #pragma once
@@ -55,10 +65,17 @@ constexpr int64_t kMinAutoModelLen = 2048;
 // (NVLink/PCIe) and across hosts (InfiniBand/Ethernet).
 constexpr double kIntraNodeLatency = 10e-6;
 constexpr double kInterNodeLatency = 30e-6;
+// Default per-hop latency of the link between hosts when
+// --inter-node-latency-us is not given, by the link its bandwidth suggests:
+// ≥ 100 Gb/s is InfiniBand/RoCE with RDMA (NCCL's IB transport, 30 µs per
+// small-message hop), below it TCP sockets over Ethernet (NCCL's socket
+// transport: kernel stack and proxy thread, 100 µs per hop).
+constexpr double kEthernetInterNodeLatency = 100e-6;
+double default_inter_node_latency(double inter_node_bandwidth);
 // Latency of one all-reduce whose ranks span `n_hosts` hosts: one intra-host
 // step, plus a tree across hosts (2⌈log2 n_hosts⌉ inter-host hops, as NCCL's
-// tree algorithm for small messages).
-double all_reduce_latency(int n_hosts);
+// tree algorithm for small messages), each `inter_node_latency` seconds.
+double all_reduce_latency(int n_hosts, double inter_node_latency = kInterNodeLatency);
 
 // Layouts are enumerated exhaustively; beyond this many devices the list (and
 // the per-rank budgets kept for each) grows past what a CLI should print.
@@ -69,6 +86,14 @@ struct PlanOptions {
   bool expert_parallel = false;  // --enable-expert-parallel: every layout with TP > 1 uses EP = TP
   int64_t max_model_len = 0;  // 0 = the largest the chosen layout holds
   Objective objective = Objective::kLatency;
+  // Per-hop latency of the link between hosts, seconds; < 0 = by link type
+  // (default_inter_node_latency).
+  double inter_node_latency = -1;
+  // --tensor-split: only layouts it fits (tp or tp × pp weights) are
+  // evaluated, with that split. Empty: even, or chosen per layout on mixed devices.
+  std::vector<double> tensor_split;
+  // --pp-layer-partition: only layouts with that many stages, with that split.
+  std::vector<int64_t> pp_layer_partition;
 };
 
 // Spread of one kind of work over the ranks of a replica.
@@ -81,8 +106,21 @@ struct Imbalance {
   double percent() const { return min > 0 ? 100.0 * static_cast<double>(max - min) / static_cast<double>(min) : 0.0; }
 };
 
+// The same (TP, PP, DP) with the engine's defaults (even TP split, layers
+// balanced by bytes), for comparison with what plan chose on mixed devices.
+struct EvenSplitResult {
+  bool evaluated = false;  // false when the chosen layout is the even one
+  bool fits = false;
+  int64_t headroom_bytes = 0;
+  int64_t kv_tokens = 0;
+  double single_stream_tok_s = 0;
+  double aggregate_tok_s = 0;
+  std::vector<int64_t> pp_layer_partition;
+  std::vector<std::vector<MemoryBudget>> budgets;  // as LayoutEvaluation::budgets
+};
+
 struct LayoutEvaluation {
-  Layout layout;                              // pp_layer_partition holds shardlm's split
+  Layout layout;                              // pp_layer_partition holds shardlm's split; tensor_split plan's shares
   std::vector<int64_t> vllm_partition;        // vLLM's split of the layers for the same pp
   // budgets[d][r]: replica d, rank r within the replica (tp fastest); rank r of
   // replica d lands on device d × tp × pp + r.
@@ -109,6 +147,10 @@ struct LayoutEvaluation {
   double aggregate_tok_s = 0;      // all replicas
   double tp_comm_seconds = 0;      // per token, one stream: all-reduces + logits gather
   double pp_comm_seconds = 0;      // per token, one stream: stage-boundary sends
+  std::vector<double> stage_seconds;  // per stage, one stream: compute + TP comm (the time balance)
+  std::vector<int64_t> bytes_partition;  // the engine's byte-balanced split of the layers
+  bool partition_by_time = false;   // layout.pp_layer_partition is plan's time balance, not the engine default
+  EvenSplitResult even;             // the even split, when plan chose another
 };
 
 struct Plan {
@@ -142,6 +184,12 @@ double objective_score(const LayoutEvaluation& e, Objective objective);
 std::string shardlm_serve_command(const Plan& plan, const LayoutEvaluation& e);
 // "vllm serve HF --tensor-parallel-size T ..."; "" when vLLM refuses the layout.
 std::string vllm_serve_command(const Plan& plan, const LayoutEvaluation& e);
+
+// Device-aware split of the layers for `layout` (its tensor_split applied):
+// stages balanced by modelled decode time within each stage's memory; empty
+// when no partition fits every stage's memory.
+std::vector<int64_t> time_balanced_partition(const ModelSpec& spec, const DeviceInventory& devices,
+                                             const PlanOptions& options, const Layout& layout);
 
 nlohmann::json layout_json(const Plan& plan, const LayoutEvaluation& e, bool with_budgets);
 nlohmann::json plan_json(const Plan& plan);

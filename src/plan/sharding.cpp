@@ -4,11 +4,13 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "plan/tensor_split.h"
 
 namespace shardlm {
 
 std::string Layout::to_string() const {
-  return str_cat("TP=", tp, " PP=", pp, " DP=", dp, expert_parallel ? str_cat(" EP=", tp) : std::string());
+  return str_cat("TP=", tp, " PP=", pp, " DP=", dp, expert_parallel ? str_cat(" EP=", tp) : std::string(),
+                 tensor_split.empty() ? std::string() : " split " + format_tensor_split(tensor_split));
 }
 
 Range expert_range(int64_t n_experts, int ep, int ep_rank) { return split_even(n_experts, ep, ep_rank); }
@@ -51,6 +53,7 @@ void validate_layout(const ModelSpec& spec, const Layout& layout) {
   if (layout.expert_parallel && !spec.is_moe())
     fail(ErrorCode::kInvalidArgument, "--enable-expert-parallel: ", spec.architecture,
          " is a dense model without experts; drop the flag (it applies to mixture-of-experts models)");
+  check_tensor_split(layout);
   check_quantized_layout(spec, layout);
   if (!layout.pp_layer_partition.empty()) {
     if (static_cast<int>(layout.pp_layer_partition.size()) != layout.pp)
@@ -132,8 +135,10 @@ void check_quantized_layout(const ModelSpec& spec, const Layout& layout) {
   const int64_t inter = spec.is_moe() ? spec.moe_intermediate_size : spec.intermediate_size;
   const int64_t ialign = intermediate_align(spec);
   const std::string what = str_cat(spec.quant.source, " (", spec.quant.describe(), ")");
+  const int n_stages = static_cast<int>(layout.tensor_split.size()) > layout.tp ? layout.pp : 1;
+  for (int st = 0; st < n_stages; ++st)
   for (int r = 0; r < layout.tp; ++r) {
-    const Range heads = split_even(spec.n_heads, layout.tp, r, unit);
+    const Range heads = tp_q_heads(spec, layout, r, st, unit);
     const int64_t g = spec.group_size();
     const Range kv{heads.begin / g, (heads.end + g - 1) / g};
     const int64_t hd = spec.head_dim;
@@ -152,7 +157,7 @@ void check_quantized_layout(const ModelSpec& spec, const Layout& layout) {
       fail(ErrorCode::kInvalidArgument, "--tensor-parallel-size ", layout.tp, ": rank ", r, " would hold KV heads [",
            kv.begin, ", ", kv.end, "), whose k_proj/v_proj rows do not fall on the ", kv_align, "-channel units of ",
            what, "; choose another tensor-parallel size");
-    const Range cols = split_even(inter, layout.tp, r, ialign);
+    const Range cols = tp_range(inter, layout, r, st, ialign, "MLP column units");
     if (cols.begin % ialign != 0 || cols.end % ialign != 0)
       fail(ErrorCode::kInvalidArgument, "--tensor-parallel-size ", layout.tp, ": intermediate_size ", inter,
            " cannot be split into ", layout.tp, " ranges of whole ", ialign, "-column units (quantization groups of ",
@@ -215,20 +220,22 @@ RankShard shard_for(const ModelSpec& spec, const Layout& layout, int tp_rank, in
   RankShard s;
   s.tp_rank = tp_rank;
   s.pp_rank = pp_rank;
-  s.q_heads = split_even(spec.n_heads, layout.tp, tp_rank, head_unit(spec));
+  s.q_heads = tp_q_heads(spec, layout, tp_rank, pp_rank, head_unit(spec));
   const int64_t g = spec.group_size();
   s.kv_heads = {s.q_heads.begin / g, (s.q_heads.end + g - 1) / g};
-  s.intermediate = split_even(spec.intermediate_size, layout.tp, tp_rank, intermediate_align(spec));
+  s.intermediate = tp_range(spec.intermediate_size, layout, tp_rank, pp_rank, intermediate_align(spec), "MLP column units");
   if (spec.is_moe()) {
     if (layout.expert_parallel) {
-      s.experts = expert_range(spec.n_experts, layout.tp, tp_rank);
+      s.experts = layout.tensor_split.empty() ? expert_range(spec.n_experts, layout.tp, tp_rank)
+                                              : tp_range(spec.n_experts, layout, tp_rank, pp_rank, 1, "experts");
       s.expert_intermediate = {0, spec.moe_intermediate_size};
     } else {
       s.experts = {0, spec.n_experts};
-      s.expert_intermediate = split_even(spec.moe_intermediate_size, layout.tp, tp_rank, intermediate_align(spec));
+      s.expert_intermediate = tp_range(spec.moe_intermediate_size, layout, tp_rank, pp_rank, intermediate_align(spec),
+                                       "expert MLP column units");
     }
   }
-  s.vocab = split_even(spec.vocab_size, layout.tp, tp_rank, 16);
+  s.vocab = tp_range(spec.vocab_size, layout, tp_rank, pp_rank, 16, "vocabulary blocks");
   std::vector<int64_t> parts = pipeline_partition(spec, layout);
   int64_t begin = std::accumulate(parts.begin(), parts.begin() + pp_rank, int64_t{0});
   s.layers = {begin, begin + parts[pp_rank]};

@@ -37,10 +37,13 @@ struct Layout {
   // (128 over 6 = 22,22,21,21,21,21); attention stays tensor-parallel. Off:
   // every expert's MLP is split over the TP ranks like a dense MLP.
   bool expert_parallel = false;
+  // --tensor-split (plan/tensor_split.h): relative shares of the TP ranks,
+  // tp entries (every stage alike) or tp × pp (stage-major); empty = even.
+  std::vector<double> tensor_split{};
   int world_size() const { return tp * pp * dp; }
   int ranks_per_replica() const { return tp * pp; }
   int ep() const { return expert_parallel ? tp : 1; }  // expert-parallel degree
-  std::string to_string() const;  // "TP=3 PP=2 DP=1", "TP=6 PP=1 DP=1 EP=6"
+  std::string to_string() const;  // "TP=3 PP=2 DP=1", "TP=6 PP=1 DP=1 EP=6", "TP=2 PP=1 DP=1 split 3,1"
 };
 
 // Rank numbering (TensorRT-LLM's worldConfig): tp fastest, then pp, then dp.
