@@ -577,6 +577,8 @@ std::string render_plan_text(const Plan& plan) {
     out << "\n  " << shardlm_serve_command(plan, rec) << "\n";
     const std::string v = vllm_serve_command(plan, rec);
     if (!v.empty()) out << "  " << v << "\n";
+    else if (!rec.layout.tensor_split.empty())
+      out << "  (vLLM has no --tensor-split: it gives every TP rank an even share)\n";
     else out << "  (vLLM refuses this layout: " << rec.vllm.reason << ")\n";
     if (v.empty() && plan.best_vllm >= 0)
       out << "  closest vLLM layout: " << vllm_serve_command(plan, plan.layouts[plan.best_vllm]) << "\n";

@@ -578,7 +578,8 @@ Plan make_plan(const ModelSpec& spec, const DeviceInventory& devices, const Plan
     const LayoutEvaluation& e = plan.layouts[i];
     if (!e.fits) continue;
     if (plan.recommended < 0 || better(e, plan.layouts[plan.recommended], options.objective)) plan.recommended = i;
-    if (e.vllm.accepted && (plan.best_vllm < 0 || better(e, plan.layouts[plan.best_vllm], options.objective)))
+    // vLLM has no tensor split: its closest layout is an even one.
+    if (e.vllm.accepted && e.layout.tensor_split.empty() && (plan.best_vllm < 0 || better(e, plan.layouts[plan.best_vllm], options.objective)))
       plan.best_vllm = i;
   }
 

@@ -60,7 +60,9 @@ TEST(TensorSplit, CountsAreProportionalWholeAndAtLeastOne) {
       for (size_t i = 0; i < c.size(); ++i) {
         EXPECT_GE(c[i], 1);
         const double ideal = static_cast<double>(n) * w[i] / sum;
-        if (all_whole) EXPECT_LT(std::fabs(static_cast<double>(c[i]) - ideal), 1.0) << n << " part " << i;
+        if (all_whole) {
+          EXPECT_LT(std::fabs(static_cast<double>(c[i]) - ideal), 1.0) << n << " part " << i;
+        }
       }
     }
   }
@@ -189,12 +191,23 @@ TEST(MixedPlan, Qwen32bOnA100AndRtx4090UsesBothDevices) {
     EXPECT_EQ(rec.kv_tokens, std::min(rec.budgets[0][0].n_kv_blocks_capacity, rec.budgets[0][1].n_kv_blocks_capacity) *
                                  o.budget.block_size);
     const std::string cmd = shardlm_serve_command(plan, rec);
-    if (rec.layout.tp == 2) EXPECT_TRUE(contains(cmd, "--tensor-split " + format_tensor_split(rec.layout.tensor_split))) << cmd;
-    if (rec.layout.pp == 2) EXPECT_TRUE(contains(cmd, "--pp-layer-partition")) << cmd;
+    if (rec.layout.tp == 2) {
+      EXPECT_TRUE(contains(cmd, "--tensor-split " + format_tensor_split(rec.layout.tensor_split))) << cmd;
+    }
+    if (rec.layout.pp == 2) {
+      EXPECT_TRUE(contains(cmd, "--pp-layer-partition")) << cmd;
+    }
     const std::string text = render_plan_text(plan);
     EXPECT_TRUE(contains(text, "The even split")) << text;
     EXPECT_TRUE(contains(text, "binds")) << text;
     EXPECT_TRUE(contains(text, cmd)) << text;
+    // vLLM cannot run a split: the closest vLLM command is an even layout's.
+    ASSERT_GE(plan.best_vllm, 0);
+    EXPECT_TRUE(plan.layouts[plan.best_vllm].layout.tensor_split.empty());
+    if (!rec.layout.tensor_split.empty()) {
+      EXPECT_TRUE(contains(text, "vLLM has no --tensor-split")) << text;
+      EXPECT_TRUE(contains(text, "closest vLLM layout: vllm serve")) << text;
+    }
     const nlohmann::json j = plan_json(plan);
     EXPECT_EQ(j["recommended"]["tensor_split"].is_null(), rec.layout.tensor_split.empty());
     EXPECT_TRUE(j["recommended"].contains("even_split"));
