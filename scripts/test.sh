@@ -27,9 +27,18 @@ if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   cuda_start=$SECONDS
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
     -DSHARDLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DSHARDLM_BENCH=OFF
-  cmake --build build-cuda -j"$jobs" --target shardlm_backend_cuda shardlm_comm_nccl shardlm_model \
+  cmake --build build-cuda -j"$jobs" --target shardlm_backend_cuda shardlm_comm_cuda shardlm_comm_nccl shardlm_model \
     cuda_ops_test cuda_backend_test cuda_bandwidth device_local_comm_test
   ctest --test-dir build-cuda --output-on-failure -R '^(Cuda|DeviceLocalComm)'
+  # One GPU needs no NCCL (a bare device image has none): configuring without
+  # it must succeed and leave out only the NCCL communicator.
+  cmake -S . -B build-cuda-nonccl -G Ninja -DSHARDLM_CUDA=ON -DSHARDLM_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DSHARDLM_BENCH=OFF -DSHARDLM_TESTS=ON >/dev/null
+  if ninja -C build-cuda-nonccl -t targets all | grep -q '^shardlm_comm_nccl\b' ||
+     ! ninja -C build-cuda-nonccl -t targets all | grep -q '^device_local_comm_test\b'; then
+    echo "-DSHARDLM_NCCL=OFF: expected device_local_comm_test and no shardlm_comm_nccl target" >&2
+    exit 1
+  fi
   echo "CUDA compile-only pass: $((SECONDS - cuda_start)) s"
 else
   echo "CUDA: /usr/local/cuda/bin/nvcc not found; skipping the compile-only CUDA build"

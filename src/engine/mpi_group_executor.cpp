@@ -169,7 +169,7 @@ void MpiGroupExecutor::make_device_comms(backend::Backend& rank_backend, int wor
   (void)rank_backend;
   (void)world_rank;
   fail(ErrorCode::kUnsupported, "--device ", options_.device.to_string(), " under mpirun needs NCCL: build with ",
-       "-DSHARDLM_CUDA=ON and -DSHARDLM_MPI=ON");
+       "-DSHARDLM_CUDA=ON, -DSHARDLM_MPI=ON and NCCL found (-DSHARDLM_NCCL=ON says why not)");
 #endif
 }
 

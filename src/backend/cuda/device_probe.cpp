@@ -1,7 +1,9 @@
 #include "backend/cuda/device_probe.h"
 
 #include <cuda_runtime.h>
+#if defined(SHARDLM_HAVE_NCCL)
 #include <nccl.h>
+#endif
 
 #include <algorithm>
 #include <cctype>
@@ -27,8 +29,10 @@ GpuReport probe_gpus() {
   r.built_with_cuda = true;
   cudaDriverGetVersion(&r.driver_version);
   cudaRuntimeGetVersion(&r.runtime_version);
+#if defined(SHARDLM_HAVE_NCCL)
   int nccl = 0;
   if (ncclGetVersion(&nccl) == ncclSuccess) r.nccl_version = nccl;
+#endif
   int n = 0;
   const cudaError_t st = cudaGetDeviceCount(&n);
   if (st != cudaSuccess || n == 0) {

@@ -266,11 +266,18 @@ std::unique_ptr<Communicator> NcclComm::split(int color, int key) {
   ncclComm_t sub = nullptr;
   const std::string what = str_cat("split(color ", color, ", key ", key, ")");
   check(ncclCommSplit(comm_, color, key, &sub, &config), what);
-  NcclProbe probe(comm_, nullptr);
-  wait_for_collective(probe, {rank_, size_, what}, timeout_);
+  // Non-blocking: the split is done when the parent is idle and the new
+  // communicator's own initialisation has finished; its rank and size are
+  // undefined until then (asking early crashed or answered size 1).
+  NcclProbe parent(comm_, nullptr);
+  wait_for_collective(parent, {rank_, size_, what}, timeout_);
+  if (sub == nullptr)
+    fail(ErrorCode::kDistributed, "rank ", rank_, " of ", size_, ": ", what, " gave no communicator (NCCL_SPLIT_NOCOLOR?)");
+  NcclProbe child(sub, nullptr);
+  wait_for_collective(child, {rank_, size_, what + ": the new communicator's setup"}, timeout_);
   int sub_rank = 0, sub_size = 1;
-  ncclCommUserRank(sub, &sub_rank);
-  ncclCommCount(sub, &sub_size);
+  check(ncclCommUserRank(sub, &sub_rank), what + ": ncclCommUserRank");
+  check(ncclCommCount(sub, &sub_size), what + ": ncclCommCount");
   return std::unique_ptr<Communicator>(new NcclComm(sub, sub_rank, sub_size, device_));
 }
 
