@@ -24,12 +24,13 @@
 #      GPU_CHECK_LOGIT_TOL (2%) of max |logit|, and greedy tokens equal up to
 #      the first near-tie (the GPU rounds matmul inputs to bf16, the CPU keeps
 #      f32: a flip where the CPU's top two logits are that close is no bug);
+#      the trained demo model's perplexity on its held-out text within 0.5%;
 #      decode steps replayed from CUDA graphs (--cuda-graphs on) against
 #      eager ones (off), and greedy tokens sampled on the device against the
 #      host sampler's: the same backend, so these must be equal;
 #   3. TP 2, 3, 4, 6 on the one device (ranks as threads sharing it through
 #      the device-local communicator) giving the TP1 tokens;
-#   4. decode tok/s at batch 1, 8, 64 on full-depth Qwen2.5-1.5B and 7B
+#   4. prefill tok/s (one 512-token sequence) and decode tok/s at batch 1, 8, 64 on full-depth Qwen2.5-1.5B and 7B
 #      shapes against the HBM roofline (bytes read per step / the device's
 #      measured copy bandwidth), and the issue's two targets on the 7B shape
 #      (with graphs, the default); the 1.5B shape again with --cuda-graphs off
@@ -42,7 +43,8 @@
 # Environment: GPU_BUILD_DIR (build-gpu), GPU_WORK_DIR (/tmp/shardlm-gpu-check,
 # the synthetic checkpoints, ~28 GB), GPU_JOBS (nproc), GPU_ARCH (90),
 # GPU_PEAK_TFLOPS (989: H100/H200 SXM dense BF16, for the compute bound),
-# GPU_CHECK_DEADLINE (540 s for --run), GPU_CHECK_LOGIT_TOL (0.02).
+# GPU_CHECK_DEADLINE (540 s for --run), GPU_CHECK_LOGIT_TOL (0.02),
+# GPU_CHECK_PPL_TOKENS (4096: held-out tokens scored for the perplexity check).
 # GPU_CHECK_DRY_RUN=1 checks this script's own logic on a machine without a
 # GPU: --prepare builds without CUDA, --run uses --device cpu for cuda on
 # small shapes (and --cuda-graphs off for on, since the CPU refuses on); the
@@ -73,6 +75,7 @@ peak_tflops=${GPU_PEAK_TFLOPS:-989}
 dry=${GPU_CHECK_DRY_RUN:-0}
 deadline=${GPU_CHECK_DEADLINE:-540}
 logit_tol=${GPU_CHECK_LOGIT_TOL:-0.02}
+ppl_tokens=${GPU_CHECK_PPL_TOKENS:-4096}
 dev=cuda graphs_on=on sampling_on=device
 like_a=qwen2.5-7b like_b=qwen3-8b like_small=qwen2.5-1.5b like_big=qwen2.5-7b layers_full=0
 if [[ $dry == 1 ]]; then
@@ -355,6 +358,21 @@ same_tokens() {  # same_tokens DIR
 }
 step "2 tokens qwen2.5-7b (4 layers)" 150 same_tokens "$work/qwen2.5-7b-4l"
 step "2 tokens qwen3-8b (4 layers)" 150 same_tokens "$work/qwen3-8b-4l"
+# The trained demo model (bf16, in the tree): perplexity on its held-out
+# text, CPU against CUDA, within 0.5%.
+ppl_of() {  # ppl_of DEVICE
+  "$cli" perplexity models/shardlm-demo models/shardlm-demo/heldout.txt --json --max-tokens "$ppl_tokens" \
+    --kv-cache-dtype bf16 --device "$1" 2>>"$work/tokens_stderr.log" | sed -n 's/.*"perplexity":\([0-9.e+-]*\).*/\1/p'
+}
+same_perplexity() {
+  local on_cpu on_dev
+  on_cpu=$(ppl_of cpu) && on_dev=$(ppl_of "$dev") || return 1
+  [[ -n $on_cpu && -n $on_dev ]] || { echo "no perplexity: cpu [$on_cpu] $dev [$on_dev]"; return 1; }
+  awk -v c="$on_cpu" -v g="$on_dev" -v n="$ppl_tokens" 'BEGIN { r = (g - c) / c; if (r < 0) r = -r;
+    printf "demo model, %d held-out tokens: perplexity %.4f on the CPU, %.4f on the device (%.3f%% apart, at most 0.5%%)\n", n, c, g, 100 * r;
+    exit !(r <= 0.005) }'
+}
+step "2 perplexity demo model" 120 same_perplexity
 graphs_same() {  # graphs_same DIR: decode replayed from CUDA graphs gives the eager tokens
   local eager graphed replays
   eager=$(tokens "$1" "$dev" 1 off) || return 1
@@ -423,8 +441,15 @@ decode_row() {  # decode_row LIKE BATCH
       tps, 100 * tps / (b / t_mem), b / t_mem, bytes / 1e9, b / t, kind }' |
     tee "$work/decode_${1}_$2.txt"
 }
+prefill_row() {  # prefill_row LIKE: one sequence's 512-token prefill, timed in the same load
+  local tps
+  tps=$(sed -n 's/.*"prefill_tok_per_s":\([0-9.e+-]*\).*/\1/p' "$work/decode_$1.jsonl" 2>/dev/null | head -n 1)
+  [[ -n $tps ]] || { echo "no prefill result (see $work/decode_$1.jsonl)"; return 1; }
+  echo "prefill of 512 tokens: $tps tok/s"
+}
 for like in qwen2.5-1.5b qwen2.5-7b; do
   step "4 decode $like (one load)" 180 decode_runs "$work/$like-full" "$like"
+  step "4 prefill $like" 10 prefill_row "$like"
   for b in 1 8 64; do step "4 decode $like batch $b" 10 decode_row "$like" "$b"; done
 done
 # The same 1.5B rows without graphs (eager launches), for the comparison.

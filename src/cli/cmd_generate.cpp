@@ -166,9 +166,13 @@ int run_decode_bench(const GenerateCliOptions& o) {
                           {"tok_per_s", r.tokens_per_second}, {"ms_per_step", 1e3 * r.seconds / r.n_steps},
                           {"weight_bytes", r.weight_bytes}, {"kv_bytes_read_per_step", r.kv_bytes_read},
                           {"bytes_per_step", r.bytes_per_step()}, {"cuda_graphs", d.graphs.enabled},
-                          {"graph_replays", r.graph_replays}};
+                          {"graph_replays", r.graph_replays}, {"prefill_tokens", r.prefill_tokens},
+                          {"prefill_tok_per_s", r.prefill_tokens_per_second()}};
       std::printf("%s\n", j.dump().c_str());
     } else {
+      if (k == 0)
+        std::printf("prefill of %lld tokens on %s, %s: %.1f tok/s\n", static_cast<long long>(r.prefill_tokens),
+                    d.device.to_string().c_str(), d.layout.to_string().c_str(), r.prefill_tokens_per_second());
       std::printf("decode batch %lld at context %lld on %s, %s: %.1f tok/s (%.3f ms/step; %lld bytes read per step)\n",
                   static_cast<long long>(batches[k]), static_cast<long long>(d.context), d.device.to_string().c_str(),
                   d.layout.to_string().c_str(), r.tokens_per_second, 1e3 * r.seconds / r.n_steps,

@@ -30,6 +30,7 @@ std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::
   std::vector<DecodeBenchResult> results(batches.size());
   std::mutex mu;
   int64_t weight_bytes = 0, kv_bytes_per_token = 0;
+  double prefill_seconds = 0.0;
   run_rank_group(o.layout, o.device, std::max(1, static_cast<int>(hw) / n_ranks), [&](RankContext& r) {
     auto model = CausalLM::load(spec, weights, o.layout, r.tp_rank, r.pp_rank, *r.comms.tp, *r.comms.pp, r.backend);
     KvCache cache = model->make_kv_cache(max_batch * blocks_per_seq, o.block_size, o.kv_dtype);
@@ -46,6 +47,30 @@ std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::
       graphs = model->enable_decode_graphs(g);
     }
     std::vector<float> logits(static_cast<size_t>(max_batch * spec.vocab_size));
+    {
+      // Prefill: sequence 0's `context` tokens in one chunk (eager, as the
+      // engine runs prefill), once to warm up, then timed.
+      ForwardBatch prefill;
+      SequenceChunk& c = prefill.seqs.emplace_back();
+      c.n_tokens = static_cast<int32_t>(o.context);
+      c.n_past = 0;
+      c.need_logits = true;
+      for (int64_t b = 0; b < blocks_per_seq; ++b) c.block_table.push_back(static_cast<int32_t>(b));
+      for (int64_t t = 0; t < o.context; ++t)
+        prefill.token_ids.push_back(static_cast<int32_t>((t * 104729 + 3) % spec.vocab_size));
+      model->forward(prefill, cache, model->is_driver() ? logits.data() : nullptr);
+      r.backend->synchronize();
+      r.world.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      model->forward(prefill, cache, model->is_driver() ? logits.data() : nullptr);
+      r.backend->synchronize();
+      r.world.barrier();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (model->is_driver()) {
+        std::lock_guard<std::mutex> lock(mu);
+        prefill_seconds = seconds;
+      }
+    }
     for (size_t k = 0; k < batches.size(); ++k) {
       // Sequence s owns blocks [s × blocks_per_seq, (s + 1) × blocks_per_seq);
       // its cached keys and values are whatever the cache holds: the work of
@@ -91,6 +116,8 @@ std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::
     res.tokens_per_second = static_cast<double>(batches[k] * o.n_steps) / std::max(res.seconds, 1e-12);
     res.weight_bytes = weight_bytes;
     res.kv_bytes_read = batches[k] * mean_positions * kv_bytes_per_token;
+    res.prefill_tokens = o.context;
+    res.prefill_seconds = prefill_seconds;
   }
   return results;
 }

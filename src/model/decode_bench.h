@@ -1,4 +1,4 @@
-// Decode throughput of a layout on a device: `batch` sequences that each
+// Decode (and prefill) throughput of a layout on a device: `batch` sequences that each
 // already hold `context` tokens of KV cache, stepped one token at a time,
 // the way the engine runs a decode step (logits of every sequence come back
 // to the host). For `shardlm generate --decode-bench B` and the GPU check,
@@ -40,6 +40,11 @@ struct DecodeBenchResult {
   int64_t kv_bytes_read = 0;     // KV bytes the timed steps read, mean per step (every rank)
   int64_t graph_replays = 0;     // steps of this batch the driver replayed from a graph (timed and warm-up)
   std::string graphs;            // the driver's "CUDA graphs: ..." line ("" when not asked for)
+  // One sequence's prefill of `context` tokens, timed once after an untimed
+  // one (the same for every batch of a load: it is measured before them).
+  int64_t prefill_tokens = 0;
+  double prefill_seconds = 0.0;
+  double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0.0; }
   int64_t bytes_per_step() const { return weight_bytes + kv_bytes_read; }
 };
 

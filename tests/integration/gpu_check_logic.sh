@@ -3,6 +3,8 @@
 # time it meets one):
 #   - --prepare gathers the binaries into a pack whose libraries resolve with
 #     nothing but the pack on the library path;
+#   - --run (GPU_CHECK_DRY_RUN=1) runs every step on the CPU, and every row
+#     that needs no GPU binary passes;
 #   - --run stops a step that never ends at the overall deadline, still prints
 #     the table and saves its logs to $OUT, exits non-zero and leaves no
 #     process behind;
@@ -38,6 +40,22 @@ grep -Eq '^[0-9]+ passed, [1-9][0-9]* failed$' "$tmp/run.out" || fail "no summar
 grep -q 'simulated hang' "$tmp/out/gpu-check-table.txt" || fail "the saved table does not name the step"
 left=$(pgrep -f 'sleep 100000' || true)
 [[ -z $left ]] || fail "processes left behind by the deadline: $left"
+
+# The whole sequence with --device cpu standing in (exit 3: nothing ran on a
+# GPU): every row passes but those that need a GPU binary or a GPU's speed.
+mkdir -p "$tmp/out-dry"
+GPU_CHECK_DRY_RUN=1 GPU_CHECK_PPL_TOKENS=1024 GPU_WORK_DIR=$tmp/work OUT=$tmp/out-dry \
+  bash "$script" --run "$tmp/pack" >"$tmp/dry.out" 2>&1
+rc=$?
+[[ $rc == 3 ]] || { cat "$tmp/dry.out" >&2; fail "the dry run exited $rc, expected 3"; }
+unexpected=$(sed -n '/^check  /,$p' "$tmp/dry.out" | grep -E '^[^ ].* (FAIL|PASS) ' | grep ' FAIL ' |
+  grep -Ev '^(1 kernels vs CPU reference|1 CudaBackend vs CPU reference|HBM copy bandwidth|3 device-local communicator|target: )' || true)
+[[ -z $unexpected ]] || { cat "$tmp/dry.out" >&2; fail "dry-run rows failed: $unexpected"; }
+for row in '2 tokens qwen2.5-7b' '2 perplexity demo model' '3 tp 6 on one device' '4 prefill qwen2.5-7b' \
+  '4 decode qwen2.5-7b batch 64' '5 serve+bench concurrency 16'; do
+  grep -q "^$row .*PASS" "$tmp/dry.out" || { cat "$tmp/dry.out" >&2; fail "no passing row '$row'"; }
+done
+[[ -s $tmp/out-dry/gpu-check-serve.log ]] || fail "the dry run saved no serve log to \$OUT: $(ls "$tmp/out-dry")"
 
 # The float comparisons (f32 little-endian logit files).
 /usr/bin/python3 - "$tmp" <<'PY'

@@ -30,6 +30,9 @@ TEST(DecodeBench, TimesStepsAndCountsWeightAndKvBytes) {
     EXPECT_EQ(r.kv_bytes_read, 3 * 7 * (2 * 2 * 4 * 128 * 2)) << "tp " << tp;
     EXPECT_GT(r.weight_bytes, 2 * 300 * 256 * 2);  // at least the embedding and lm_head
     EXPECT_EQ(r.bytes_per_step(), r.weight_bytes + r.kv_bytes_read);
+    EXPECT_EQ(r.prefill_tokens, 5);  // one sequence's context, in one chunk
+    EXPECT_GT(r.prefill_seconds, 0.0);
+    EXPECT_NEAR(r.prefill_tokens_per_second(), 5.0 / r.prefill_seconds, 1e-6 * r.prefill_tokens_per_second());
   }
 }
 
@@ -46,6 +49,7 @@ TEST(DecodeBench, SeveralBatchesOverOneLoad) {
   EXPECT_EQ(r[0].weight_bytes, r[1].weight_bytes);
   EXPECT_EQ(r[1].kv_bytes_read, 4 * r[0].kv_bytes_read);  // same positions, four sequences
   EXPECT_GT(r[1].tokens_per_second, 0.0);
+  EXPECT_EQ(r[0].prefill_seconds, r[1].prefill_seconds);  // measured once per load
   EXPECT_THROW(decode_bench_batches(spec, w, o, {}), Error);
 }
 
