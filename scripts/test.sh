@@ -14,8 +14,11 @@ jobs=$(nproc)
 # Compiling is most of the suite's time on a 2-core machine, so neither pass
 # carries full debug info: -O2 without -g here, and line tables only (-g1,
 # enough for file:line in sanitizer reports) in the second pass.
+# Every option a pass depends on is stated: a build folder that demo.sh (or
+# an earlier run) configured keeps its CMake cache.
 BUILD_DIR=build BUILD_TYPE=Release bash scripts/build.sh -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
-  -DSHARDLM_TESTS=ON -DSHARDLM_COLD_TEST_CXX_FLAGS=-O0
+  -DSHARDLM_TESTS=ON -DSHARDLM_COLD_TEST_CXX_FLAGS=-O0 -DSHARDLM_BENCH=ON -DSHARDLM_CUDA=OFF -DSHARDLM_SANITIZE=OFF \
+  -DSHARDLM_TSAN=OFF -DSHARDLM_NATIVE=ON
 ctest --test-dir build --output-on-failure --no-tests=error -j"$jobs" --timeout 600
 
 # CUDA, compile only (CI has no GPU), so the backend never rots: only the
@@ -53,6 +56,7 @@ fi
 # integration (real clients against a server process) ran in the first pass;
 # under ASan they would only repeat the same code paths many times slower.
 BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DSHARDLM_TESTS=ON -DSHARDLM_SANITIZE=ON -DSHARDLM_NATIVE=OFF \
+  -DSHARDLM_CUDA=OFF -DSHARDLM_TSAN=OFF \
   -DSHARDLM_BENCH=OFF -DCMAKE_CXX_FLAGS=-O0 -DSHARDLM_HOT_CXX_FLAGS=-O1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure --no-tests=error -j"$jobs" --timeout 900 -LE 'slow|reference|integration'

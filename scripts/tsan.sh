@@ -12,7 +12,7 @@ build_dir=${BUILD_DIR:-build-tsan}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 t0=$(date +%s)
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSHARDLM_TSAN=ON -DSHARDLM_NATIVE=OFF -DSHARDLM_BENCH=OFF \
-  -DSHARDLM_MPI=OFF -DCMAKE_CXX_FLAGS=-O0 -DSHARDLM_HOT_CXX_FLAGS=-O1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 > /dev/null
+  -DSHARDLM_MPI=OFF -DSHARDLM_CUDA=OFF -DSHARDLM_SANITIZE=OFF -DCMAKE_CXX_FLAGS=-O0 -DSHARDLM_HOT_CXX_FLAGS=-O1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 > /dev/null
 targets=(shardlm engine_test mpi_group_executor_test local_comm_test http_server_test router_test serve_faults_test)
 cmake --build "$build_dir" -j"$(nproc)" --target "${targets[@]}"
 t1=$(date +%s)
