@@ -44,29 +44,39 @@ bool parse_kv_cache_dtype(std::string_view text, KvCacheDType* out) {
   return true;
 }
 
-int64_t WorkspaceBreakdown::total() const { return hidden + std::max(attention, mlp) + reduce + pipeline + logits; }
+int64_t WorkspaceBreakdown::total() const { return hidden + attention + mlp + reduce + pipeline + logits + sampler; }
 
 WorkspaceBreakdown workspace_breakdown(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
                                        const MemoryBudgetOptions& options) {
   const RankShard s = shard_for(spec, layout, tp_rank, pp_rank);
-  const int64_t a = static_cast<int64_t>(dtype_size(spec.dtype));
+  // Both backends keep activations in f32 (Backend::activation_dtype()),
+  // whatever the weights' dtype; the buffers below are the model's
+  // (CausalLM::reserve_step_buffers, Workspace::reserve), all live at once.
+  const int64_t a = 4;
   const int64_t t = options.max_num_batched_tokens;
   const int64_t seqs = options.max_num_seqs;
   const int64_t h = spec.hidden_size;
   WorkspaceBreakdown w;
-  w.hidden = 2 * t * h * a;
+  w.hidden = 3 * t * h * a;
   w.attention = t * (2 * s.q_heads.size() + 2 * s.kv_heads.size()) * spec.head_dim * a;
-  // Dense layers: gate, up and act(gate)·up over the rank's columns. MoE layers:
-  // every token's k expert rows, at most min(k, experts held) of them per token here.
+  // Dense layers: gate and up over the rank's columns (act(gate)·up is written
+  // over gate). MoE layers: the router's logits and each token's top-k ids and weights.
   const bool has_dense = !spec.is_moe() || spec.n_moe_layers() < spec.n_layers;
-  w.mlp = has_dense ? 3 * t * s.intermediate.size() * a : 0;
+  w.mlp = has_dense ? 2 * t * s.intermediate.size() * a : 0;
   if (spec.is_moe()) {
-    const int64_t rows = t * std::min<int64_t>(std::max<int64_t>(1, spec.n_experts_per_token), s.experts.size());
-    w.mlp = std::max(w.mlp, 3 * rows * s.expert_intermediate.size() * a + t * spec.n_experts * 4 /* router logits f32 */);
+    const int64_t k = std::max<int64_t>(1, spec.n_experts_per_token);
+    // + the expert op's scratch (backend/moe_ops.cpp: the rows routed to one
+    // expert gathered, their outputs, gate and up; host vectors the allocator
+    // does not meter), at its worst: every token routed to one expert.
+    w.mlp += t * spec.n_experts * a + 2 * t * k * 4 + t * (2 * h + 2 * s.expert_intermediate.size()) * 4;
   }
-  w.reduce = layout.tp > 1 ? t * h * 4 : 0;
-  w.pipeline = layout.pp > 1 ? t * h * a : 0;
-  w.logits = s.last_stage ? seqs * s.vocab.size() * 4 + 2 * seqs * spec.vocab_size * 4 : 0;
+  w.reduce = 0;    // all-reduces run in place on the projection output
+  w.pipeline = 0;  // stages send and receive the residual-stream buffer itself
+  if (s.last_stage) {
+    w.logits = seqs * h * a + seqs * spec.vocab_size * 4;  // last positions' hidden, the f32 logits returned
+    if (layout.tp > 1) w.logits += seqs * s.vocab.size() * a + seqs * spec.vocab_size * a;  // local, gathered
+    w.sampler = 2 * seqs * spec.vocab_size * 4;  // the host sampler's probabilities
+  }
   return w;
 }
 
@@ -174,6 +184,7 @@ nlohmann::json memory_budget_json(const MemoryBudget& b) {
             {"mlp", b.workspace.mlp},
             {"reduce", b.workspace.reduce},
             {"pipeline", b.workspace.pipeline},
+            {"sampler", b.workspace.sampler},
             {"logits", b.workspace.logits}}},
           {"reserve_bytes", b.reserve_bytes},
           {"usable_bytes", b.usable_bytes},

@@ -43,17 +43,23 @@ struct MemoryBudgetOptions {
   int64_t reserve_bytes = kDefaultGpuReserveBytes;
 };
 
-// Activation/workspace bytes of one rank for one step, by part. Activations
-// live one layer at a time (each layer's buffers are reused by the next), so
-// the peak is the hidden-state buffers plus the larger of the attention and
-// MLP blocks; T = max_num_batched_tokens, a = activation (weight) dtype bytes:
-//   hidden    = 2·T·hidden_size·a              residual stream + normed input
+// Activation/workspace bytes of one rank for one step, by part: the buffers
+// the model allocates (model/causal_lm.cpp reserve_step_buffers, and
+// model/layers.cpp Workspace::reserve), all live at once and reused by every
+// layer; tests/model/workspace_accounting_test.cpp measures them against
+// this. T = max_num_batched_tokens, S = max_num_seqs, a = 4 (activations are
+// f32 on both backends, whatever the weights' dtype):
+//   hidden    = 3·T·hidden_size·a     residual stream, normed input, projection output
 //   attention = T·(2·q_heads + 2·kv_heads)·head_dim·a   q, k, v and attention output of this rank
-//   mlp       = 3·T·inter_slice·a (× experts_per_token for MoE)   gate, up, act(gate)·up
-//   reduce    = T·hidden_size·4                f32 partial sums for the all-reduce (tp > 1)
-//   pipeline  = T·hidden_size·a                send/recv buffer between stages (pp > 1)
-//   logits    = S·vocab_slice·4 + 2·S·vocab·4  last stage only: this rank's f32 logits, the gathered
-//                                              logits and the sampler's probabilities (S = max_num_seqs)
+//   mlp       = 2·T·inter_slice·a (dense layers: gate, up)
+//               + T·n_experts·a + 2·T·top_k·4 (MoE: router logits, top-k ids and weights)
+//               + T·(2·hidden_size + 2·expert_inter_slice)·4 (MoE: the expert op's scratch, at worst)
+//   reduce, pipeline = 0              all-reduces run in place; stages send the residual stream
+//   logits    = S·hidden_size·a + S·vocab·4 (+ S·vocab_slice·a + S·vocab·a when tp > 1)
+//               last stage only: the last positions' hidden, the logits returned (local, gathered)
+//   sampler   = 2·S·vocab·4           last stage: the host sampler's probabilities
+// CUDA's own scratch (bf16 copies of GEMM inputs, the decode-attention
+// partitions) is not counted here: it falls in the runtime reserve.
 struct WorkspaceBreakdown {
   int64_t hidden = 0;
   int64_t attention = 0;
@@ -61,7 +67,8 @@ struct WorkspaceBreakdown {
   int64_t reduce = 0;
   int64_t pipeline = 0;
   int64_t logits = 0;
-  int64_t total() const;  // hidden + max(attention, mlp) + reduce + pipeline + logits
+  int64_t sampler = 0;
+  int64_t total() const;  // the sum of the parts
 };
 
 WorkspaceBreakdown workspace_breakdown(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,

@@ -58,24 +58,25 @@ TEST(MemoryBudget, Qwen7bAtTp6PerRankByHand) {
 
   // Rank 0's whole budget on an A100-40GB (40,536 MiB = 42,505,076,736 B):
   //  budget    = floor(42,505,076,736 × 0.9) = 38,254,569,062
-  //  workspace = hidden 2·8192·3584·2 = 117,440,512
-  //            + max(attention 8192·(2·5+2·1)·128·2 = 25,165,824, mlp 3·8192·3168·2 = 155,713,536)
-  //            + reduce 8192·3584·4 = 117,440,512
-  //            + logits 8·25344·4 + 2·8·152064·4 = 811,008 + 9,732,096 = 10,543,104   → 401,137,664
-  //  usable    = 38,254,569,062 − 2,579,562,496 − 401,137,664 − 1,073,741,824 = 34,200,127,078
-  //  blocks    = floor(34,200,127,078 / (14,336 · 16 = 229,376)) = 149,100 → 2,385,600 tokens
+  //  workspace (f32 activations) = hidden 3·8192·3584·4 = 352,321,536
+  //            + attention 8192·(2·5+2·1)·128·4 = 50,331,648 + mlp 2·8192·3168·4 = 207,618,048
+  //            + logits 8·3584·4 + 8·152064·4 + 8·25344·4 + 8·152064·4 = 10,657,792
+  //            + sampler 2·8·152064·4 = 9,732,096                                 → 630,661,120
+  //  usable    = 38,254,569,062 − 2,579,562,496 − 630,661,120 − 1,073,741,824 = 33,970,603,622
+  //  blocks    = floor(33,970,603,622 / (14,336 · 16 = 229,376)) = 148,100 → 2,369,600 tokens
   const MemoryBudget b = compute_memory_budget(spec, tp6, 0, 0, mem, o);
   EXPECT_EQ(b.budget_bytes, 38254569062LL);
-  EXPECT_EQ(b.workspace.hidden, 117440512);
-  EXPECT_EQ(b.workspace.attention, 25165824);
-  EXPECT_EQ(b.workspace.mlp, 155713536);
-  EXPECT_EQ(b.workspace.reduce, 117440512);
-  EXPECT_EQ(b.workspace.logits, 10543104);
-  EXPECT_EQ(b.workspace_bytes, 401137664);
-  EXPECT_EQ(b.usable_bytes, 34200127078LL);
-  EXPECT_EQ(b.n_kv_blocks, 149100);
-  EXPECT_EQ(b.n_kv_tokens, 2385600);
-  EXPECT_EQ(b.kv_cache_bytes, 149100LL * 229376);
+  EXPECT_EQ(b.workspace.hidden, 352321536);
+  EXPECT_EQ(b.workspace.attention, 50331648);
+  EXPECT_EQ(b.workspace.mlp, 207618048);
+  EXPECT_EQ(b.workspace.reduce, 0);
+  EXPECT_EQ(b.workspace.logits, 10657792);
+  EXPECT_EQ(b.workspace.sampler, 9732096);
+  EXPECT_EQ(b.workspace_bytes, 630661120);
+  EXPECT_EQ(b.usable_bytes, 33970603622LL);
+  EXPECT_EQ(b.n_kv_blocks, 148100);
+  EXPECT_EQ(b.n_kv_tokens, 2369600);
+  EXPECT_EQ(b.kv_cache_bytes, 148100LL * 229376);
   EXPECT_TRUE(b.fits());
 }
 
@@ -83,18 +84,19 @@ TEST(MemoryBudget, TokensThatFitOnOneDevice) {
   const ModelSpec spec = catalog_model_spec("qwen2.5-7b");
   MemoryBudgetOptions o;
   // 24 GiB = 25,769,803,776 B; × 0.9 → 23,192,823,398.
-  // Workspace at TP=1: hidden 117,440,512 + mlp 3·8192·18944·2 = 931,135,488 (> attention
-  // 8192·(56+8)·128·2 = 134,217,728) + logits 8·152064·4 + 2·8·152064·4 = 14,598,144 → 1,063,174,144.
-  // usable = 23,192,823,398 − 15,231,233,024 − 1,063,174,144 − 1,073,741,824 = 5,824,674,406
-  // bf16: / (57,344 · 16 = 917,504) = 6,348 blocks = 101,568 tokens.
-  // fp8:  / (28,672 · 16 = 458,752) = 12,696 blocks = 203,136 tokens.
+  // Workspace at TP=1: hidden 352,321,536 + attention 8192·(56+8)·128·4 = 268,435,456
+  // + mlp 2·8192·18944·4 = 1,241,513,984 + logits 8·3584·4 + 8·152064·4 = 4,980,736
+  // + sampler 9,732,096 → 1,876,983,808.
+  // usable = 23,192,823,398 − 15,231,233,024 − 1,876,983,808 − 1,073,741,824 = 5,010,864,742
+  // bf16: / (57,344 · 16 = 917,504) = 5,461 blocks = 87,376 tokens.
+  // fp8:  / (28,672 · 16 = 458,752) = 10,922 blocks = 174,752 tokens.
   const int64_t mem = 24LL << 30;
   MemoryBudget b = compute_memory_budget(spec, Layout{}, 0, 0, mem, o);
-  EXPECT_EQ(b.usable_bytes, 5824674406LL);
-  EXPECT_EQ(b.n_kv_blocks, 6348);
-  EXPECT_EQ(b.n_kv_tokens, 101568);
+  EXPECT_EQ(b.usable_bytes, 5010864742LL);
+  EXPECT_EQ(b.n_kv_blocks, 5461);
+  EXPECT_EQ(b.n_kv_tokens, 87376);
   o.kv_cache_dtype = KvCacheDType::kFp8;
-  EXPECT_EQ(compute_memory_budget(spec, Layout{}, 0, 0, mem, o).n_kv_tokens, 203136);
+  EXPECT_EQ(compute_memory_budget(spec, Layout{}, 0, 0, mem, o).n_kv_tokens, 174752);
   // 16 GiB: 15,461,882,265 budget < 15.2 GB weights + workspace + reserve: no blocks, negative usable.
   b = compute_memory_budget(spec, Layout{}, 0, 0, 16LL << 30, o);
   EXPECT_FALSE(b.fits());
@@ -104,7 +106,7 @@ TEST(MemoryBudget, TokensThatFitOnOneDevice) {
   o.gpu_memory_utilization = 1.0;
   o.reserve_bytes = 0;
   b = compute_memory_budget(spec, Layout{}, 0, 0, 64LL << 30, o);
-  EXPECT_EQ(b.usable_bytes, (64LL << 30) - 15231233024LL - 1063174144LL);
+  EXPECT_EQ(b.usable_bytes, (64LL << 30) - 15231233024LL - 1876983808LL);
 }
 
 TEST(MemoryBudget, ReplicaHoldsItsTightestRank) {
@@ -129,9 +131,11 @@ TEST(MemoryBudget, PipelineStagesHoldTheirLayersKv) {
   EXPECT_EQ(rank_kv_bytes_per_token(spec, pp2, 0, 0, KvCacheDType::kAuto), 20480);
   EXPECT_EQ(rank_kv_bytes_per_token(spec, pp2, 0, 1, KvCacheDType::kAuto), 36864);
   MemoryBudgetOptions o;
-  // Only the last stage carries logits; both carry the pipeline buffer 8192·3584·2 = 58,720,256.
+  // Only the last stage carries logits and the sampler; stages send the residual stream itself.
   EXPECT_EQ(compute_memory_budget(spec, pp2, 0, 0, 40LL << 30, o).workspace.logits, 0);
-  EXPECT_EQ(compute_memory_budget(spec, pp2, 0, 0, 40LL << 30, o).workspace.pipeline, 58720256);
+  EXPECT_EQ(compute_memory_budget(spec, pp2, 0, 0, 40LL << 30, o).workspace.sampler, 0);
+  EXPECT_GT(compute_memory_budget(spec, pp2, 0, 1, 40LL << 30, o).workspace.sampler, 0);
+  EXPECT_EQ(compute_memory_budget(spec, pp2, 0, 0, 40LL << 30, o).workspace.pipeline, 0);
 }
 
 TEST(MemoryBudget, RejectsBadOptionsWithTheFlagName) {
