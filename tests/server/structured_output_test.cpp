@@ -195,6 +195,44 @@ TEST_F(StructuredServe, JsonSchemaResponsesValidate) {
   EXPECT_NE(v.out.find(std::to_string(n) + "/" + std::to_string(n) + " texts validate"), std::string::npos) << v.out;
 }
 
+// Integer and number ranges of any width, exclusive bounds and multipleOf,
+// sampled at several seeds and validated by python3-jsonschema.
+TEST_F(StructuredServe, NumericRangesOfAnyWidthValidate) {
+  const json schema = json::parse(R"({"type":"object","properties":{
+    "zip":{"type":"integer","minimum":10000,"maximum":99999},
+    "delta":{"type":"integer","minimum":-123456789012,"exclusiveMaximum":-4000},
+    "big":{"type":"integer","minimum":100000000000000000},
+    "step":{"type":"integer","minimum":-30,"maximum":900,"multipleOf":25},
+    "ratio":{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":1},
+    "temp":{"type":"number","minimum":-40.5,"maximum":60.25}},
+    "required":["zip","delta","big","step","ratio","temp"],"additionalProperties":false})");
+  const std::string cases = dir_ + "/numeric.jsonl";
+  std::ofstream out(cases);
+  const int n = 5;
+  for (int seed = 0; seed < n; ++seed) {
+    json extra = {{"temperature", 1.0}, {"seed", seed},
+                  {"response_format", {{"type", "json_schema"},
+                                       {"json_schema", {{"name", "numbers"}, {"strict", true}, {"schema", schema}}}}}};
+    auto [status, r] = post("/v1/chat/completions", chat(extra));
+    ASSERT_EQ(status, 200) << r.dump() << "\n" << serve_->log();
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "stop") << r.dump();
+    const std::string text = r["choices"][0]["message"]["content"].get<std::string>();
+    out << json{{"name", "numbers seed=" + std::to_string(seed)}, {"schema", schema}, {"text", text}}.dump() << "\n";
+  }
+  out.close();
+  const std::string src = env_or("SHARDLM_SOURCE_DIR", ".");
+  const auto v = shardlm::testing::run_command("/usr/bin/python3 " + shardlm::testing::shell_quote(src + "/tests/grammar/validate.py") +
+                                               " " + shardlm::testing::shell_quote(cases), true);
+  EXPECT_EQ(v.rc, 0) << v.out;
+  EXPECT_NE(v.out.find(std::to_string(n) + "/" + std::to_string(n) + " texts validate"), std::string::npos) << v.out;
+  // A multipleOf the grammar cannot express is a 400 naming it.
+  json refused = {{"response_format", {{"type", "json_schema"},
+                                       {"json_schema", {{"name", "x"}, {"schema", json::parse(R"({"type":"integer","multipleOf":7})")}}}}}};
+  auto [status, r] = post("/v1/chat/completions", chat(refused));
+  EXPECT_EQ(status, 400) << r.dump();
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("multipleOf"), std::string::npos) << r.dump();
+}
+
 TEST_F(StructuredServe, UnsupportedSchemaIsA400NamingTheKeyword) {
   json extra = {{"response_format", {{"type", "json_schema"},
                                      {"json_schema", {{"name", "x"}, {"schema", json::parse(R"({"type":"string","contentMediaType":"text/html"})")}}}}}};
