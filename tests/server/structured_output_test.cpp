@@ -233,6 +233,32 @@ TEST_F(StructuredServe, NumericRangesOfAnyWidthValidate) {
   EXPECT_NE(r["error"]["message"].get<std::string>().find("multipleOf"), std::string::npos) << r.dump();
 }
 
+// Legacy completions logprobs over the real engine: top_logprobs always
+// holds the sampled token (alone for logprobs 0), and echo with logprobs is
+// refused naming echo (the prompt's logprobs are not computed).
+TEST_F(StructuredServe, CompletionLogprobsIncludeTheSampledToken) {
+  for (int k : {0, 2}) {
+    auto [status, r] = post("/v1/completions", json{{"model", "m"}, {"prompt", "Count:"}, {"max_tokens", 6},
+                                                    {"temperature", 1.0}, {"seed", 3}, {"logprobs", k}});
+    ASSERT_EQ(status, 200) << r.dump();
+    const json& lp = r["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), lp["top_logprobs"].size()) << lp.dump();
+    ASSERT_FALSE(lp["tokens"].empty()) << lp.dump();
+    for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+      const json& top = lp["top_logprobs"][i];
+      const std::string tok = lp["tokens"][i];
+      ASSERT_TRUE(top.contains(tok)) << "k=" << k << " " << lp.dump();
+      EXPECT_EQ(top[tok].get<double>(), lp["token_logprobs"][i].get<double>());
+      if (k == 0) EXPECT_EQ(top.size(), 1u) << top.dump();
+      else EXPECT_TRUE(top.size() == 2u || top.size() == 3u) << top.dump();
+    }
+  }
+  auto [status, r] = post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 1},
+                                                  {"echo", true}, {"logprobs", 0}});
+  EXPECT_EQ(status, 400) << r.dump();
+  EXPECT_EQ(r["error"]["param"], "echo") << r.dump();
+}
+
 TEST_F(StructuredServe, UnsupportedSchemaIsA400NamingTheKeyword) {
   json extra = {{"response_format", {{"type", "json_schema"},
                                      {"json_schema", {{"name", "x"}, {"schema", json::parse(R"({"type":"string","contentMediaType":"text/html"})")}}}}}};
