@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "server/bounded_json.h"
+#include "server/qwen3_coder_tool_parser.h"
 #include "server/request_fields.h"
 #include "server/tool_request.h"
 
@@ -301,7 +302,9 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
       if (forced_tool_call) req.output.tool_call_parser = "hermes";
       if (req.output.tool_call_parser.empty())
         bad_request("tools", "this model's chat template has no tool-call format shardlm recognises; start the server with "
-                             "--tool-call-parser hermes (Qwen2.5/Qwen3) or llama3_json (Llama 3.1), or send tool_choice \"none\"");
+                             "--tool-call-parser hermes (Qwen2.5/Qwen3), llama3_json (Llama 3.1) or qwen3_coder "
+                             "(Qwen3-Coder), or send tool_choice \"none\"");
+      req.output.parameter_types = tool_parameter_types(tools);
     }
     ordered_json kwargs = ordered_json::object();
     if (const ordered_json* k = find(body, "chat_template_kwargs")) {
