@@ -372,7 +372,7 @@ class Converter {
     if (kind == 'g' && lo.empty()) kind = 'a';
     const bool empty_ok = kind == 'a' || kind == 'l';
     const int32_t alts[2] = {empty_ok ? next : kEmpty,
-                             b_.literal(".", fraction(kind, lo, hi, kMaxFractionDigits, true, next))};
+                             b_.literal(".", fraction(kind, lo, hi, fraction_digits_, true, next))};
     return b_.alt(alts);
   }
   static std::string fraction_digits(Scaled v) {  // v % kScale as trimmed digits
@@ -428,15 +428,28 @@ class Converter {
   }
 
   int32_t number_type(const json& s, const std::string& path, int32_t next) {
+    int digits = kMaxFractionDigits;
     if (s.contains("multipleOf")) {
       const json& m = s["multipleOf"];
-      if (!m.is_number() || m.get<double>() != 1)
-        unsupported(path + "/multipleOf", "multipleOf is supported only on an integer type");
-      return integer(s, path, next);  // a number that is a multiple of 1 is an integer
+      if (!m.is_number() || !(m.get<double>() > 0)) invalid(path + "/multipleOf", "must be a number above 0");
+      if (m.get<double>() == 1) return integer(s, path, next);  // a number that is a multiple of 1 is an integer
+      // 0.1, 0.01, ...: at most that many fraction digits.
+      digits = 0;
+      for (int k = 1; k <= kMaxFractionDigits && !digits; ++k)
+        if (std::fabs(m.get<double>() * double(pow10(k)) - 1) < 1e-9) digits = k;
+      if (!digits)
+        unsupported(path + "/multipleOf", "a number's multipleOf is supported only as 1, 0.1, 0.01, ... (down to 1e-15)");
     }
     std::optional<Scaled> lo, hi;
     scaled_range(s, path, &lo, &hi);
-    if (!lo && !hi) return number(next, true);
+    if (!lo && !hi && digits == kMaxFractionDigits) return number(next, true);
+    if (!lo && !hi) lo = -(Scaled(pow10(kMaxIntegerDigits)) * kScale - 1);  // an exponent is no multiple: plain decimals
+    struct Digits {  // fraction_part's digit limit while this number is built
+      int* d;
+      int old;
+      ~Digits() { *d = old; }
+    } restore{&fraction_digits_, fraction_digits_};
+    fraction_digits_ = digits;
     // Bounded numbers are plain decimals (no exponent), so that the range is exact.
     const Scaled cap = Scaled(pow10(kMaxIntegerDigits)) * kScale - 1;
     auto widen = [&](Scaled v) {  // an unbounded side reaches as many digits as the other bound has
@@ -647,6 +660,7 @@ class Converter {
 
   int depth_ = 0;
   int walk_depth_ = 0;  // value() calls open
+  int fraction_digits_ = kMaxFractionDigits;  // a number's fraction digits at most (multipleOf 10^-k)
 
  private:
   NfaBuilder& b_;

@@ -9,7 +9,8 @@
 // date-time, email, uuid, ipv4), integer and number minimum/maximum/
 // exclusiveMinimum/exclusiveMaximum of up to 18 integer digits (built digit
 // by digit; a bounded number has no exponent), integer multipleOf over at
-// most kMaxEnumeratedRange multiples between a minimum and a maximum.
+// most kMaxEnumeratedRange multiples between a minimum and a maximum, and a
+// number's multipleOf 10^-k (at most k fraction digits, no exponent).
 // Annotations (title, description, default, examples, $schema, $id, $comment,
 // deprecated, readOnly, writeOnly) are ignored. Any other keyword is refused
 // with Error(kUnsupported) naming it and where it is.

@@ -250,7 +250,27 @@ TEST(NumericRange, MultipleOf) {
   refused(R"({"type":"integer","multipleOf":3})");                                // unbounded
   refused(R"({"type":"integer","minimum":0,"maximum":1000000,"multipleOf":3})");  // too many multiples
   refused(R"({"type":"number","multipleOf":0.5,"minimum":0,"maximum":2})");
+  refused(R"({"type":"number","multipleOf":0.25})");
   refused(R"({"type":"integer","minimum":1,"maximum":2,"multipleOf":5})");        // no multiple fits
+}
+
+// A number's multipleOf 0.1, 0.01, ...: at most that many fraction digits,
+// with or without bounds.
+TEST(NumericRange, NumberMultipleOfAPowerOfTenLimitsFractionDigits) {
+  const auto price = compile(json::parse(R"({"type":"number","multipleOf":0.01,"minimum":0,"exclusiveMaximum":100})"));
+  for (const char* in : {"0", "0.5", "19.99", "99.99", "7.10"}) EXPECT_TRUE(matches(price, in)) << in;
+  for (const char* out : {"19.999", "100", "100.00", "-0.01", "1e1", "0.001"}) EXPECT_FALSE(matches(price, out)) << out;
+  const auto tenth = compile(json::parse(R"({"type":"number","multipleOf":0.1})"));
+  for (const char* in : {"-3.5", "12", "0.1"}) EXPECT_TRUE(matches(tenth, in)) << in;
+  for (const char* out : {"0.15", "1e2", "-0"}) EXPECT_FALSE(matches(tenth, out)) << out;
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 100; ++i) {
+    const std::string t = sample(price, rng);
+    const size_t dot = t.find('.');
+    EXPECT_TRUE(dot == std::string::npos || t.size() - dot - 1 <= 2) << t;
+    const Scaled v = scaled(t);
+    EXPECT_TRUE(v >= 0 && v < scaled("100")) << t;
+  }
 }
 
 TEST(NumericRange, EmptyAndTooWideRangesAreRefused) {
