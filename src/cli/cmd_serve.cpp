@@ -338,8 +338,8 @@ void setup(CLI::App& app) {
   sub->add_option("--shutdown-grace-seconds", o->shutdown_grace_s, "On SIGINT/SIGTERM, time in-flight requests get to finish")
       ->capture_default_str()->check(CLI::Range(0.0, 3600.0));
   sub->add_option("--tool-call-parser", o->tool_call_parser,
-                  "hermes (Qwen2.5/Qwen3 <tool_call>) or llama3_json (Llama 3.1); default: from the chat template")
-      ->check(CLI::IsMember({"hermes", "llama3_json"}));
+                  "hermes (Qwen2.5/Qwen3 <tool_call>), llama3_json (Llama 3.1) or qwen3_coder (Qwen3-Coder <function=...>); default: from the chat template")
+      ->check(CLI::IsMember({"hermes", "llama3_json", "qwen3_coder"}));
   sub->add_option("--reasoning-parser", o->reasoning_parser, "qwen3: <think>...</think> goes to reasoning_content")
       ->check(CLI::IsMember({"qwen3"}));
   sub->add_option("--generation-config", o->generation_config,

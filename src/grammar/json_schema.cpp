@@ -1,5 +1,6 @@
 #include "grammar/json_schema.h"
 
+#include <charconv>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -34,7 +35,7 @@ const std::set<std::string>& handled_keywords() {
       "type",      "properties", "required",  "additionalProperties", "enum",      "const",     "anyOf",
       "allOf",     "$ref",       "items",     "minItems",             "maxItems",  "minLength", "maxLength",
       "pattern",   "format",     "minimum",   "maximum",              "exclusiveMinimum", "exclusiveMaximum",
-      "uniqueItems"};
+      "multipleOf", "uniqueItems"};
   return k;
 }
 
@@ -120,13 +121,6 @@ class Converter {
     return b_.literal("\"", compile_regex(b_, pattern, b_.literal("\"", next), ro));
   }
 
-  int32_t integer_digits(bool allow_negative, bool allow_zero, int32_t next) {
-    std::string re = allow_zero ? "(0|[1-9][0-9]{0,14})" : "[1-9][0-9]{0,14}";
-    static_assert(kMaxIntegerDigits == 15);
-    if (allow_negative) re = "-?" + re;
-    return compile_regex(b_, re, next);
-  }
-
   // JSON list: open, between min and max elements (max < 0: unbounded), close.
   int32_t list(const char* open, const char* close, const std::function<int32_t(int32_t)>& elem, int64_t min,
                int64_t max, int32_t next, const std::string& path) {
@@ -210,41 +204,265 @@ class Converter {
     return *cur;
   }
 
-  static double num(const json& v) { return v.get<double>(); }
+  // --- Numeric ranges --------------------------------------------------
+  // Bounds are exact decimals scaled by 10^kMaxFractionDigits (int128), so an
+  // exclusive bound is the inclusive one a unit of the last fraction digit in:
+  // generated numbers never have more fraction digits than that.
+  using Scaled = __int128;
+  static constexpr int64_t kScale = 1'000'000'000'000'000;  // 10^kMaxFractionDigits
+  static_assert(kMaxFractionDigits == 15 && kMaxIntegerDigits == 15);
+  static constexpr int64_t kMaxBoundInt = 999'999'999'999'999'999;  // 18 digits: fits int64
 
-  int32_t integer(const json& s, const std::string& path, int32_t next) {
-    std::optional<double> lo, hi;
-    if (s.contains("minimum")) lo = num(s["minimum"]);
-    if (s.contains("exclusiveMinimum")) lo = std::floor(num(s["exclusiveMinimum"])) + 1;
-    if (s.contains("maximum")) hi = num(s["maximum"]);
-    if (s.contains("exclusiveMaximum")) hi = std::ceil(num(s["exclusiveMaximum"])) - 1;
-    if (lo) lo = std::ceil(*lo);
-    if (hi) hi = std::floor(*hi);
-    if (lo && hi) {
-      if (*hi < *lo) invalid(path, "maximum is below minimum: no integer fits");
-      if (*hi - *lo + 1 <= double(kMaxEnumeratedRange)) {
-        std::vector<int32_t> starts;
-        for (int64_t v = int64_t(*lo); v <= int64_t(*hi); ++v) starts.push_back(b_.literal(std::to_string(v), next));
-        return b_.alt(starts);
+  // The bound as a scaled decimal, rounded towards the inside of the range
+  // (up for a lower bound, down for an upper one).
+  Scaled scaled_bound(const json& v, bool lower, const std::string& path) {
+    if (!v.is_number()) invalid(path, "must be a number");
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || std::fabs(d) > double(kMaxBoundInt))
+      unsupported(path, "bounds beyond 18 integer digits are not supported");
+    std::string text;
+    if (v.is_number_integer()) {
+      text = v.dump();
+    } else {
+      char buf[512];
+      auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::fixed);
+      text.assign(buf, r.ptr);
+    }
+    const bool neg = !text.empty() && text[0] == '-';
+    if (neg) text.erase(0, 1);
+    const size_t dot = text.find('.');
+    const std::string ip = text.substr(0, dot);
+    std::string fp = dot == std::string::npos ? "" : text.substr(dot + 1);
+    Scaled m = 0;
+    for (char c : ip) m = m * 10 + (c - '0');
+    Scaled f = 0;
+    for (int i = 0; i < kMaxFractionDigits; ++i) f = f * 10 + (i < int(fp.size()) ? fp[i] - '0' : 0);
+    bool inexact = false;
+    for (size_t i = kMaxFractionDigits; i < fp.size(); ++i) inexact |= fp[i] != '0';
+    if (m > kMaxBoundInt) unsupported(path, "bounds beyond 18 integer digits are not supported");
+    m = m * kScale + f;
+    Scaled r = neg ? -m : m;
+    // Truncation moved r towards zero; step into the range if that left it.
+    if (inexact && lower && !neg) r += 1;
+    if (inexact && !lower && neg) r -= 1;
+    return r;
+  }
+
+  // [lo, hi] scaled from minimum/maximum/exclusiveMinimum/exclusiveMaximum
+  // (numbers; draft-4 booleans modify minimum/maximum). Unset: nullopt.
+  void scaled_range(const json& s, const std::string& path, std::optional<Scaled>* lo, std::optional<Scaled>* hi) {
+    auto tighten = [](std::optional<Scaled>* b, Scaled v, bool lower) {
+      if (!*b || (lower ? v > **b : v < **b)) *b = v;
+    };
+    const bool ex_min_flag = s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_boolean() &&
+                             s["exclusiveMinimum"].get<bool>();
+    const bool ex_max_flag = s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_boolean() &&
+                             s["exclusiveMaximum"].get<bool>();
+    if (s.contains("minimum")) {
+      const Scaled v = scaled_bound(s["minimum"], true, path + "/minimum");
+      tighten(lo, ex_min_flag ? v + 1 : v, true);
+    }
+    if (s.contains("maximum")) {
+      const Scaled v = scaled_bound(s["maximum"], false, path + "/maximum");
+      tighten(hi, ex_max_flag ? v - 1 : v, false);
+    }
+    if (s.contains("exclusiveMinimum") && !s["exclusiveMinimum"].is_boolean())
+      tighten(lo, scaled_bound(s["exclusiveMinimum"], true, path + "/exclusiveMinimum") + 1, true);
+    if (s.contains("exclusiveMaximum") && !s["exclusiveMaximum"].is_boolean())
+      tighten(hi, scaled_bound(s["exclusiveMaximum"], false, path + "/exclusiveMaximum") - 1, false);
+  }
+
+  static int n_digits(int64_t v) {
+    int n = 1;
+    while (v >= 10) v /= 10, ++n;
+    return n;
+  }
+  static int64_t pow10(int n) {
+    int64_t p = 1;
+    while (n-- > 0) p *= 10;
+    return p;
+  }
+  static Scaled floor_div(Scaled a, Scaled b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+  static Scaled ceil_div(Scaled a, Scaled b) { return -floor_div(-a, b); }
+
+  int32_t digit_range(char lo, char hi, int32_t next) {
+    ByteSet set;
+    set.add_range(uint8_t(lo), uint8_t(hi));
+    return b_.byte_of(set, next);
+  }
+  // Exactly n digits, then next.
+  int32_t any_digits(int n, int32_t next) {
+    for (int i = 0; i < n; ++i) next = digit_range('0', '9', next);
+    return next;
+  }
+  // Digit strings of xs's length between xs and ys (equal lengths, xs <= ys):
+  // the first digit splits the interval into its bounded ends and a middle
+  // where every later digit is free.
+  int32_t same_length_range(std::string_view xs, std::string_view ys, int32_t next) {
+    if (xs.empty()) return next;
+    if (xs[0] == ys[0]) return b_.literal(xs.substr(0, 1), same_length_range(xs.substr(1), ys.substr(1), next));
+    const size_t rest = xs.size() - 1;
+    const bool lo_free = xs.substr(1).find_first_not_of('0') == std::string_view::npos;
+    const bool hi_free = ys.substr(1).find_first_not_of('9') == std::string_view::npos;
+    char lo_d = xs[0], hi_d = ys[0];
+    std::vector<int32_t> starts;
+    if (!lo_free) {
+      const std::string nines(rest, '9');
+      starts.push_back(b_.literal(xs.substr(0, 1), same_length_range(xs.substr(1), nines, next)));
+      ++lo_d;
+    }
+    if (!hi_free) {
+      const std::string zeros(rest, '0');
+      starts.push_back(b_.literal(ys.substr(0, 1), same_length_range(zeros, ys.substr(1), next)));
+      --hi_d;
+    }
+    if (lo_d <= hi_d) starts.push_back(digit_range(lo_d, hi_d, any_digits(int(rest), next)));
+    return b_.alt(starts);
+  }
+  // The canonical decimal forms (no leading zeros) of the integers in [a, b], 0 <= a <= b.
+  int32_t unsigned_range(int64_t a, int64_t b, int32_t next) {
+    std::vector<int32_t> starts;
+    for (int len = n_digits(a); len <= n_digits(b); ++len) {
+      const int64_t x = std::max(a, len == 1 ? 0 : pow10(len - 1));
+      const int64_t y = std::min(b, pow10(len) - 1);
+      if (x <= y) starts.push_back(same_length_range(std::to_string(x), std::to_string(y), next));
+    }
+    return b_.alt(starts);
+  }
+  // Integers in [lo, hi] ("-0" is not one).
+  int32_t integer_range(int64_t lo, int64_t hi, int32_t next) {
+    std::vector<int32_t> starts;
+    if (lo < 0) starts.push_back(b_.literal("-", unsigned_range(std::max<int64_t>(-hi, 1), -lo, next)));
+    if (hi >= 0) starts.push_back(unsigned_range(std::max<int64_t>(lo, 0), hi, next));
+    return b_.alt(starts);
+  }
+
+  // Fraction digit strings D (at most k digits) compared as 0.D with the
+  // trimmed digit strings lo / hi; need_one: D must not be empty (it follows
+  // a '.'). kind: 'g' 0.D >= lo, 'l' 0.D <= hi, 'b' both, 'a' any.
+  int32_t fraction(char kind, std::string_view lo, std::string_view hi, int k, bool need_one, int32_t next) {
+    if (kind == 'b' && lo.empty()) kind = 'l';
+    if (kind == 'g' && lo.empty()) kind = 'a';
+    std::vector<int32_t> starts;
+    const bool empty_ok = !need_one && (kind == 'a' || kind == 'l');
+    if (empty_ok) starts.push_back(next);
+    if (k > 0) {
+      const char lo0 = (kind == 'g' || kind == 'b') ? lo[0] : '0';
+      const char hi0 = (kind == 'l' || kind == 'b') ? (hi.empty() ? '0' : hi[0]) : '9';
+      auto tail = [&](char sub, std::string_view l, std::string_view h) { return fraction(sub, l, h, k - 1, false, next); };
+      const std::string_view lo_rest = lo.empty() ? lo : lo.substr(1);
+      const std::string_view hi_rest = hi.empty() ? hi : hi.substr(1);
+      const bool lo_tight = kind == 'g' || kind == 'b';
+      const bool hi_tight = kind == 'l' || kind == 'b';
+      if (lo_tight && hi_tight && lo0 == hi0) {
+        starts.push_back(digit_range(lo0, lo0, tail('b', lo_rest, hi_rest)));
+      } else {
+        char a = lo0, z = hi0;
+        if (lo_tight) starts.push_back(digit_range(lo0, lo0, tail('g', lo_rest, {}))), ++a;
+        if (hi_tight && !(hi.empty())) starts.push_back(digit_range(hi0, hi0, tail('l', {}, hi_rest))), --z;
+        else if (hi_tight) starts.push_back(digit_range('0', '0', tail('l', {}, {}))), --z;  // hi = 0: zeros only
+        if (a <= z) starts.push_back(digit_range(a, z, tail('a', {}, {})));
       }
     }
-    if (hi) unsupported(path + "/maximum", "an integer maximum is supported only with a minimum less than " +
-                                               std::to_string(kMaxEnumeratedRange) + " below it");
-    if (!lo) return integer_digits(true, true, next);
-    if (*lo == 0) return integer_digits(false, true, next);
-    if (*lo == 1) return integer_digits(false, false, next);
-    unsupported(path + "/minimum", "an integer minimum other than 0 or 1 is supported only with a maximum at most " +
-                                       std::to_string(kMaxEnumeratedRange) + " above it");
+    return b_.alt(starts);
+  }
+  // An optional ".digits" part whose value as 0.D satisfies kind/lo/hi.
+  int32_t fraction_part(char kind, std::string_view lo, std::string_view hi, int32_t next) {
+    if (kind == 'b' && lo.empty()) kind = 'l';
+    if (kind == 'g' && lo.empty()) kind = 'a';
+    const bool empty_ok = kind == 'a' || kind == 'l';
+    const int32_t alts[2] = {empty_ok ? next : kEmpty,
+                             b_.literal(".", fraction(kind, lo, hi, fraction_digits_, true, next))};
+    return b_.alt(alts);
+  }
+  static std::string fraction_digits(Scaled v) {  // v % kScale as trimmed digits
+    std::string f(kMaxFractionDigits, '0');
+    int64_t r = int64_t(v % kScale);
+    for (int i = kMaxFractionDigits - 1; i >= 0; --i) f[i] = char('0' + r % 10), r /= 10;
+    while (!f.empty() && f.back() == '0') f.pop_back();
+    return f;
+  }
+  // Plain decimals (no exponent) whose value lies in [a, b], scaled, 0 <= a <= b.
+  int32_t magnitude_range(Scaled a, Scaled b, int32_t next) {
+    const int64_t ai = int64_t(a / kScale), bi = int64_t(b / kScale);
+    const std::string af = fraction_digits(a), bf = fraction_digits(b);
+    if (ai == bi) return unsigned_range(ai, ai, fraction_part('b', af, bf, next));
+    std::vector<int32_t> starts;
+    starts.push_back(unsigned_range(ai, ai, fraction_part('g', af, {}, next)));
+    if (ai + 1 <= bi - 1) starts.push_back(unsigned_range(ai + 1, bi - 1, fraction_part('a', {}, {}, next)));
+    starts.push_back(unsigned_range(bi, bi, fraction_part('l', {}, bf, next)));
+    return b_.alt(starts);
+  }
+
+  // multipleOf m on an integer type: integral m over a range of at most
+  // kMaxEnumeratedRange multiples is enumerated; m = 1 changes nothing.
+  int64_t integer_multiple(const json& s, const std::string& path) {
+    if (!s.contains("multipleOf")) return 1;
+    const json& m = s["multipleOf"];
+    if (!m.is_number() || !(m.get<double>() > 0)) invalid(path + "/multipleOf", "must be a number above 0");
+    const double d = m.get<double>();
+    if (d != std::floor(d) || d > double(kMaxBoundInt))
+      unsupported(path + "/multipleOf", "multipleOf is supported only as a whole number on an integer");
+    return int64_t(d);
+  }
+
+  int32_t integer(const json& s, const std::string& path, int32_t next) {
+    std::optional<Scaled> slo, shi;
+    scaled_range(s, path, &slo, &shi);
+    const int64_t cap = pow10(kMaxIntegerDigits) - 1;  // an unbounded side: at most 15 digits
+    int64_t lo = slo ? int64_t(ceil_div(*slo, kScale)) : 0;
+    int64_t hi = shi ? int64_t(floor_div(*shi, kScale)) : 0;
+    if (!slo) lo = -std::max(cap, shi && hi < 0 ? pow10(n_digits(-hi)) - 1 : cap);
+    if (!shi) hi = std::max(cap, lo > 0 ? pow10(n_digits(lo)) - 1 : cap);
+    if (hi < lo) invalid(path, "maximum is below minimum: no integer fits");
+    const int64_t m = integer_multiple(s, path);
+    if (m == 1) return integer_range(lo, hi, next);
+    const int64_t first = int64_t(ceil_div(lo, m)), last = int64_t(floor_div(hi, m));
+    if (!slo || !shi || last - first + 1 > kMaxEnumeratedRange)
+      unsupported(path + "/multipleOf", str_cat("multipleOf is supported only with minimum and maximum at most ",
+                                                kMaxEnumeratedRange, " multiples apart"));
+    if (last < first) invalid(path + "/multipleOf", "no multiple of multipleOf lies between minimum and maximum");
+    std::vector<int32_t> starts;
+    for (int64_t k = first; k <= last; ++k) starts.push_back(b_.literal(std::to_string(k * m), next));
+    return b_.alt(starts);
   }
 
   int32_t number_type(const json& s, const std::string& path, int32_t next) {
-    if (s.contains("maximum") || s.contains("exclusiveMaximum") || s.contains("exclusiveMinimum"))
-      unsupported(path, "number maximum / exclusiveMinimum / exclusiveMaximum are not supported (minimum 0 is)");
-    if (s.contains("minimum")) {
-      if (num(s["minimum"]) != 0) unsupported(path + "/minimum", "a number minimum other than 0 is not supported");
-      return number(next, false);
+    int digits = kMaxFractionDigits;
+    if (s.contains("multipleOf")) {
+      const json& m = s["multipleOf"];
+      if (!m.is_number() || !(m.get<double>() > 0)) invalid(path + "/multipleOf", "must be a number above 0");
+      if (m.get<double>() == 1) return integer(s, path, next);  // a number that is a multiple of 1 is an integer
+      // 0.1, 0.01, ...: at most that many fraction digits.
+      digits = 0;
+      for (int k = 1; k <= kMaxFractionDigits && !digits; ++k)
+        if (std::fabs(m.get<double>() * double(pow10(k)) - 1) < 1e-9) digits = k;
+      if (!digits)
+        unsupported(path + "/multipleOf", "a number's multipleOf is supported only as 1, 0.1, 0.01, ... (down to 1e-15)");
     }
-    return number(next, true);
+    std::optional<Scaled> lo, hi;
+    scaled_range(s, path, &lo, &hi);
+    if (!lo && !hi && digits == kMaxFractionDigits) return number(next, true);
+    if (!lo && !hi) lo = -(Scaled(pow10(kMaxIntegerDigits)) * kScale - 1);  // an exponent is no multiple: plain decimals
+    struct Digits {  // fraction_part's digit limit while this number is built
+      int* d;
+      int old;
+      ~Digits() { *d = old; }
+    } restore{&fraction_digits_, fraction_digits_};
+    fraction_digits_ = digits;
+    // Bounded numbers are plain decimals (no exponent), so that the range is exact.
+    const Scaled cap = Scaled(pow10(kMaxIntegerDigits)) * kScale - 1;
+    auto widen = [&](Scaled v) {  // an unbounded side reaches as many digits as the other bound has
+      const Scaled mag = v < 0 ? -v : v;
+      return std::max(cap, Scaled(pow10(n_digits(int64_t(mag / kScale)))) * kScale - 1);
+    };
+    const Scaled l = lo ? *lo : -widen(*hi);
+    const Scaled h = hi ? *hi : widen(*lo);
+    if (h < l) invalid(path, "maximum is below minimum: no number fits");
+    std::vector<int32_t> starts;
+    if (l < 0) starts.push_back(b_.literal("-", magnitude_range(std::max<Scaled>(-h, 1), -l, next)));
+    if (h >= 0) starts.push_back(magnitude_range(std::max<Scaled>(l, 0), h, next));
+    return b_.alt(starts);
   }
 
   int32_t string_type(const json& s, const std::string& path, int32_t next) {
@@ -442,6 +660,7 @@ class Converter {
 
   int depth_ = 0;
   int walk_depth_ = 0;  // value() calls open
+  int fraction_digits_ = kMaxFractionDigits;  // a number's fraction digits at most (multipleOf 10^-k)
 
  private:
   NfaBuilder& b_;

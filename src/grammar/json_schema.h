@@ -6,8 +6,11 @@
 // for objects without `properties`), enum, const, anyOf, allOf with one
 // member, $ref to "#", "#/$defs/..." or "#/definitions/...", items,
 // minItems/maxItems, minLength/maxLength, pattern, format (date, time,
-// date-time, email, uuid, ipv4), integer minimum/maximum (a range of at most
-// kMaxEnumeratedRange values, or a lower bound of 0 or 1), number minimum 0.
+// date-time, email, uuid, ipv4), integer and number minimum/maximum/
+// exclusiveMinimum/exclusiveMaximum of up to 18 integer digits (built digit
+// by digit; a bounded number has no exponent), integer multipleOf over at
+// most kMaxEnumeratedRange multiples between a minimum and a maximum, and a
+// number's multipleOf 10^-k (at most k fraction digits, no exponent).
 // Annotations (title, description, default, examples, $schema, $id, $comment,
 // deprecated, readOnly, writeOnly) are ignored. Any other keyword is refused
 // with Error(kUnsupported) naming it and where it is.

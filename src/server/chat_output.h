@@ -3,6 +3,7 @@
 // the same way whether the text arrives whole or streamed.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@ namespace shardlm::server {
 struct ChatOutputOptions {
   std::string tool_call_parser;      // "" : tool calls are not parsed (no tools, tool_choice none)
   bool parallel_tool_calls = true;
+  std::map<std::string, std::map<std::string, std::string>> parameter_types;  // ToolParserOptions' (qwen3_coder)
   std::string reasoning_parser;      // "" : no reasoning split
   bool starts_in_reasoning = false;  // the prompt ends with the reasoning start tag
 };

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "server/bounded_json.h"
+#include "server/qwen3_coder_tool_parser.h"
 #include "server/request_fields.h"
 #include "server/tool_request.h"
 
@@ -272,6 +273,12 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
   } else {
     base.logprobs = find(body, "logprobs") ? static_cast<int>(int_param(body, "logprobs", 0, 0, limits.max_top_logprobs)) : -1;
     req.echo = bool_param(body, "echo", false);
+    // The prompt tokens' logprobs need logits at every prompt position; the
+    // engine's prefill keeps only the last one's, so refuse rather than
+    // return logprobs that leave the echoed prompt out.
+    if (req.echo && base.logprobs >= 0)
+      bad_request("echo", "'echo' together with 'logprobs' is not supported: shardlm does not compute the prompt "
+                          "tokens' logprobs (prefill keeps only the last position's logits)");
   }
 
   // Prompts.
@@ -295,7 +302,9 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
       if (forced_tool_call) req.output.tool_call_parser = "hermes";
       if (req.output.tool_call_parser.empty())
         bad_request("tools", "this model's chat template has no tool-call format shardlm recognises; start the server with "
-                             "--tool-call-parser hermes (Qwen2.5/Qwen3) or llama3_json (Llama 3.1), or send tool_choice \"none\"");
+                             "--tool-call-parser hermes (Qwen2.5/Qwen3), llama3_json (Llama 3.1) or qwen3_coder "
+                             "(Qwen3-Coder), or send tool_choice \"none\"");
+      req.output.parameter_types = tool_parameter_types(tools);
     }
     ordered_json kwargs = ordered_json::object();
     if (const ordered_json* k = find(body, "chat_template_kwargs")) {
@@ -417,6 +426,9 @@ ordered_json completion_logprobs(const std::vector<std::string>& tokens, const s
     ordered_json t = ordered_json::object();
     if (i < tops.size())
       for (const auto& x : tops[i]) t[x.token] = x.logprob;
+    // The legacy API always includes the sampled token (so logprobs: 0 gives
+    // it alone, and N gives up to N + 1 entries), as OpenAI and vLLM do.
+    if (!t.contains(tok)) t[tok] = logprobs[i];
     top.push_back(t);
     offs.push_back(text_offset);
     text_offset += tok.size();

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "server/hermes_tool_parser.h"
 #include "server/llama3_json_tool_parser.h"
+#include "server/qwen3_coder_tool_parser.h"
 
 namespace shardlm::server {
 
@@ -24,7 +25,7 @@ std::string random_tool_call_id() {
 }
 
 const std::vector<std::string>& tool_call_parser_names() {
-  static const std::vector<std::string> names = {"hermes", "llama3_json"};
+  static const std::vector<std::string> names = {"hermes", "llama3_json", "qwen3_coder"};
   return names;
 }
 
@@ -32,10 +33,14 @@ std::unique_ptr<ToolCallParser> make_tool_call_parser(const std::string& name, T
   if (!options.make_id) options.make_id = random_tool_call_id;
   if (name == "hermes") return std::make_unique<HermesToolParser>(std::move(options));
   if (name == "llama3_json") return std::make_unique<Llama3JsonToolParser>(std::move(options));
-  fail(ErrorCode::kInvalidArgument, "unknown tool-call parser '", name, "': use hermes (Qwen2.5/Qwen3) or llama3_json (Llama 3.1)");
+  if (name == "qwen3_coder") return std::make_unique<Qwen3CoderToolParser>(std::move(options));
+  fail(ErrorCode::kInvalidArgument, "unknown tool-call parser '", name,
+       "': use hermes (Qwen2.5/Qwen3), llama3_json (Llama 3.1) or qwen3_coder (Qwen3-Coder)");
 }
 
 std::string detect_tool_call_parser(const std::string& source) {
+  if (source.find("<function=") != std::string::npos && source.find("<parameter=") != std::string::npos)
+    return "qwen3_coder";
   if (source.find("<tool_call>") != std::string::npos) return "hermes";
   if (source.find("<|python_tag|>") != std::string::npos || source.find("ipython") != std::string::npos)
     return "llama3_json";

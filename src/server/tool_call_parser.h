@@ -4,10 +4,12 @@
 // leaks into `content`. Each model family's format is its own parser:
 //   hermes      <tool_call>{"name": ..., "arguments": {...}}</tool_call>   (Qwen2.5, Qwen3)
 //   llama3_json [<|python_tag|>]{"name": ..., "parameters": {...}}[; {...}]  (Llama 3.1/3.2)
+//   qwen3_coder <tool_call><function=f><parameter=p>v</parameter></function></tool_call>  (Qwen3-Coder)
 // The names are vLLM's --tool-call-parser names.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -39,6 +41,9 @@ struct ToolParseDelta {
 struct ToolParserOptions {
   bool parallel_tool_calls = true;               // false: keep the first call only
   std::function<std::string()> make_id;          // unset: "call_" + 24 random hex digits
+  // qwen3_coder: tool -> parameter -> JSON schema type, to convert the XML
+  // parameter values (absent: strings).
+  std::map<std::string, std::map<std::string, std::string>> parameter_types;
 };
 
 class ToolCallParser {
@@ -56,8 +61,8 @@ class ToolCallParser {
 const std::vector<std::string>& tool_call_parser_names();
 // Throws Error(kInvalidArgument) naming the known parsers for another name.
 std::unique_ptr<ToolCallParser> make_tool_call_parser(const std::string& name, ToolParserOptions options = {});
-// The parser a chat template's tool format calls for: "hermes" when it
-// writes <tool_call>, "llama3_json" when it writes <|python_tag|> or
+// The parser a chat template's tool format calls for: "qwen3_coder" when it
+// writes <function=...> and <parameter=...>, else "hermes" when it writes <tool_call>, "llama3_json" when it writes <|python_tag|> or
 // ipython tool results; "" when it renders no tools.
 std::string detect_tool_call_parser(const std::string& chat_template_source);
 

@@ -195,6 +195,70 @@ TEST_F(StructuredServe, JsonSchemaResponsesValidate) {
   EXPECT_NE(v.out.find(std::to_string(n) + "/" + std::to_string(n) + " texts validate"), std::string::npos) << v.out;
 }
 
+// Integer and number ranges of any width, exclusive bounds and multipleOf,
+// sampled at several seeds and validated by python3-jsonschema.
+TEST_F(StructuredServe, NumericRangesOfAnyWidthValidate) {
+  const json schema = json::parse(R"({"type":"object","properties":{
+    "zip":{"type":"integer","minimum":10000,"maximum":99999},
+    "delta":{"type":"integer","minimum":-123456789012,"exclusiveMaximum":-4000},
+    "big":{"type":"integer","minimum":100000000000000000},
+    "step":{"type":"integer","minimum":-30,"maximum":900,"multipleOf":25},
+    "ratio":{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":1},
+    "temp":{"type":"number","minimum":-40.5,"maximum":60.25}},
+    "required":["zip","delta","big","step","ratio","temp"],"additionalProperties":false})");
+  const std::string cases = dir_ + "/numeric.jsonl";
+  std::ofstream out(cases);
+  const int n = 5;
+  for (int seed = 0; seed < n; ++seed) {
+    json extra = {{"temperature", 1.0}, {"seed", seed},
+                  {"response_format", {{"type", "json_schema"},
+                                       {"json_schema", {{"name", "numbers"}, {"strict", true}, {"schema", schema}}}}}};
+    auto [status, r] = post("/v1/chat/completions", chat(extra));
+    ASSERT_EQ(status, 200) << r.dump() << "\n" << serve_->log();
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "stop") << r.dump();
+    const std::string text = r["choices"][0]["message"]["content"].get<std::string>();
+    out << json{{"name", "numbers seed=" + std::to_string(seed)}, {"schema", schema}, {"text", text}}.dump() << "\n";
+  }
+  out.close();
+  const std::string src = env_or("SHARDLM_SOURCE_DIR", ".");
+  const auto v = shardlm::testing::run_command("/usr/bin/python3 " + shardlm::testing::shell_quote(src + "/tests/grammar/validate.py") +
+                                               " " + shardlm::testing::shell_quote(cases), true);
+  EXPECT_EQ(v.rc, 0) << v.out;
+  EXPECT_NE(v.out.find(std::to_string(n) + "/" + std::to_string(n) + " texts validate"), std::string::npos) << v.out;
+  // A multipleOf the grammar cannot express is a 400 naming it.
+  json refused = {{"response_format", {{"type", "json_schema"},
+                                       {"json_schema", {{"name", "x"}, {"schema", json::parse(R"({"type":"integer","multipleOf":7})")}}}}}};
+  auto [status, r] = post("/v1/chat/completions", chat(refused));
+  EXPECT_EQ(status, 400) << r.dump();
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("multipleOf"), std::string::npos) << r.dump();
+}
+
+// Legacy completions logprobs over the real engine: top_logprobs always
+// holds the sampled token (alone for logprobs 0), and echo with logprobs is
+// refused naming echo (the prompt's logprobs are not computed).
+TEST_F(StructuredServe, CompletionLogprobsIncludeTheSampledToken) {
+  for (int k : {0, 2}) {
+    auto [status, r] = post("/v1/completions", json{{"model", "m"}, {"prompt", "Count:"}, {"max_tokens", 6},
+                                                    {"temperature", 1.0}, {"seed", 3}, {"logprobs", k}});
+    ASSERT_EQ(status, 200) << r.dump();
+    const json& lp = r["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), lp["top_logprobs"].size()) << lp.dump();
+    ASSERT_FALSE(lp["tokens"].empty()) << lp.dump();
+    for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+      const json& top = lp["top_logprobs"][i];
+      const std::string tok = lp["tokens"][i];
+      ASSERT_TRUE(top.contains(tok)) << "k=" << k << " " << lp.dump();
+      EXPECT_EQ(top[tok].get<double>(), lp["token_logprobs"][i].get<double>());
+      if (k == 0) EXPECT_EQ(top.size(), 1u) << top.dump();
+      else EXPECT_TRUE(top.size() == 2u || top.size() == 3u) << top.dump();
+    }
+  }
+  auto [status, r] = post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 1},
+                                                  {"echo", true}, {"logprobs", 0}});
+  EXPECT_EQ(status, 400) << r.dump();
+  EXPECT_EQ(r["error"]["param"], "echo") << r.dump();
+}
+
 TEST_F(StructuredServe, UnsupportedSchemaIsA400NamingTheKeyword) {
   json extra = {{"response_format", {{"type", "json_schema"},
                                      {"json_schema", {{"name", "x"}, {"schema", json::parse(R"({"type":"string","contentMediaType":"text/html"})")}}}}}};
