@@ -506,6 +506,17 @@ std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std:
   out["object"] = chat ? "chat.completion.chunk" : "text_completion";
   out["created"] = created;
   out["model"] = model;
+  std::vector<ordered_json> chunks;
+  if (chat && first) {
+    // A choice opens with a role-only delta, as OpenAI, vLLM and llama.cpp
+    // send it: {"role": "assistant", "content": ""}, then the tokens.
+    ordered_json role = out;
+    role["choices"] = ordered_json::array(
+        {{{"index", choice_index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+          {"finish_reason", nullptr}}});
+    if (request.include_usage) role["usage"] = nullptr;
+    chunks.push_back(std::move(role));
+  }
   ordered_json choice;
   choice["index"] = choice_index;
   std::optional<std::string> finish = event.finish_reason;
@@ -524,8 +535,7 @@ std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std:
       d.content = event.text;
     }
     ordered_json delta = ordered_json::object();
-    if (first) delta["role"] = "assistant";
-    if (!d.content.empty() || (first && d.reasoning.empty() && d.tool_calls.empty())) delta["content"] = d.content;
+    if (!d.content.empty()) delta["content"] = d.content;
     if (!d.reasoning.empty()) {
       delta["reasoning_content"] = d.reasoning;
       delta["reasoning"] = d.reasoning;
@@ -545,7 +555,7 @@ std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std:
       }
       delta["tool_calls"] = calls;
     }
-    if (delta.empty() && !finish && !wants_logprobs(request)) return {};  // all held back
+    if (delta.empty() && !finish && !wants_logprobs(request)) return chunks;  // all held back
     choice["delta"] = delta;
     choice["logprobs"] = wants_logprobs(request) ? chat_logprobs(event.tokens, event.logprobs, event.top_logprobs) : ordered_json();
   } else {
@@ -556,7 +566,8 @@ std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std:
   choice["finish_reason"] = finish ? ordered_json(*finish) : ordered_json();
   out["choices"] = ordered_json::array({choice});
   if (request.include_usage) out["usage"] = nullptr;
-  return {out};
+  chunks.push_back(std::move(out));
+  return chunks;
 }
 
 ordered_json usage_chunk(const ParsedRequest& request, const std::string& id, int64_t created,

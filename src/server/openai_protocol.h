@@ -84,7 +84,9 @@ ordered_json completion_response(const ParsedRequest& request, const std::string
                                  const Usage& usage);
 
 // The streaming chunks for `event` of choice `choice_index` (none when a
-// parser holds all of its text back). `parser`: that choice's output parser
+// parser holds all of its text back). A chat choice's `first` event is
+// preceded by a role-only chunk, delta {"role": "assistant", "content": ""};
+// completions chunks carry no role. `parser`: that choice's output parser
 // (chat), null for completions; make one per choice with make_output_parser.
 std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std::string& id, int64_t created,
                                         const std::string& model, int choice_index, const GenerateEvent& event,

@@ -145,7 +145,11 @@ TEST_F(HttpServerTest, StreamingSendsChunksUsageAndDone) {
   EXPECT_TRUE(done);
   ASSERT_GE(chunks.size(), 5u);
   EXPECT_EQ(chunks[0]["object"], "chat.completion.chunk");
-  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  // The first chunk is role-only, as OpenAI and vLLM send it; no later one has a role.
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"], json({{"role", "assistant"}, {"content", ""}}));
+  EXPECT_TRUE(chunks[0]["choices"][0]["finish_reason"].is_null());
+  for (size_t i = 1; i + 1 < chunks.size(); ++i) EXPECT_FALSE(chunks[i]["choices"][0]["delta"].contains("role"));
+  EXPECT_EQ(chunks[1]["choices"][0]["delta"]["content"], "a");
   std::string text;
   for (size_t i = 0; i + 1 < chunks.size(); ++i) {
     EXPECT_TRUE(chunks[i]["usage"].is_null());
@@ -155,6 +159,29 @@ TEST_F(HttpServerTest, StreamingSendsChunksUsageAndDone) {
   EXPECT_EQ(chunks[chunks.size() - 2]["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(chunks.back()["choices"].empty());
   EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], 4);
+}
+
+TEST_F(HttpServerTest, CompletionsStreamHasNoRoleChunk) {
+  start();
+  auto r = client_->Post("/v1/completions",
+                         json({{"prompt", "hi"}, {"max_tokens", 3}, {"stream", true}}).dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::string text;
+  size_t pos = 0;
+  int n = 0;
+  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+    size_t end = r->body.find("\n\n", pos);
+    std::string payload = r->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (payload == "[DONE]") continue;
+    json c = json::parse(payload);
+    EXPECT_EQ(c["object"], "text_completion");
+    EXPECT_FALSE(c["choices"][0].contains("delta"));
+    if (n++ == 0) EXPECT_FALSE(c["choices"][0]["text"].get<std::string>().empty());  // the first chunk is a token
+    text += c["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, "abc");
 }
 
 TEST_F(HttpServerTest, InvalidValuesAre400NamingTheParameter) {
