@@ -75,7 +75,7 @@ std::optional<GrammarSpec> response_format(const json& rf) {
 }
 
 std::optional<GrammarSpec> tool_choice(const json& body) {
-  if (!body.contains("tool_choice")) return std::nullopt;
+  if (!body.contains("tool_choice") || body["tool_choice"].is_null()) return std::nullopt;  // null: absent
   const json& tc = body["tool_choice"];
   if (tc.is_string() && (tc == "none" || tc == "auto")) return std::nullopt;
   const bool required = tc.is_string() && tc == "required";
@@ -91,7 +91,8 @@ std::optional<GrammarSpec> tool_choice(const json& body) {
     bad("tool_choice", "tool_choice '" + std::string(required ? "required" : named) + "' needs a non-empty 'tools' list");
   GrammarSpec s;
   s.kind = GrammarSpec::Kind::kToolCalls;
-  s.parallel_tool_calls = required && (!body.contains("parallel_tool_calls") || body["parallel_tool_calls"] == true);
+  s.parallel_tool_calls = required && (!body.contains("parallel_tool_calls") || body["parallel_tool_calls"].is_null() ||
+                                       body["parallel_tool_calls"] == true);
   for (const auto& t : body["tools"]) {
     if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
         !t["function"]["name"].is_string())
@@ -114,7 +115,7 @@ std::optional<GrammarSpec> parse_structured_output(const json& body, std::string
   auto add = [&](const std::string& param, std::optional<GrammarSpec> s) {
     if (s) found.emplace_back(param, std::move(*s));
   };
-  if (body.contains("response_format")) add("response_format", response_format(body["response_format"]));
+  if (body.contains("response_format") && !body["response_format"].is_null()) add("response_format", response_format(body["response_format"]));
   if (body.contains("structured_outputs") && !body["structured_outputs"].is_null()) {
     const json& so = body["structured_outputs"];
     if (!so.is_object()) bad("structured_outputs", "'structured_outputs' must be an object");

@@ -358,5 +358,41 @@ TEST_F(ApiSurfaceTest, CorsPreflightAndAllowedOrigins) {
   EXPECT_FALSE(none->has_header("Access-Control-Allow-Origin"));
 }
 
+// OpenAI and vLLM read null as absent: every optional field sent as null
+// is answered as if it were not sent, never with a 400.
+TEST_F(ApiSurfaceTest, NullOptionalFieldsMeanAbsent) {
+  backend_.template_source = kHermesTemplate;
+  start();
+  const char* common[] = {"stream", "stream_options", "n", "temperature", "top_p", "top_k", "min_p",
+                          "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
+                          "stop_token_ids", "ignore_eos", "skip_special_tokens", "logprobs", "min_tokens",
+                          "logit_bias", "response_format", "structured_outputs", "guided_json", "guided_regex",
+                          "guided_choice", "cache_salt", "user", "metadata", "store", "service_tier", "priority",
+                          "functions", "function_call", "prediction", "reasoning_effort", "audio", "modalities"};
+  const char* chat_only[] = {"tool_choice", "tools", "parallel_tool_calls", "top_logprobs", "max_completion_tokens",
+                             "chat_template_kwargs", "add_generation_prompt"};
+  const char* completions_only[] = {"echo", "best_of", "suffix", "max_tokens"};
+  auto expect_null_ok = [&](json body, const char* field, const std::string& path) {
+    body[field] = nullptr;
+    auto r = post(path, body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << path << " " << field << ": null -> " << r->body;
+  };
+  for (const char* f : common) expect_null_ok(chat(), f, "/v1/chat/completions");
+  for (const char* f : chat_only) expect_null_ok(chat(), f, "/v1/chat/completions");
+  // tool_choice null with tools: "auto", tools rendered.
+  json with_tools = chat();
+  with_tools["tools"] = weather_tools();
+  expect_null_ok(with_tools, "tool_choice", "/v1/chat/completions");
+  EXPECT_EQ(backend_.last_tools, weather_tools());
+  expect_null_ok(with_tools, "parallel_tool_calls", "/v1/chat/completions");
+  const json completion = {{"prompt", "hi"}, {"max_tokens", 2}};
+  for (const char* f : common) expect_null_ok(completion, f, "/v1/completions");
+  for (const char* f : completions_only) expect_null_ok(completion, f, "/v1/completions");
+  // A null required field is still missing.
+  expect_400({{"prompt", nullptr}}, "prompt", "/v1/completions");
+  expect_400({{"messages", nullptr}}, "messages");
+}
+
 }  // namespace
 }  // namespace shardlm::server
