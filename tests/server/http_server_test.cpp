@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -488,6 +489,53 @@ TEST_F(SlowClientTest, TheApiKeyIsCheckedOnTheRawHeadBeforeTheBody) {
   EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer kAy"}})->status, 401);
   EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer k%2541y"}})->status, 401);
   EXPECT_EQ(client_->Get("/health")->status, 200);  // needs no key
+}
+
+// An early error on a kept-alive connection (a wrong key, a missing route,
+// a wrong content type, all with a body) must not leave its body in the
+// socket for the next request to be parsed from: a second request on the
+// same connection is either answered correctly or the first answer says
+// Connection: close and the connection ends there (agents retry on a new
+// one). Before the gate, a 401 left the body unread and the next request
+// got a 414.
+TEST_F(SlowClientTest, AnEarlyErrorWithABodyDrainsOrClosesTheConnection) {
+  ServerOptions options;
+  options.api_key = "right";
+  start(options);
+  const std::string good_body = chat(2).dump();
+  const std::string good = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\n"
+                           "Content-Type: application/json\r\nContent-Length: " +
+                           std::to_string(good_body.size()) + "\r\n\r\n" + good_body;
+  const std::string body(3000, 'x');  // long enough to look like a request line of its own
+  struct Case {
+    std::string head;
+    int status;
+  } cases[] = {
+      {"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+       "Content-Type: application/json\r\n", 401},
+      {"POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\nContent-Type: application/json\r\n", 404},
+      {"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\nContent-Type: text/plain\r\n", 415},
+  };
+  for (const Case& c : cases) {
+    const int fd = connect_loopback(server_->port());
+    ASSERT_GE(fd, 0);
+    const std::string both = c.head + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body + good;
+    ASSERT_EQ(::send(fd, both.data(), both.size(), MSG_NOSIGNAL), static_cast<ssize_t>(both.size()));
+    const std::string answer = read_to_close(fd);
+    ::close(fd);
+    ASSERT_EQ(answer.rfind("HTTP/1.1 " + std::to_string(c.status), 0), 0u) << answer.substr(0, 300);
+    const size_t second = answer.find("HTTP/1.1 ", 1);
+    if (second == std::string::npos) {
+      std::string head = answer.substr(0, answer.find("\r\n\r\n"));
+      std::transform(head.begin(), head.end(), head.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      EXPECT_NE(head.find("connection: close"), std::string::npos) << c.status << ": " << head;
+    } else {
+      EXPECT_EQ(answer.compare(second, 12, "HTTP/1.1 200"), 0) << c.status << ": " << answer.substr(second, 300);
+    }
+    EXPECT_EQ(answer.find(" 414 "), std::string::npos) << answer.substr(0, 600);
+  }
+  // And the server serves on.
+  EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer right"}})->status, 200);
 }
 
 }  // namespace
