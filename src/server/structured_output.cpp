@@ -57,7 +57,14 @@ std::optional<GrammarSpec> response_format(const json& rf) {
     bad("response_format", "'response_format' must be an object with a 'type'");
   const std::string type = rf["type"];
   if (type == "text") return std::nullopt;
-  if (type == "json_object") return json_object_spec();
+  if (type == "json_object") {
+    // OpenAI's json_object takes no schema; one given here would be ignored, so it is refused.
+    for (auto it = rf.begin(); it != rf.end(); ++it)
+      if (it.key() != "type" && !it.value().is_null())
+        bad("response_format." + it.key(), "response_format of type json_object takes no '" + it.key() +
+                                               "'; send {\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}} for a schema");
+    return json_object_spec();
+  }
   if (type == "json_schema") {
     if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
       bad("response_format.json_schema", "response_format of type json_schema needs a 'json_schema' object");

@@ -394,5 +394,29 @@ TEST_F(ApiSurfaceTest, NullOptionalFieldsMeanAbsent) {
   expect_400({{"messages", nullptr}}, "messages");
 }
 
+// vLLM's tokenizer endpoints: /tokenize's return_token_strs, a refused
+// continue_final_message, GET /tokenizer_info; and a schema inside
+// response_format json_object is refused, not ignored.
+TEST_F(ApiSurfaceTest, TokenizerFieldsAndJsonObjectSchema) {
+  backend_.vocab = 300;
+  start();
+  json t = ok({{"prompt", "hey"}, {"return_token_strs", true}}, "/tokenize");
+  ASSERT_EQ(t["tokens"].size(), 3u);
+  EXPECT_EQ(t["token_strs"], json({"h", "e", "y"}));
+  EXPECT_FALSE(ok({{"prompt", "hey"}}, "/tokenize").contains("token_strs"));
+  expect_400({{"prompt", "hey"}, {"return_token_strs", "yes"}}, "return_token_strs", "/tokenize");
+  expect_400({{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"continue_final_message", true}},
+             "continue_final_message", "/tokenize");
+  EXPECT_EQ(ok({{"prompt", "hey"}, {"continue_final_message", false}}, "/tokenize")["count"], 3);
+  auto info = client_->Get("/tokenizer_info");
+  ASSERT_TRUE(info);
+  ASSERT_EQ(info->status, 200) << info->body;
+  EXPECT_EQ(json::parse(info->body)["vocab_size"], 300);
+  EXPECT_EQ(json::parse(info->body)["model_max_length"], backend_.max_model_len());
+  json body = chat();
+  body["response_format"] = {{"type", "json_object"}, {"schema", {{"type", "object"}}}};
+  expect_400(body, "response_format.schema");
+}
+
 }  // namespace
 }  // namespace shardlm::server
