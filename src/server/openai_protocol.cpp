@@ -183,8 +183,9 @@ std::vector<std::pair<int32_t, float>> logit_bias_param(const ordered_json& body
     errno = 0;
     long long id = std::strtoll(key.c_str(), &end, 10);
     if (key.empty() || *end != '\0' || errno != 0 || id < 0 || id > INT32_MAX || (vocab > 0 && id >= vocab))
-      bad_request("logit_bias", str_cat("'logit_bias' key '", key, "' must be a token id in [0, ",
-                                        vocab > 0 ? std::to_string(vocab - 1) : std::string("vocab size"), "]"));
+      bad_request("logit_bias", vocab > 0 ? str_cat("'logit_bias' key '", key, "' must be a token id in [0, ", vocab - 1,
+                                                    "]: the vocabulary has ", vocab, " tokens")
+                                          : str_cat("'logit_bias' key '", key, "' must be a non-negative token id"));
     if (!it.value().is_number() || !(it.value().get<double>() >= -100.0 && it.value().get<double>() <= 100.0))
       bad_request("logit_bias", str_cat("'logit_bias' value for token ", key, " must be a number in [-100, 100], got ",
                                         brief_json(it.value())));
@@ -233,6 +234,8 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
     }
     forced_tool_call = spec->kind == grammar::GrammarSpec::Kind::kToolCalls;
   }
+  if (const ordered_json* nv = find(body, "n"); nv && nv->is_number() && nv->get<double>() > limits.max_n)
+    bad_request("n", str_cat("'n' may be at most ", limits.max_n, " (choices per request, the server's limit), got ", brief_json(*nv)));
   base.n = static_cast<int>(int_param(body, "n", 1, 1, limits.max_n));
   // Request values win over generation_config.json's, which win over OpenAI's.
   base.temperature = number_param(body, "temperature", defaults.temperature.value_or(1.0), 0.0, 2.0);

@@ -418,5 +418,32 @@ TEST_F(ApiSurfaceTest, TokenizerFieldsAndJsonObjectSchema) {
   expect_400(body, "response_format.schema");
 }
 
+// Limits are named in their errors; a custom message role is refused with
+// the accepted ones listed (shardlm validates roles before the template).
+TEST_F(ApiSurfaceTest, ErrorsNameTheLimitAndTheAcceptedRoles) {
+  backend_.vocab = 300;
+  start();
+  auto message_of = [&](const json& body, const std::string& param) {
+    auto r = post("/v1/chat/completions", body);
+    EXPECT_TRUE(r);
+    if (!r) return std::string();
+    EXPECT_EQ(r->status, 400) << r->body;
+    json e = json::parse(r->body)["error"];
+    EXPECT_EQ(e["param"], param) << r->body;
+    return e["message"].get<std::string>();
+  };
+  json body = chat();
+  body["logit_bias"] = {{"300", 5}};
+  EXPECT_NE(message_of(body, "logit_bias").find("the vocabulary has 300 tokens"), std::string::npos);
+  body = chat();
+  body["n"] = 1000;
+  EXPECT_NE(message_of(body, "n").find("at most 16"), std::string::npos);
+  body = chat();
+  body["messages"] = {{{"role", "narrator"}, {"content", "x"}}};
+  const std::string m = message_of(body, "messages[0].role");
+  EXPECT_NE(m.find("'narrator'"), std::string::npos) << m;
+  EXPECT_NE(m.find("system, user, assistant, tool, developer"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace shardlm::server
