@@ -19,6 +19,7 @@ struct ChatOutputOptions {
   bool parallel_tool_calls = true;
   std::string reasoning_parser;      // "" : no reasoning split
   bool starts_in_reasoning = false;  // the prompt ends with the reasoning start tag
+  bool forced_tool_call = false;     // tool_choice required / named (ToolParserOptions::forced)
 };
 
 struct ChatDelta {

@@ -296,6 +296,7 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
           api.tool_call_parser.empty() ? detect_tool_call_parser(backend.chat_template_source()) : api.tool_call_parser;
       // A forced call is written by our grammar in hermes syntax, whatever the template says.
       if (forced_tool_call) req.output.tool_call_parser = "hermes";
+      req.output.forced_tool_call = forced_tool_call;
       if (req.output.tool_call_parser.empty())
         bad_request("tools", "this model's chat template has no tool-call format shardlm recognises; start the server with "
                              "--tool-call-parser hermes (Qwen2.5/Qwen3) or llama3_json (Llama 3.1), or send tool_choice \"none\"");

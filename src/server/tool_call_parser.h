@@ -39,6 +39,10 @@ struct ToolParseDelta {
 struct ToolParserOptions {
   bool parallel_tool_calls = true;               // false: keep the first call only
   std::function<std::string()> make_id;          // unset: "call_" + 24 random hex digits
+  // tool_choice required or named: the grammar writes only call blocks, so
+  // no text of the output is content; a block cut short (max_tokens) before
+  // its name is dropped, never given back as tag text.
+  bool forced = false;
 };
 
 class ToolCallParser {

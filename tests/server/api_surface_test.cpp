@@ -445,5 +445,51 @@ TEST_F(ApiSurfaceTest, ErrorsNameTheLimitAndTheAcceptedRoles) {
   EXPECT_NE(m.find("system, user, assistant, tool, developer"), std::string::npos) << m;
 }
 
+// A forced tool call (tool_choice named or required) cut off by max_tokens:
+// no tag text in content, and tool_calls empty (cut before the name) or the
+// call as far as it got; whole and streamed alike. A malformed call block in
+// auto mode is content, never a 5xx.
+TEST_F(ApiSurfaceTest, ForcedToolCallCutShortLeaksNoTagText) {
+  backend_.template_source = kHermesTemplate;
+  backend_.accept_grammars = true;
+  backend_.script = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  start();
+  auto forced = [&](int max_tokens, const json& choice) {
+    json body = chat();
+    body["tools"] = weather_tools();
+    body["tool_choice"] = choice;
+    body["max_tokens"] = max_tokens;
+    return body;
+  };
+  const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  for (const json& choice : {named, json("required")}) {
+    for (int cut : {3, 15, 40}) {  // inside the tag, before the name is whole, inside the arguments
+      json m = ok(forced(cut, choice))["choices"][0];
+      EXPECT_EQ(m["finish_reason"], "length");
+      const json& content = m["message"]["content"];
+      EXPECT_TRUE(content.is_null() || content == "") << cut << ": " << m.dump();
+      if (cut == 40) {
+        ASSERT_EQ(m["message"]["tool_calls"].size(), 1u) << m.dump();
+        EXPECT_EQ(m["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+      } else {
+        EXPECT_FALSE(m["message"].contains("tool_calls")) << m.dump();
+      }
+      std::string streamed;
+      for (const json& c : stream(forced(cut, choice)))
+        streamed += c["choices"][0]["delta"].value("content", "");
+      EXPECT_EQ(streamed, "") << cut;
+    }
+  }
+  // Auto: a broken block is returned as content, whole and streamed, with a 200.
+  backend_.script = "<tool_call>\n{\"nam\": 1]]\n</tool_call> done";
+  json body = chat();
+  body["tools"] = weather_tools();
+  json m = ok(body)["choices"][0]["message"];
+  EXPECT_EQ(m["content"], backend_.script);
+  std::string streamed;
+  for (const json& c : stream(body)) streamed += c["choices"][0]["delta"].value("content", "");
+  EXPECT_EQ(streamed, backend_.script);
+}
+
 }  // namespace
 }  // namespace shardlm::server
