@@ -471,12 +471,13 @@ void HttpServer::install_routes() {
 
       auto request = std::make_shared<ParsedRequest>(std::move(parsed));
       auto first_sent = std::make_shared<std::vector<bool>>(streams->size() * n, false);
+      auto n_tokens = std::make_shared<std::vector<int64_t>>(streams->size() * n, 0);  // per choice, so far
       auto parsers = std::make_shared<std::vector<std::unique_ptr<ChatOutputParser>>>();
       for (size_t c = 0; c < streams->size() * n; ++c) parsers->push_back(make_output_parser(*request));
           res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [tracked, streams, request, first_sent, parsers, id, created, model, n](size_t, httplib::DataSink& sink) {
+          [tracked, streams, request, first_sent, n_tokens, parsers, id, created, model, n](size_t, httplib::DataSink& sink) {
             auto cancel_all = [&] {
               for (auto& s : *streams) s->cancel();
             };
@@ -496,8 +497,10 @@ void HttpServer::install_routes() {
                 }
                 bool first = !(*first_sent)[choice];
                 (*first_sent)[choice] = true;
-                for (const auto& chunk :
-                     stream_chunks(*request, id, created, model, choice, e, first, (*parsers)[choice].get())) {
+                (*n_tokens)[choice] += static_cast<int64_t>(e.token_ids.size());
+                const Usage so_far{s.prompt_tokens(), (*n_tokens)[choice], s.cached_tokens()};
+                for (const auto& chunk : stream_chunks(*request, id, created, model, choice, e, first,
+                                                       (*parsers)[choice].get(), &so_far)) {
                   if (!sse_write(sink, chunk.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))) {
                     cancel_all();  // the client went away: free its sequences now
                     return false;

@@ -217,7 +217,14 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
   if (const ordered_json* so = find(body, "stream_options")) {
     if (!so->is_object()) bad_request("stream_options", "'stream_options' must be an object");
     if (!req.stream) bad_request("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    for (auto it = so->begin(); it != so->end(); ++it)
+      if (it.key() != "include_usage" && it.key() != "continuous_usage_stats" && !it.value().is_null())
+        bad_request("stream_options." + it.key(), str_cat("'stream_options.", it.key(), "' is not supported"));
     req.include_usage = bool_param(*so, "include_usage", false);
+    req.continuous_usage = bool_param(*so, "continuous_usage_stats", false);
+    if (req.continuous_usage && !req.include_usage)
+      bad_request("stream_options.continuous_usage_stats",
+                  "'stream_options.continuous_usage_stats' needs 'stream_options.include_usage': true");
   }
 
   GenerateParams base;
@@ -503,7 +510,7 @@ std::unique_ptr<ChatOutputParser> make_output_parser(const ParsedRequest& reques
 
 std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std::string& id, int64_t created,
                                         const std::string& model, int choice_index, const GenerateEvent& event,
-                                        bool first, ChatOutputParser* parser) {
+                                        bool first, ChatOutputParser* parser, const Usage* usage) {
   ordered_json out;
   const bool chat = request.endpoint == Endpoint::kChat;
   out["id"] = id;
@@ -519,6 +526,7 @@ std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std:
         {{{"index", choice_index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
           {"finish_reason", nullptr}}});
     if (request.include_usage) role["usage"] = nullptr;
+    if (request.continuous_usage && usage) role["usage"] = usage_json({usage->prompt_tokens, 0, usage->cached_tokens});
     chunks.push_back(std::move(role));
   }
   ordered_json choice;
@@ -570,6 +578,7 @@ std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std:
   choice["finish_reason"] = finish ? ordered_json(*finish) : ordered_json();
   out["choices"] = ordered_json::array({choice});
   if (request.include_usage) out["usage"] = nullptr;
+  if (request.continuous_usage && usage) out["usage"] = usage_json(*usage);
   chunks.push_back(std::move(out));
   return chunks;
 }

@@ -162,6 +162,37 @@ TEST_F(HttpServerTest, StreamingSendsChunksUsageAndDone) {
   EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], 4);
 }
 
+// vLLM's stream_options.continuous_usage_stats: usage on every chunk, the
+// choice's completion tokens so far, then the final usage chunk.
+TEST_F(HttpServerTest, ContinuousUsageStatsOnEveryChunk) {
+  start();
+  json req = chat(3);
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  auto r = client_->Post("/v1/chat/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::vector<json> chunks;
+  size_t pos = 0;
+  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+    size_t end = r->body.find("\n\n", pos);
+    std::string payload = r->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (payload != "[DONE]") chunks.push_back(json::parse(payload));
+  }
+  ASSERT_EQ(chunks.size(), 5u);  // role, 3 tokens, usage
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    ASSERT_TRUE(chunks[i]["usage"].is_object()) << i << ": " << chunks[i].dump();
+    EXPECT_EQ(chunks[i]["usage"]["prompt_tokens"], 18);
+    EXPECT_EQ(chunks[i]["usage"]["completion_tokens"], std::min<int>(static_cast<int>(i), 3)) << i;
+  }
+  EXPECT_TRUE(chunks.back()["choices"].empty());
+  req["stream_options"] = {{"continuous_usage_stats", true}};
+  expect_error(post("/v1/chat/completions", req), 400, "stream_options.continuous_usage_stats");
+  req["stream_options"] = {{"include_usage", true}, {"other", true}};
+  expect_error(post("/v1/chat/completions", req), 400, "stream_options.other");
+}
+
 TEST_F(HttpServerTest, CompletionsStreamHasNoRoleChunk) {
   start();
   auto r = client_->Post("/v1/completions",
