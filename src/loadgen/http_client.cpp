@@ -263,7 +263,19 @@ RequestOutput OpenAiClient::send(const RequestSpec& spec, const SampleRequest& r
       return;
     }
     auto choices = j.find("choices");
-    if (choices != j.end() && choices->is_array() && !choices->empty()) {
+    // A chat stream opens with a role-only delta ({"role": "assistant",
+    // "content": ""}, as OpenAI and vLLM send it): no token, so neither TTFT
+    // nor a chunk.
+    auto role_only = [&](const nlohmann::json& c0) {
+      if (!chat || !c0.is_object() || !c0.contains("delta") || !c0["delta"].is_object()) return false;
+      const auto& d = c0["delta"];
+      if (!d.contains("role") || (c0.contains("finish_reason") && !c0["finish_reason"].is_null())) return false;
+      for (auto it = d.begin(); it != d.end(); ++it)
+        if (it.key() != "role" && !(it.value().is_null() || (it.value().is_string() && it.value().get<std::string>().empty())))
+          return false;
+      return true;
+    };
+    if (choices != j.end() && choices->is_array() && !choices->empty() && !role_only((*choices)[0])) {
       if (first) {
         out.ttft = seconds(now - st);
         first = false;

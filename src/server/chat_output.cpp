@@ -10,6 +10,7 @@ ChatOutputParser::ChatOutputParser(const ChatOutputOptions& options, ToolParserO
   if (!options.tool_call_parser.empty()) {
     tool_options.parallel_tool_calls = options.parallel_tool_calls;
     if (tool_options.parameter_types.empty()) tool_options.parameter_types = options.parameter_types;
+    tool_options.forced = options.forced_tool_call;
     tools_ = make_tool_call_parser(options.tool_call_parser, std::move(tool_options));
   }
 }

@@ -21,6 +21,7 @@ struct ChatOutputOptions {
   std::map<std::string, std::map<std::string, std::string>> parameter_types;  // ToolParserOptions' (qwen3_coder)
   std::string reasoning_parser;      // "" : no reasoning split
   bool starts_in_reasoning = false;  // the prompt ends with the reasoning start tag
+  bool forced_tool_call = false;     // tool_choice required / named (ToolParserOptions::forced)
 };
 
 struct ChatDelta {

@@ -12,7 +12,7 @@ bool ends_with(const std::string& s, std::string_view tail) {
 }  // namespace
 
 void HermesToolParser::give_back(const std::string& text, ToolParseDelta* out) {
-  if (n_calls_ == 0) out->content += text;
+  if (n_calls_ == 0 && !options_.forced) out->content += text;
 }
 
 ToolParseDelta HermesToolParser::feed(std::string_view text) {

@@ -92,7 +92,7 @@ std::string raw_field(const httplib::Request& req, const std::string& lower_name
 }
 
 bool needs_auth(const std::string& path) {
-  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" || path == "/tokenizer_info";
 }
 
 }  // namespace
@@ -350,6 +350,22 @@ void HttpServer::install_routes() {
 
   http.Post("/tokenize", guarded([this, json_body](const Request& req, Response& res) {
     ordered_json body = json_body(req);
+    // vLLM's /tokenize fields: return_token_strs is served (each token
+    // decoded alone); continue_final_message is not implemented, so refused.
+    bool token_strs = false;
+    if (auto r = body.find("return_token_strs"); r != body.end() && !r->is_null()) {
+      if (!r->is_boolean())
+        throw ApiException({400, "'return_token_strs' must be true or false, got " + brief_json(*r),
+                            "invalid_request_error", "return_token_strs", ""});
+      token_strs = r->get<bool>();
+    }
+    body.erase("return_token_strs");
+    if (auto c = body.find("continue_final_message"); c != body.end() && !c->is_null()) {
+      if (!(c->is_boolean() && !c->get<bool>()))
+        throw ApiException({400, "'continue_final_message' is not supported by /tokenize", "invalid_request_error",
+                            "continue_final_message", "unsupported_parameter"});
+      body.erase("continue_final_message");
+    }
     std::vector<int32_t> ids;
     if (body.contains("messages")) {
       ApiOptions api = options_.api;
@@ -367,7 +383,18 @@ void HttpServer::install_routes() {
       bool add_special = special == body.end() || !special->is_boolean() || special->get<bool>();
       ids = backend_.tokenize(p->get<std::string>(), add_special);
     }
-    reply_json(res, 200, {{"count", ids.size()}, {"max_model_len", backend_.max_model_len()}, {"tokens", ids}});
+    ordered_json out = {{"count", ids.size()}, {"max_model_len", backend_.max_model_len()}, {"tokens", ids}};
+    if (token_strs) {
+      ordered_json strs = ordered_json::array();
+      for (int32_t id : ids) strs.push_back(backend_.detokenize({id}));
+      out["token_strs"] = strs;
+    }
+    reply_json(res, 200, out);
+  }));
+
+  // vLLM's GET /tokenizer_info, reduced to what shardlm knows of its tokenizer.
+  http.Get("/tokenizer_info", guarded([this](const Request&, Response& res) {
+    reply_json(res, 200, {{"vocab_size", backend_.vocab_size()}, {"model_max_length", backend_.max_model_len()}});
   }));
 
   http.Post("/detokenize", guarded([this, json_body](const Request& req, Response& res) {
@@ -444,12 +471,13 @@ void HttpServer::install_routes() {
 
       auto request = std::make_shared<ParsedRequest>(std::move(parsed));
       auto first_sent = std::make_shared<std::vector<bool>>(streams->size() * n, false);
+      auto n_tokens = std::make_shared<std::vector<int64_t>>(streams->size() * n, 0);  // per choice, so far
       auto parsers = std::make_shared<std::vector<std::unique_ptr<ChatOutputParser>>>();
       for (size_t c = 0; c < streams->size() * n; ++c) parsers->push_back(make_output_parser(*request));
           res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [tracked, streams, request, first_sent, parsers, id, created, model, n](size_t, httplib::DataSink& sink) {
+          [tracked, streams, request, first_sent, n_tokens, parsers, id, created, model, n](size_t, httplib::DataSink& sink) {
             auto cancel_all = [&] {
               for (auto& s : *streams) s->cancel();
             };
@@ -469,8 +497,10 @@ void HttpServer::install_routes() {
                 }
                 bool first = !(*first_sent)[choice];
                 (*first_sent)[choice] = true;
-                for (const auto& chunk :
-                     stream_chunks(*request, id, created, model, choice, e, first, (*parsers)[choice].get())) {
+                (*n_tokens)[choice] += static_cast<int64_t>(e.token_ids.size());
+                const Usage so_far{s.prompt_tokens(), (*n_tokens)[choice], s.cached_tokens()};
+                for (const auto& chunk : stream_chunks(*request, id, created, model, choice, e, first,
+                                                       (*parsers)[choice].get(), &so_far)) {
                   if (!sse_write(sink, chunk.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))) {
                     cancel_all();  // the client went away: free its sequences now
                     return false;

@@ -184,8 +184,9 @@ std::vector<std::pair<int32_t, float>> logit_bias_param(const ordered_json& body
     errno = 0;
     long long id = std::strtoll(key.c_str(), &end, 10);
     if (key.empty() || *end != '\0' || errno != 0 || id < 0 || id > INT32_MAX || (vocab > 0 && id >= vocab))
-      bad_request("logit_bias", str_cat("'logit_bias' key '", key, "' must be a token id in [0, ",
-                                        vocab > 0 ? std::to_string(vocab - 1) : std::string("vocab size"), "]"));
+      bad_request("logit_bias", vocab > 0 ? str_cat("'logit_bias' key '", key, "' must be a token id in [0, ", vocab - 1,
+                                                    "]: the vocabulary has ", vocab, " tokens")
+                                          : str_cat("'logit_bias' key '", key, "' must be a non-negative token id"));
     if (!it.value().is_number() || !(it.value().get<double>() >= -100.0 && it.value().get<double>() <= 100.0))
       bad_request("logit_bias", str_cat("'logit_bias' value for token ", key, " must be a number in [-100, 100], got ",
                                         brief_json(it.value())));
@@ -217,7 +218,14 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
   if (const ordered_json* so = find(body, "stream_options")) {
     if (!so->is_object()) bad_request("stream_options", "'stream_options' must be an object");
     if (!req.stream) bad_request("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    for (auto it = so->begin(); it != so->end(); ++it)
+      if (it.key() != "include_usage" && it.key() != "continuous_usage_stats" && !it.value().is_null())
+        bad_request("stream_options." + it.key(), str_cat("'stream_options.", it.key(), "' is not supported"));
     req.include_usage = bool_param(*so, "include_usage", false);
+    req.continuous_usage = bool_param(*so, "continuous_usage_stats", false);
+    if (req.continuous_usage && !req.include_usage)
+      bad_request("stream_options.continuous_usage_stats",
+                  "'stream_options.continuous_usage_stats' needs 'stream_options.include_usage': true");
   }
 
   GenerateParams base;
@@ -234,6 +242,8 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
     }
     forced_tool_call = spec->kind == grammar::GrammarSpec::Kind::kToolCalls;
   }
+  if (const ordered_json* nv = find(body, "n"); nv && nv->is_number() && nv->get<double>() > limits.max_n)
+    bad_request("n", str_cat("'n' may be at most ", limits.max_n, " (choices per request, the server's limit), got ", brief_json(*nv)));
   base.n = static_cast<int>(int_param(body, "n", 1, 1, limits.max_n));
   // Request values win over generation_config.json's, which win over OpenAI's.
   base.temperature = number_param(body, "temperature", defaults.temperature.value_or(1.0), 0.0, 2.0);
@@ -300,6 +310,7 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
           api.tool_call_parser.empty() ? detect_tool_call_parser(backend.chat_template_source()) : api.tool_call_parser;
       // A forced call is written by our grammar in hermes syntax, whatever the template says.
       if (forced_tool_call) req.output.tool_call_parser = "hermes";
+      req.output.forced_tool_call = forced_tool_call;
       if (req.output.tool_call_parser.empty())
         bad_request("tools", "this model's chat template has no tool-call format shardlm recognises; start the server with "
                              "--tool-call-parser hermes (Qwen2.5/Qwen3), llama3_json (Llama 3.1) or qwen3_coder "
@@ -511,13 +522,25 @@ std::unique_ptr<ChatOutputParser> make_output_parser(const ParsedRequest& reques
 
 std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std::string& id, int64_t created,
                                         const std::string& model, int choice_index, const GenerateEvent& event,
-                                        bool first, ChatOutputParser* parser) {
+                                        bool first, ChatOutputParser* parser, const Usage* usage) {
   ordered_json out;
   const bool chat = request.endpoint == Endpoint::kChat;
   out["id"] = id;
   out["object"] = chat ? "chat.completion.chunk" : "text_completion";
   out["created"] = created;
   out["model"] = model;
+  std::vector<ordered_json> chunks;
+  if (chat && first) {
+    // A choice opens with a role-only delta, as OpenAI, vLLM and llama.cpp
+    // send it: {"role": "assistant", "content": ""}, then the tokens.
+    ordered_json role = out;
+    role["choices"] = ordered_json::array(
+        {{{"index", choice_index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+          {"finish_reason", nullptr}}});
+    if (request.include_usage) role["usage"] = nullptr;
+    if (request.continuous_usage && usage) role["usage"] = usage_json({usage->prompt_tokens, 0, usage->cached_tokens});
+    chunks.push_back(std::move(role));
+  }
   ordered_json choice;
   choice["index"] = choice_index;
   std::optional<std::string> finish = event.finish_reason;
@@ -536,8 +559,7 @@ std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std:
       d.content = event.text;
     }
     ordered_json delta = ordered_json::object();
-    if (first) delta["role"] = "assistant";
-    if (!d.content.empty() || (first && d.reasoning.empty() && d.tool_calls.empty())) delta["content"] = d.content;
+    if (!d.content.empty()) delta["content"] = d.content;
     if (!d.reasoning.empty()) {
       delta["reasoning_content"] = d.reasoning;
       delta["reasoning"] = d.reasoning;
@@ -557,7 +579,7 @@ std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std:
       }
       delta["tool_calls"] = calls;
     }
-    if (delta.empty() && !finish && !wants_logprobs(request)) return {};  // all held back
+    if (delta.empty() && !finish && !wants_logprobs(request)) return chunks;  // all held back
     choice["delta"] = delta;
     choice["logprobs"] = wants_logprobs(request) ? chat_logprobs(event.tokens, event.logprobs, event.top_logprobs) : ordered_json();
   } else {
@@ -568,7 +590,9 @@ std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std:
   choice["finish_reason"] = finish ? ordered_json(*finish) : ordered_json();
   out["choices"] = ordered_json::array({choice});
   if (request.include_usage) out["usage"] = nullptr;
-  return {out};
+  if (request.continuous_usage && usage) out["usage"] = usage_json(*usage);
+  chunks.push_back(std::move(out));
+  return chunks;
 }
 
 ordered_json usage_chunk(const ParsedRequest& request, const std::string& id, int64_t created,

@@ -37,6 +37,7 @@ struct ParsedRequest {
   std::string model;  // as requested (empty: the served model)
   bool stream = false;
   bool include_usage = false;           // stream_options.include_usage
+  bool continuous_usage = false;        // stream_options.continuous_usage_stats: usage on every chunk (vLLM)
   bool echo = false;                    // completions: prepend the prompt text
   bool chat_logprobs = false;           // chat: logprobs=true
   std::vector<GenerateParams> prompts;  // one per prompt
@@ -84,11 +85,14 @@ ordered_json completion_response(const ParsedRequest& request, const std::string
                                  const Usage& usage);
 
 // The streaming chunks for `event` of choice `choice_index` (none when a
-// parser holds all of its text back). `parser`: that choice's output parser
+// parser holds all of its text back). A chat choice's `first` event is
+// preceded by a role-only chunk, delta {"role": "assistant", "content": ""};
+// completions chunks carry no role. `usage`: the choice's usage so far,
+// given to every chunk when request.continuous_usage. `parser`: that choice's output parser
 // (chat), null for completions; make one per choice with make_output_parser.
 std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std::string& id, int64_t created,
                                         const std::string& model, int choice_index, const GenerateEvent& event,
-                                        bool first, ChatOutputParser* parser);
+                                        bool first, ChatOutputParser* parser, const Usage* usage = nullptr);
 std::unique_ptr<ChatOutputParser> make_output_parser(const ParsedRequest& request);
 
 // The final usage chunk (choices: []) when stream_options.include_usage.

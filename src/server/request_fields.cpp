@@ -79,6 +79,7 @@ void check_request_fields(Endpoint endpoint, const ordered_json& body) {
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& key = it.key();
     const ordered_json& v = it.value();
+    if (v.is_null()) continue;  // null means absent, as OpenAI and vLLM read it
     if (key == "best_of" && endpoint == Endpoint::kCompletions) {
       if (!v.is_null() && !(v.is_number_integer() && v.get<int64_t>() == 1))
         refuse(key, "'best_of' other than 1 is not supported; use 'n' and pick the best yourself");

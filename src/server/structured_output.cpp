@@ -57,7 +57,14 @@ std::optional<GrammarSpec> response_format(const json& rf) {
     bad("response_format", "'response_format' must be an object with a 'type'");
   const std::string type = rf["type"];
   if (type == "text") return std::nullopt;
-  if (type == "json_object") return json_object_spec();
+  if (type == "json_object") {
+    // OpenAI's json_object takes no schema; one given here would be ignored, so it is refused.
+    for (auto it = rf.begin(); it != rf.end(); ++it)
+      if (it.key() != "type" && !it.value().is_null())
+        bad("response_format." + it.key(), "response_format of type json_object takes no '" + it.key() +
+                                               "'; send {\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}} for a schema");
+    return json_object_spec();
+  }
   if (type == "json_schema") {
     if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
       bad("response_format.json_schema", "response_format of type json_schema needs a 'json_schema' object");
@@ -75,7 +82,7 @@ std::optional<GrammarSpec> response_format(const json& rf) {
 }
 
 std::optional<GrammarSpec> tool_choice(const json& body) {
-  if (!body.contains("tool_choice")) return std::nullopt;
+  if (!body.contains("tool_choice") || body["tool_choice"].is_null()) return std::nullopt;  // null: absent
   const json& tc = body["tool_choice"];
   if (tc.is_string() && (tc == "none" || tc == "auto")) return std::nullopt;
   const bool required = tc.is_string() && tc == "required";
@@ -91,7 +98,8 @@ std::optional<GrammarSpec> tool_choice(const json& body) {
     bad("tool_choice", "tool_choice '" + std::string(required ? "required" : named) + "' needs a non-empty 'tools' list");
   GrammarSpec s;
   s.kind = GrammarSpec::Kind::kToolCalls;
-  s.parallel_tool_calls = required && (!body.contains("parallel_tool_calls") || body["parallel_tool_calls"] == true);
+  s.parallel_tool_calls = required && (!body.contains("parallel_tool_calls") || body["parallel_tool_calls"].is_null() ||
+                                       body["parallel_tool_calls"] == true);
   for (const auto& t : body["tools"]) {
     if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
         !t["function"]["name"].is_string())
@@ -114,7 +122,7 @@ std::optional<GrammarSpec> parse_structured_output(const json& body, std::string
   auto add = [&](const std::string& param, std::optional<GrammarSpec> s) {
     if (s) found.emplace_back(param, std::move(*s));
   };
-  if (body.contains("response_format")) add("response_format", response_format(body["response_format"]));
+  if (body.contains("response_format") && !body["response_format"].is_null()) add("response_format", response_format(body["response_format"]));
   if (body.contains("structured_outputs") && !body["structured_outputs"].is_null()) {
     const json& so = body["structured_outputs"];
     if (!so.is_object()) bad("structured_outputs", "'structured_outputs' must be an object");

@@ -44,6 +44,10 @@ struct ToolParserOptions {
   // qwen3_coder: tool -> parameter -> JSON schema type, to convert the XML
   // parameter values (absent: strings).
   std::map<std::string, std::map<std::string, std::string>> parameter_types;
+  // tool_choice required or named: the grammar writes only call blocks, so
+  // no text of the output is content; a block cut short (max_tokens) before
+  // its name is dropped, never given back as tag text.
+  bool forced = false;
 };
 
 class ToolCallParser {

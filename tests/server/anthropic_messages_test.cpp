@@ -343,5 +343,18 @@ TEST_F(AnthropicTest, RefusalsNameTheField) {
   EXPECT_EQ(ok("/v1/messages", hello(1))["type"], "message");
 }
 
+// null for an optional field means absent, as on chat completions.
+TEST_F(AnthropicTest, NullOptionalFieldsMeanAbsent) {
+  start();
+  for (const char* f : {"system", "tools", "tool_choice", "temperature", "top_p", "top_k", "stop_sequences", "metadata",
+                        "stream", "thinking"}) {
+    json body = hello(5);
+    body[f] = nullptr;
+    auto r = post("/v1/messages", body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << f << ": null -> " << r->body;
+  }
+}
+
 }  // namespace
 }  // namespace shardlm::server

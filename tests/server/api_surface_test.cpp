@@ -358,5 +358,138 @@ TEST_F(ApiSurfaceTest, CorsPreflightAndAllowedOrigins) {
   EXPECT_FALSE(none->has_header("Access-Control-Allow-Origin"));
 }
 
+// OpenAI and vLLM read null as absent: every optional field sent as null
+// is answered as if it were not sent, never with a 400.
+TEST_F(ApiSurfaceTest, NullOptionalFieldsMeanAbsent) {
+  backend_.template_source = kHermesTemplate;
+  start();
+  const char* common[] = {"stream", "stream_options", "n", "temperature", "top_p", "top_k", "min_p",
+                          "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
+                          "stop_token_ids", "ignore_eos", "skip_special_tokens", "logprobs", "min_tokens",
+                          "logit_bias", "response_format", "structured_outputs", "guided_json", "guided_regex",
+                          "guided_choice", "cache_salt", "user", "metadata", "store", "service_tier", "priority",
+                          "functions", "function_call", "prediction", "reasoning_effort", "audio", "modalities"};
+  const char* chat_only[] = {"tool_choice", "tools", "parallel_tool_calls", "top_logprobs", "max_completion_tokens",
+                             "chat_template_kwargs", "add_generation_prompt"};
+  const char* completions_only[] = {"echo", "best_of", "suffix", "max_tokens"};
+  auto expect_null_ok = [&](json body, const char* field, const std::string& path) {
+    body[field] = nullptr;
+    auto r = post(path, body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << path << " " << field << ": null -> " << r->body;
+  };
+  for (const char* f : common) expect_null_ok(chat(), f, "/v1/chat/completions");
+  for (const char* f : chat_only) expect_null_ok(chat(), f, "/v1/chat/completions");
+  // tool_choice null with tools: "auto", tools rendered.
+  json with_tools = chat();
+  with_tools["tools"] = weather_tools();
+  expect_null_ok(with_tools, "tool_choice", "/v1/chat/completions");
+  EXPECT_EQ(backend_.last_tools, weather_tools());
+  expect_null_ok(with_tools, "parallel_tool_calls", "/v1/chat/completions");
+  const json completion = {{"prompt", "hi"}, {"max_tokens", 2}};
+  for (const char* f : common) expect_null_ok(completion, f, "/v1/completions");
+  for (const char* f : completions_only) expect_null_ok(completion, f, "/v1/completions");
+  // A null required field is still missing.
+  expect_400({{"prompt", nullptr}}, "prompt", "/v1/completions");
+  expect_400({{"messages", nullptr}}, "messages");
+}
+
+// vLLM's tokenizer endpoints: /tokenize's return_token_strs, a refused
+// continue_final_message, GET /tokenizer_info; and a schema inside
+// response_format json_object is refused, not ignored.
+TEST_F(ApiSurfaceTest, TokenizerFieldsAndJsonObjectSchema) {
+  backend_.vocab = 300;
+  start();
+  json t = ok({{"prompt", "hey"}, {"return_token_strs", true}}, "/tokenize");
+  ASSERT_EQ(t["tokens"].size(), 3u);
+  EXPECT_EQ(t["token_strs"], json({"h", "e", "y"}));
+  EXPECT_FALSE(ok({{"prompt", "hey"}}, "/tokenize").contains("token_strs"));
+  expect_400({{"prompt", "hey"}, {"return_token_strs", "yes"}}, "return_token_strs", "/tokenize");
+  expect_400({{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"continue_final_message", true}},
+             "continue_final_message", "/tokenize");
+  EXPECT_EQ(ok({{"prompt", "hey"}, {"continue_final_message", false}}, "/tokenize")["count"], 3);
+  auto info = client_->Get("/tokenizer_info");
+  ASSERT_TRUE(info);
+  ASSERT_EQ(info->status, 200) << info->body;
+  EXPECT_EQ(json::parse(info->body)["vocab_size"], 300);
+  EXPECT_EQ(json::parse(info->body)["model_max_length"], backend_.max_model_len());
+  json body = chat();
+  body["response_format"] = {{"type", "json_object"}, {"schema", {{"type", "object"}}}};
+  expect_400(body, "response_format.schema");
+}
+
+// Limits are named in their errors; a custom message role is refused with
+// the accepted ones listed (shardlm validates roles before the template).
+TEST_F(ApiSurfaceTest, ErrorsNameTheLimitAndTheAcceptedRoles) {
+  backend_.vocab = 300;
+  start();
+  auto message_of = [&](const json& body, const std::string& param) {
+    auto r = post("/v1/chat/completions", body);
+    EXPECT_TRUE(r);
+    if (!r) return std::string();
+    EXPECT_EQ(r->status, 400) << r->body;
+    json e = json::parse(r->body)["error"];
+    EXPECT_EQ(e["param"], param) << r->body;
+    return e["message"].get<std::string>();
+  };
+  json body = chat();
+  body["logit_bias"] = {{"300", 5}};
+  EXPECT_NE(message_of(body, "logit_bias").find("the vocabulary has 300 tokens"), std::string::npos);
+  body = chat();
+  body["n"] = 1000;
+  EXPECT_NE(message_of(body, "n").find("at most 16"), std::string::npos);
+  body = chat();
+  body["messages"] = {{{"role", "narrator"}, {"content", "x"}}};
+  const std::string m = message_of(body, "messages[0].role");
+  EXPECT_NE(m.find("'narrator'"), std::string::npos) << m;
+  EXPECT_NE(m.find("system, user, assistant, tool, developer"), std::string::npos) << m;
+}
+
+// A forced tool call (tool_choice named or required) cut off by max_tokens:
+// no tag text in content, and tool_calls empty (cut before the name) or the
+// call as far as it got; whole and streamed alike. A malformed call block in
+// auto mode is content, never a 5xx.
+TEST_F(ApiSurfaceTest, ForcedToolCallCutShortLeaksNoTagText) {
+  backend_.template_source = kHermesTemplate;
+  backend_.accept_grammars = true;
+  backend_.script = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  start();
+  auto forced = [&](int max_tokens, const json& choice) {
+    json body = chat();
+    body["tools"] = weather_tools();
+    body["tool_choice"] = choice;
+    body["max_tokens"] = max_tokens;
+    return body;
+  };
+  const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  for (const json& choice : {named, json("required")}) {
+    for (int cut : {3, 15, 40}) {  // inside the tag, before the name is whole, inside the arguments
+      json m = ok(forced(cut, choice))["choices"][0];
+      EXPECT_EQ(m["finish_reason"], "length");
+      const json& content = m["message"]["content"];
+      EXPECT_TRUE(content.is_null() || content == "") << cut << ": " << m.dump();
+      if (cut == 40) {
+        ASSERT_EQ(m["message"]["tool_calls"].size(), 1u) << m.dump();
+        EXPECT_EQ(m["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+      } else {
+        EXPECT_FALSE(m["message"].contains("tool_calls")) << m.dump();
+      }
+      std::string streamed;
+      for (const json& c : stream(forced(cut, choice)))
+        streamed += c["choices"][0]["delta"].value("content", "");
+      EXPECT_EQ(streamed, "") << cut;
+    }
+  }
+  // Auto: a broken block is returned as content, whole and streamed, with a 200.
+  backend_.script = "<tool_call>\n{\"nam\": 1]]\n</tool_call> done";
+  json body = chat();
+  body["tools"] = weather_tools();
+  json m = ok(body)["choices"][0]["message"];
+  EXPECT_EQ(m["content"], backend_.script);
+  std::string streamed;
+  for (const json& c : stream(body)) streamed += c["choices"][0]["delta"].value("content", "");
+  EXPECT_EQ(streamed, backend_.script);
+}
+
 }  // namespace
 }  // namespace shardlm::server

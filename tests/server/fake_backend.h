@@ -184,6 +184,13 @@ class FakeBackend : public ServingBackend {
   }
   std::string chat_template_source() const override { return template_source; }
   int64_t vocab_size() const override { return vocab; }
+  // accept_grammars: every grammar "compiles" to none, and `script` plays
+  // what the grammar would have made the model write.
+  std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const grammar::GrammarSpec& spec) const override {
+    if (accept_grammars) return nullptr;
+    return ServingBackend::compile_grammar(spec);
+  }
+  bool accept_grammars = false;
   SamplingDefaults sampling_defaults() const override { return defaults; }
   Deployment deployment() const override { return layout; }
   // TP=2 on one replica; rank 1's measured weights differ from plan by 1 byte.

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -147,7 +148,11 @@ TEST_F(HttpServerTest, StreamingSendsChunksUsageAndDone) {
   EXPECT_TRUE(done);
   ASSERT_GE(chunks.size(), 5u);
   EXPECT_EQ(chunks[0]["object"], "chat.completion.chunk");
-  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  // The first chunk is role-only, as OpenAI and vLLM send it; no later one has a role.
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"], json({{"role", "assistant"}, {"content", ""}}));
+  EXPECT_TRUE(chunks[0]["choices"][0]["finish_reason"].is_null());
+  for (size_t i = 1; i + 1 < chunks.size(); ++i) EXPECT_FALSE(chunks[i]["choices"][0]["delta"].contains("role"));
+  EXPECT_EQ(chunks[1]["choices"][0]["delta"]["content"], "a");
   std::string text;
   for (size_t i = 0; i + 1 < chunks.size(); ++i) {
     EXPECT_TRUE(chunks[i]["usage"].is_null());
@@ -157,6 +162,60 @@ TEST_F(HttpServerTest, StreamingSendsChunksUsageAndDone) {
   EXPECT_EQ(chunks[chunks.size() - 2]["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(chunks.back()["choices"].empty());
   EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], 4);
+}
+
+// vLLM's stream_options.continuous_usage_stats: usage on every chunk, the
+// choice's completion tokens so far, then the final usage chunk.
+TEST_F(HttpServerTest, ContinuousUsageStatsOnEveryChunk) {
+  start();
+  json req = chat(3);
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  auto r = client_->Post("/v1/chat/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::vector<json> chunks;
+  size_t pos = 0;
+  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+    size_t end = r->body.find("\n\n", pos);
+    std::string payload = r->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (payload != "[DONE]") chunks.push_back(json::parse(payload));
+  }
+  ASSERT_EQ(chunks.size(), 5u);  // role, 3 tokens, usage
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    ASSERT_TRUE(chunks[i]["usage"].is_object()) << i << ": " << chunks[i].dump();
+    EXPECT_EQ(chunks[i]["usage"]["prompt_tokens"], 18);
+    EXPECT_EQ(chunks[i]["usage"]["completion_tokens"], std::min<int>(static_cast<int>(i), 3)) << i;
+  }
+  EXPECT_TRUE(chunks.back()["choices"].empty());
+  req["stream_options"] = {{"continuous_usage_stats", true}};
+  expect_error(post("/v1/chat/completions", req), 400, "stream_options.continuous_usage_stats");
+  req["stream_options"] = {{"include_usage", true}, {"other", true}};
+  expect_error(post("/v1/chat/completions", req), 400, "stream_options.other");
+}
+
+TEST_F(HttpServerTest, CompletionsStreamHasNoRoleChunk) {
+  start();
+  auto r = client_->Post("/v1/completions",
+                         json({{"prompt", "hi"}, {"max_tokens", 3}, {"stream", true}}).dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::string text;
+  size_t pos = 0;
+  int n = 0;
+  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+    size_t end = r->body.find("\n\n", pos);
+    std::string payload = r->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (payload == "[DONE]") continue;
+    json c = json::parse(payload);
+    EXPECT_EQ(c["object"], "text_completion");
+    EXPECT_FALSE(c["choices"][0].contains("delta"));
+    if (n++ == 0) EXPECT_FALSE(c["choices"][0]["text"].get<std::string>().empty());  // the first chunk is a token
+    text += c["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, "abc");
 }
 
 TEST_F(HttpServerTest, InvalidValuesAre400NamingTheParameter) {
@@ -463,6 +522,53 @@ TEST_F(SlowClientTest, TheApiKeyIsCheckedOnTheRawHeadBeforeTheBody) {
   EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer kAy"}})->status, 401);
   EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer k%2541y"}})->status, 401);
   EXPECT_EQ(client_->Get("/health")->status, 200);  // needs no key
+}
+
+// An early error on a kept-alive connection (a wrong key, a missing route,
+// a wrong content type, all with a body) must not leave its body in the
+// socket for the next request to be parsed from: a second request on the
+// same connection is either answered correctly or the first answer says
+// Connection: close and the connection ends there (agents retry on a new
+// one). Before the gate, a 401 left the body unread and the next request
+// got a 414.
+TEST_F(SlowClientTest, AnEarlyErrorWithABodyDrainsOrClosesTheConnection) {
+  ServerOptions options;
+  options.api_key = "right";
+  start(options);
+  const std::string good_body = chat(2).dump();
+  const std::string good = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\n"
+                           "Content-Type: application/json\r\nContent-Length: " +
+                           std::to_string(good_body.size()) + "\r\n\r\n" + good_body;
+  const std::string body(3000, 'x');  // long enough to look like a request line of its own
+  struct Case {
+    std::string head;
+    int status;
+  } cases[] = {
+      {"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+       "Content-Type: application/json\r\n", 401},
+      {"POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\nContent-Type: application/json\r\n", 404},
+      {"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\nContent-Type: text/plain\r\n", 415},
+  };
+  for (const Case& c : cases) {
+    const int fd = connect_loopback(server_->port());
+    ASSERT_GE(fd, 0);
+    const std::string both = c.head + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body + good;
+    ASSERT_EQ(::send(fd, both.data(), both.size(), MSG_NOSIGNAL), static_cast<ssize_t>(both.size()));
+    const std::string answer = read_to_close(fd);
+    ::close(fd);
+    ASSERT_EQ(answer.rfind("HTTP/1.1 " + std::to_string(c.status), 0), 0u) << answer.substr(0, 300);
+    const size_t second = answer.find("HTTP/1.1 ", 1);
+    if (second == std::string::npos) {
+      std::string head = answer.substr(0, answer.find("\r\n\r\n"));
+      std::transform(head.begin(), head.end(), head.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      EXPECT_NE(head.find("connection: close"), std::string::npos) << c.status << ": " << head;
+    } else {
+      EXPECT_EQ(answer.compare(second, 12, "HTTP/1.1 200"), 0) << c.status << ": " << answer.substr(second, 300);
+    }
+    EXPECT_EQ(answer.find(" 414 "), std::string::npos) << answer.substr(0, 600);
+  }
+  // And the server serves on.
+  EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer right"}})->status, 200);
 }
 
 }  // namespace

@@ -343,5 +343,18 @@ TEST_F(ResponsesTest, RefusalsNameTheParameter) {
   EXPECT_EQ(ok("/v1/responses", {{"input", "hi"}, {"max_output_tokens", 1}})["object"], "response");
 }
 
+// null for an optional field means absent, as on chat completions.
+TEST_F(ResponsesTest, NullOptionalFieldsMeanAbsent) {
+  start();
+  for (const char* f : {"instructions", "tools", "tool_choice", "parallel_tool_calls", "temperature", "top_p", "text",
+                        "reasoning", "store", "previous_response_id", "metadata", "user", "stream"}) {
+    json body = {{"input", "hi"}, {"max_output_tokens", 5}};
+    body[f] = nullptr;
+    auto r = post("/v1/responses", body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << f << ": null -> " << r->body;
+  }
+}
+
 }  // namespace
 }  // namespace shardlm::server
