@@ -68,6 +68,7 @@ struct GenerateCliOptions {
   std::string device = "cpu";
   std::string decode_bench;  // "1,8,64": time decode steps of these many sequences instead of generating
   std::string cuda_graphs;   // --cuda-graphs on|off ("" = the device's default)
+  bool batch_invariant = false;  // --batch-invariant
   std::string quant_activations;  // --quant-activations int8|f32 ("" = the environment's, else int8)
   std::string sampling_device = "host";  // --sampling-device host|device
   int64_t decode_context = 256;
@@ -138,6 +139,7 @@ int run_decode_bench(const GenerateCliOptions& o) {
   validate_layout(spec, d.layout);
   d.device = device_for_thread_ranks(o.device, d.layout.tp * d.layout.pp);
   d.graphs.enabled = backend::parse_cuda_graphs_flag(o.cuda_graphs, !d.device.is_cpu());
+  d.batch_invariant = o.batch_invariant;
   std::vector<int64_t> batches;
   for (int32_t b : parse_ids(o.decode_bench)) {
     if (b < 1 || b > 4096)
@@ -232,6 +234,7 @@ int run_generate(const GenerateCliOptions& o) {
   g.max_tokens = o.max_tokens;
   g.eos_token_ids = load_eos_token_ids(dir, spec);
   g.block_size = o.block_size;
+  g.batch_invariant = o.batch_invariant;
   const bool under_mpi = mpi_world_size() > 1;
   if (!under_mpi) g.device = device_for_thread_ranks(o.device, tp_auto ? 1 : g.layout.tp * g.layout.pp);
   if (!under_mpi) g.graphs.enabled = backend::parse_cuda_graphs_flag(o.cuda_graphs, !g.device.is_cpu());
@@ -436,6 +439,9 @@ void setup(CLI::App& app) {
                   "the host")
       ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
+  sub->add_flag("--batch-invariant", o->batch_invariant,
+                "Batch-invariant kernels: each row's reductions in an order independent of the step's row count "
+                "(the path speculative verification needs; refused by a backend without them)");
   sub->add_option("--decode-bench", o->decode_bench,
                   "Instead of generating: time decode steps of B sequences, for each B of a list like 1,8,64 (one "
                   "load; prints tok/s and bytes read per step)");

@@ -153,7 +153,7 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
       std::lock_guard<std::mutex> lock(mu);
       result = std::move(local);
     }
-  });
+  }, opt.batch_invariant);
   return result;
 }
 

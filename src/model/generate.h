@@ -28,6 +28,7 @@ struct GenerateOptions {
   DType kv_dtype = DType::kF32;
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;  // > 0: prefill the prompt in chunks of this many tokens
+  bool batch_invariant = false;  // every rank's backend on its batch-invariant kernels (--batch-invariant)
   // Intermediates to record by name (model/tensor_dump.h: "q", "ffn_moe_topk",
   // "all", ...) on the driver's layers, for every token fed (prompt, then each
   // generated token but the last), into GenerateResult::tensors. Needs pp == 1
