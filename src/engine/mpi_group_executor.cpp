@@ -317,7 +317,7 @@ GenerateResult generate_mpi(Communicator& world, const std::filesystem::path& mo
   mo.block_size = opt.block_size;
   mo.kv_dtype = opt.kv_dtype;
   mo.device = opt.device;
-  mo.batch_invariant = opt.batch_invariant;
+  mo.batch_invariant = opt.batch_invariant || opt.speculative.enabled();  // verification needs it
   MpiGroupExecutor executor(world, mo);
   if (!executor.is_driver()) {
     executor.run_worker();

@@ -1,0 +1,25 @@
+#include "model/speculative.h"
+
+#include <algorithm>
+
+namespace shardlm {
+
+std::vector<int32_t> ngram_draft(const std::vector<int32_t>& context, const SpeculativeOptions& options,
+                                 int64_t max_draft) {
+  const int64_t n_ctx = static_cast<int64_t>(context.size());
+  const int64_t k = std::min<int64_t>(options.num_speculative_tokens, max_draft);
+  if (k <= 0) return {};
+  for (int64_t n = std::min<int64_t>(options.prompt_lookup_max, n_ctx - 1); n >= options.prompt_lookup_min; --n) {
+    const int64_t suffix = n_ctx - n;  // the pattern is context[suffix, n_ctx)
+    // Most recent earlier start s < suffix with context[s, s+n) == pattern.
+    for (int64_t s = suffix - 1; s >= 0; --s) {
+      if (!std::equal(context.begin() + s, context.begin() + s + n, context.begin() + suffix)) continue;
+      const int64_t from = s + n, to = std::min<int64_t>(n_ctx, from + k);
+      if (from >= to) continue;
+      return std::vector<int32_t>(context.begin() + from, context.begin() + to);
+    }
+  }
+  return {};
+}
+
+}  // namespace shardlm
