@@ -28,7 +28,8 @@ struct SpeculativeStats {
 };
 
 // Up to max_draft tokens that followed the most recent earlier occurrence of
-// context's longest matching suffix; empty when none matches.
+// context's longest matching suffix (preferring one followed by a full k);
+// empty when none matches.
 // context: [n] token ids (prompt, then generated).
 std::vector<int32_t> ngram_draft(const std::vector<int32_t>& context, const SpeculativeOptions& options,
                                  int64_t max_draft);
