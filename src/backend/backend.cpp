@@ -61,7 +61,9 @@ void require_device_support(const Device& device) {
 #endif
 }
 
-std::shared_ptr<Backend> make_backend(const BackendOptions& options) {
+namespace {
+
+std::shared_ptr<Backend> make_device_backend(const BackendOptions& options) {
   if (options.device.is_cpu()) return std::make_shared<CpuBackend>(options.n_threads);
   require_device_support(options.device);
 #if defined(SHARDLM_HAVE_CUDA)
@@ -69,6 +71,16 @@ std::shared_ptr<Backend> make_backend(const BackendOptions& options) {
 #else
   fail(ErrorCode::kInternal, "unreachable: ", options.device.to_string());
 #endif
+}
+
+}  // namespace
+
+std::shared_ptr<Backend> make_backend(const BackendOptions& options) {
+  std::shared_ptr<Backend> b = make_device_backend(options);
+  if (!b->set_batch_invariant(options.batch_invariant))
+    fail(ErrorCode::kUnsupported, "--batch-invariant: the ", options.device.to_string(),
+         " backend has no batch-invariant kernels; run without --batch-invariant, or on --device cpu");
+  return b;
 }
 
 int cuda_device_count() {

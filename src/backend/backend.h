@@ -208,6 +208,7 @@ class Backend {
 struct BackendOptions {
   Device device;            // cpu, or cuda:i
   int n_threads = 0;        // CPU: threads for this rank's ops (0: all cores / ranks sharing them)
+  bool batch_invariant = false;  // --batch-invariant: set_batch_invariant(true), refused where unsupported
 };
 
 // Throws make_backend's Error(kUnsupported) for a cuda device in a build
@@ -221,7 +222,9 @@ int cuda_device_count();
 DeviceMemInfo cuda_device_memory(int device);
 
 // The backend for options.device. Throws Error(kUnsupported) for a device
-// this build cannot drive (cuda without SHARDLM_CUDA), naming the build flag.
+// this build cannot drive (cuda without SHARDLM_CUDA), naming the build flag,
+// and for options.batch_invariant on a backend without invariant kernels,
+// naming --batch-invariant. The setting is applied either way (on or off).
 std::shared_ptr<Backend> make_backend(const BackendOptions& options);
 
 }  // namespace shardlm::backend

@@ -68,6 +68,8 @@ struct GenerateCliOptions {
   std::string device = "cpu";
   std::string decode_bench;  // "1,8,64": time decode steps of these many sequences instead of generating
   std::string cuda_graphs;   // --cuda-graphs on|off ("" = the device's default)
+  bool batch_invariant = false;  // --batch-invariant
+  std::string speculative_config;  // --speculative-config JSON (vLLM's flag)
   std::string quant_activations;  // --quant-activations int8|f32 ("" = the environment's, else int8)
   std::string sampling_device = "host";  // --sampling-device host|device
   int64_t decode_context = 256;
@@ -123,6 +125,43 @@ int mpi_world_size() {
 // --decode-bench B1,B2,...: decode steps of B sequences, each holding
 // --decode-context cached tokens, for each B over one load of the model; one
 // JSON line (with --json) or a sentence per B.
+// --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+// (vLLM's keys). Every key is checked; one shardlm does not implement is refused, naming it.
+SpeculativeOptions parse_speculative_config(const std::string& text, double temperature) {
+  SpeculativeOptions so;
+  if (text.empty()) return so;
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) fail(ErrorCode::kInvalidArgument, "--speculative-config: expected a JSON object, got '", text, "'");
+  auto int_key = [&](const char* key, int32_t* out) {
+    if (!j.contains(key)) return false;
+    if (!j[key].is_number_integer())
+      fail(ErrorCode::kInvalidArgument, "--speculative-config: \"", key, "\" must be an integer");
+    *out = j[key].get<int32_t>();
+    return true;
+  };
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "model")
+      fail(ErrorCode::kUnsupported, "--speculative-config: \"model\" (a draft model) is not implemented; use "
+           "\"method\": \"ngram\"");
+    if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_max" && key != "prompt_lookup_min")
+      fail(ErrorCode::kInvalidArgument, "--speculative-config: unknown key \"", key,
+           "\" (shardlm implements method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)");
+  }
+  if (!j.contains("method") || !j["method"].is_string() || j["method"].get<std::string>() != "ngram")
+    fail(ErrorCode::kUnsupported, "--speculative-config: \"method\" must be \"ngram\" (the one method implemented)");
+  if (!int_key("num_speculative_tokens", &so.num_speculative_tokens) || so.num_speculative_tokens < 1)
+    fail(ErrorCode::kInvalidArgument, "--speculative-config: \"num_speculative_tokens\" must be given, at least 1");
+  so.prompt_lookup_min = 1;
+  if (!int_key("prompt_lookup_max", &so.prompt_lookup_max))
+    fail(ErrorCode::kInvalidArgument, "--speculative-config: \"prompt_lookup_max\" must be given for method ngram");
+  int_key("prompt_lookup_min", &so.prompt_lookup_min);
+  if (temperature > 0.0)
+    fail(ErrorCode::kUnsupported, "--speculative-config with --temperature ", temperature,
+         ": rejection sampling is not implemented, so speculation is greedy only; use --temperature 0");
+  return so;
+}
+
 int run_decode_bench(const GenerateCliOptions& o) {
   if (!o.prompt.empty() || !o.prompt_ids.empty() || !o.chat.empty())
     fail(ErrorCode::kInvalidArgument, "--decode-bench times decode steps on synthetic sequences; give no prompt with it");
@@ -138,6 +177,7 @@ int run_decode_bench(const GenerateCliOptions& o) {
   validate_layout(spec, d.layout);
   d.device = device_for_thread_ranks(o.device, d.layout.tp * d.layout.pp);
   d.graphs.enabled = backend::parse_cuda_graphs_flag(o.cuda_graphs, !d.device.is_cpu());
+  d.batch_invariant = o.batch_invariant;
   std::vector<int64_t> batches;
   for (int32_t b : parse_ids(o.decode_bench)) {
     if (b < 1 || b > 4096)
@@ -236,6 +276,9 @@ int run_generate(const GenerateCliOptions& o) {
   g.max_tokens = o.max_tokens;
   g.eos_token_ids = load_eos_token_ids(dir, spec);
   g.block_size = o.block_size;
+  g.batch_invariant = o.batch_invariant;
+  g.speculative = parse_speculative_config(o.speculative_config, o.temperature);
+  if (g.speculative.enabled()) g.batch_invariant = true;  // verification's rows must equal 1-row decode steps
   const bool under_mpi = mpi_world_size() > 1;
   if (!under_mpi) g.device = device_for_thread_ranks(o.device, tp_auto ? 1 : g.layout.tp * g.layout.pp);
   if (!under_mpi) g.graphs.enabled = backend::parse_cuda_graphs_flag(o.cuda_graphs, !g.device.is_cpu());
@@ -382,6 +425,10 @@ int run_generate(const GenerateCliOptions& o) {
     // vLLM's default: special tokens (the EOS that stopped us) are not text.
     j["text"] = tokenizer ? tokenizer->decode(r.tokens, /*skip_special_tokens=*/true) : "";
     j["finish_reason"] = r.finish_reason;
+    if (g.speculative.enabled())
+      j["speculative"] = {{"num_drafts", r.speculative.n_drafts},
+                          {"num_draft_tokens", r.speculative.n_draft_tokens},
+                          {"num_accepted_tokens", r.speculative.n_accepted_tokens}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("token_ids:");
@@ -393,6 +440,13 @@ int run_generate(const GenerateCliOptions& o) {
     std::fprintf(stderr, "%s: prefill %zu tokens in %.3f s (%.1f tok/s), decode %.1f tok/s\n",
                  g.layout.to_string().c_str(), prompt.size(), r.prefill_seconds, prompt.size() / r.prefill_seconds,
                  decode_tps);
+    if (g.speculative.enabled())
+      std::fprintf(stderr, "speculative (ngram): %lld drafts, %lld draft tokens, %lld accepted (%.1f%%)\n",
+                   static_cast<long long>(r.speculative.n_drafts), static_cast<long long>(r.speculative.n_draft_tokens),
+                   static_cast<long long>(r.speculative.n_accepted_tokens),
+                   r.speculative.n_draft_tokens > 0
+                       ? 100.0 * r.speculative.n_accepted_tokens / r.speculative.n_draft_tokens
+                       : 0.0);
   }
   return 0;
 }
@@ -440,6 +494,13 @@ void setup(CLI::App& app) {
                   "the host")
       ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
+  sub->add_option("--speculative-config", o->speculative_config,
+                  "Speculative decoding, vLLM's JSON: {\"method\":\"ngram\",\"num_speculative_tokens\":4,"
+                  "\"prompt_lookup_max\":4,\"prompt_lookup_min\":2} (greedy; verified on the batch-invariant path, "
+                  "so the tokens equal decoding without it)");
+  sub->add_flag("--batch-invariant", o->batch_invariant,
+                "Batch-invariant kernels: each row's reductions in an order independent of the step's row count "
+                "(the path speculative verification needs; refused by a backend without them)");
   sub->add_option("--decode-bench", o->decode_bench,
                   "Instead of generating: time decode steps of B sequences, for each B of a list like 1,8,64 (one "
                   "load; prints tok/s and bytes read per step)");

@@ -74,6 +74,8 @@ struct ServeOptions {
   std::vector<std::string> allowed_origins;
   double shutdown_grace_s = 5.0;
   bool no_web_ui = false;
+  bool batch_invariant = false;
+  std::string speculative_config;  // refused: speculation is wired into generate only
   size_t responses_store_max_count = 1000;   // /v1/responses kept for GET and previous_response_id
   size_t responses_store_max_bytes = 64u << 20;
 };
@@ -155,6 +157,10 @@ int run_serve(const ServeOptions& given) {
   bo.device = device;
   bo.ranks_share_device = !mpi.active();
   bo.cuda_graphs = cuda_graphs;
+  bo.batch_invariant = o.batch_invariant;
+  if (!o.speculative_config.empty())
+    fail(ErrorCode::kUnsupported, "--speculative-config: serve does not implement speculative decoding yet "
+         "(shardlm generate does); drop the flag");
   bo.max_model_len = o.max_model_len;
   bo.max_num_seqs = o.max_num_seqs;
   bo.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -347,6 +353,11 @@ void setup(CLI::App& app) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "vllm"}));
   sub->add_option("--allowed-origins", o->allowed_origins, "CORS origins allowed (\"*\" for any); default: none")
       ->delimiter(',');
+  sub->add_option("--speculative-config", o->speculative_config,
+                  "Speculative decoding (vLLM's JSON): not implemented for serve yet, refused; see generate");
+  sub->add_flag("--batch-invariant", o->batch_invariant,
+                "Batch-invariant kernels: a request's tokens and logprobs do not depend on the other requests of "
+                "its step or on how its prefill is chunked (costs speed; refused by a backend without them)");
   sub->add_flag("--no-web-ui", o->no_web_ui, "Do not serve the web page (chat, deployment, live metrics) at /");
   set_command_action(sub, [o] { return run_serve(*o); });
 }

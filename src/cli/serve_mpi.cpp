@@ -145,6 +145,7 @@ void ServeMpi::attach(server::EngineBackendOptions* options) {
     mo.n_blocks = lo.n_blocks;
     mo.block_size = lo.block_size;
     mo.kv_dtype = lo.kv_dtype;
+    mo.batch_invariant = lo.batch_invariant;
     mo.device = device;
     auto executor = std::make_unique<MpiGroupExecutor>(*world, mo);
     allocated->clear();

@@ -37,7 +37,8 @@ void LocalGroupExecutor::start_ranks() {
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   world->ranks = std::make_unique<RankGroupFactory>(
       options_.layout, options_.device,
-      options_.n_threads_per_rank > 0 ? options_.n_threads_per_rank : std::max(1, int(hw) / n_ranks_));
+      options_.n_threads_per_rank > 0 ? options_.n_threads_per_rank : std::max(1, int(hw) / n_ranks_),
+      options_.batch_invariant);
   world_ = world;
   for (int r = 0; r < n_ranks_; ++r) threads_.emplace_back([this, r] { run_rank(r); });
   std::unique_lock<std::mutex> lock(mutex_);

@@ -33,6 +33,10 @@ struct LocalGroupOptions {
   int64_t block_size = 16;         // must equal SchedulerConfig::block_size
   DType kv_dtype = DType::kBF16;
   int n_threads_per_rank = 0;      // backend threads; 0: hardware threads / ranks
+  // Every rank's backend on its batch-invariant kernels (--batch-invariant):
+  // a sequence's logits do not depend on the rest of its step. Refused
+  // (kUnsupported, at load) by a backend without them.
+  bool batch_invariant = false;
   Device device;                   // cpu, or the GPU every rank (thread) shares (model/rank_group.h)
   // Decode steps through CUDA graphs (CausalLM::enable_decode_graphs): set
   // enabled, max_batch and max_context (the engine's max_model_len).

@@ -104,11 +104,13 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
     // Replica ranks ordered as in the world: tp fastest, then pp.
     replica_ = world.split(dp_rank_, world.rank());
     // The driver's KV geometry wins: it sized the cache for its scheduler.
-    int64_t geometry[3] = {options_.n_blocks, options_.block_size, static_cast<int64_t>(options_.kv_dtype)};
+    int64_t geometry[4] = {options_.n_blocks, options_.block_size, static_cast<int64_t>(options_.kv_dtype),
+                           options_.batch_invariant ? 1 : 0};
     replica_->broadcast(geometry, sizeof geometry, 0);
     options_.n_blocks = geometry[0];
     options_.block_size = geometry[1];
     options_.kv_dtype = static_cast<DType>(geometry[2]);
+    options_.batch_invariant = geometry[3] != 0;
     if (options_.n_blocks < 1 || options_.block_size < 1)
       fail(ErrorCode::kInvalidArgument, "executor: n_blocks and block_size must be >= 1, got ", options_.n_blocks, " and ",
            options_.block_size);
@@ -118,7 +120,8 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
     auto rank_backend = backend::make_backend(
         {options.device, options.n_threads_per_rank > 0
                              ? options.n_threads_per_rank
-                             : std::max(1, static_cast<int>(hw) / local_ranks(replica_->size()))});
+                             : std::max(1, static_cast<int>(hw) / local_ranks(replica_->size())),
+         options_.batch_invariant});
     RankComms* model_comms = &comms_;
     if (!options.device.is_cpu()) {
       make_device_comms(*rank_backend, world.rank());
@@ -314,6 +317,7 @@ GenerateResult generate_mpi(Communicator& world, const std::filesystem::path& mo
   mo.block_size = opt.block_size;
   mo.kv_dtype = opt.kv_dtype;
   mo.device = opt.device;
+  mo.batch_invariant = opt.batch_invariant || opt.speculative.enabled();  // verification needs it
   MpiGroupExecutor executor(world, mo);
   if (!executor.is_driver()) {
     executor.run_worker();

@@ -48,6 +48,7 @@ struct MpiGroupOptions {
   int64_t block_size = 16;          // must equal SchedulerConfig::block_size
   DType kv_dtype = DType::kBF16;
   int n_threads_per_rank = 0;       // backend threads; 0: hardware threads / ranks on this host
+  bool batch_invariant = false;     // --batch-invariant; the driver's value is broadcast to its replica
   // cpu, or this process's GPU (one per process: cli/device_flag.h). On a GPU
   // the model's collectives go over NCCL communicators made from the MPI
   // world (unique id broadcast over MPI), on the backend's stream; the

@@ -107,7 +107,7 @@ std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::
         results[k].graph_replays = dg ? dg->cache().n_replays() - replays_before : 0;
       }
     }
-  });
+  }, o.batch_invariant);
   // Mean context over the timed steps: context + warmup + (steps + 1) / 2 positions.
   const int64_t mean_positions = o.context + o.n_warmup + (o.n_steps + 1) / 2;
   for (size_t k = 0; k < batches.size(); ++k) {

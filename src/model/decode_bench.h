@@ -30,6 +30,7 @@ struct DecodeBenchOptions {
   DType kv_dtype = DType::kBF16;
   int64_t block_size = 16;
   backend::DecodeGraphOptions graphs;  // enabled: CUDA graphs (max_batch and max_context are filled in)
+  bool batch_invariant = false;        // time the batch-invariant kernels (--batch-invariant)
 };
 
 struct DecodeBenchResult {

@@ -25,6 +25,17 @@ void validate_generate(const ModelSpec& spec, const std::vector<int32_t>& prompt
   if (prompt.empty()) fail(ErrorCode::kInvalidArgument, "generate: the prompt has no tokens");
   if (opt.max_tokens < 1) fail(ErrorCode::kInvalidArgument, "generate: --max-tokens must be at least 1, got ", opt.max_tokens);
   validate_layout(spec, opt.layout);
+  if (opt.speculative.enabled()) {
+    const SpeculativeOptions& so = opt.speculative;
+    if (so.num_speculative_tokens > 64)
+      fail(ErrorCode::kInvalidArgument, "--speculative-config: num_speculative_tokens must be 1 to 64, got ",
+           so.num_speculative_tokens);
+    if (so.prompt_lookup_min < 1 || so.prompt_lookup_max < so.prompt_lookup_min)
+      fail(ErrorCode::kInvalidArgument, "--speculative-config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got ",
+           so.prompt_lookup_min, " and ", so.prompt_lookup_max);
+    if (opt.device_sampling)
+      fail(ErrorCode::kUnsupported, "--speculative-config with --sampling-device device: verification samples on the host");
+  }
   if (opt.layout.dp != 1) fail(ErrorCode::kInvalidArgument, "generate runs one replica; data parallelism is for serve");
   if (!opt.dump_tensors.empty()) {
     TensorDump check(opt.dump_tensors);  // refuses an unknown name
@@ -57,7 +68,69 @@ GenerateResult generate_steps(const GenerateStep& step, int64_t vocab_size, int6
   auto t_first = t0;
   int64_t n_past = 0;
   std::vector<int32_t> pending(prompt);  // tokens still to feed
+  if (opt.speculative.enabled() && keep_all_logits)
+    fail(ErrorCode::kInvalidArgument, "generate: speculative decoding keeps no per-step logits");
+  std::vector<float> verify_logits;  // [k+1, vocab]
   while (true) {
+    if (opt.speculative.enabled() && !generated.empty()) {
+      // pending == {the last generated token}: draft after it, verify all in one (k+1)-row step.
+      std::vector<int32_t> context(prompt);
+      context.insert(context.end(), generated.begin(), generated.end());
+      const int64_t room = opt.max_tokens - static_cast<int64_t>(generated.size()) - 1;
+      const std::vector<int32_t> draft = ngram_draft(context, opt.speculative, room);
+      if (!draft.empty()) {
+        const int64_t d = static_cast<int64_t>(draft.size());
+        ForwardBatch batch;
+        // Row j feeds token j (the pending one, then the drafts) at position n_past + j, as its own
+        // one-token sequence over the shared block table: each row computes what a 1-row decode
+        // step at that position would (batch-invariant kernels), attending to the rows before it.
+        for (int64_t j = 0; j <= d; ++j) {
+          batch.token_ids.push_back(j == 0 ? pending[0] : draft[static_cast<size_t>(j - 1)]);
+          SequenceChunk c;
+          c.n_tokens = 1;
+          c.n_past = static_cast<int32_t>(n_past + j);
+          c.block_table = table;
+          c.need_logits = true;
+          batch.seqs.push_back(c);
+        }
+        verify_logits.resize(static_cast<size_t>((d + 1) * vocab_size));
+        step(batch, verify_logits.data());
+        // out[0]: how many tokens the target produced; out[1..]: them.
+        std::vector<int32_t> out(static_cast<size_t>(d + 2), 0);
+        if (is_driver) {
+          std::vector<int32_t> seen(generated);
+          for (int64_t j = 0; j <= d; ++j) {
+            const float* row = verify_logits.data() + j * vocab_size;
+            const int32_t t = opt.pick ? opt.pick(row, vocab_size, seen) : argmax_token(row, vocab_size);
+            seen.push_back(t);
+            out[static_cast<size_t>(++out[0])] = t;
+            const bool stop = std::find(opt.eos_token_ids.begin(), opt.eos_token_ids.end(), t) != opt.eos_token_ids.end();
+            if (stop || static_cast<int64_t>(seen.size()) >= opt.max_tokens) break;
+            if (j < d && t != draft[static_cast<size_t>(j)]) break;
+          }
+        }
+        if (group) group->broadcast(out.data(), out.size() * sizeof(int32_t), 0);
+        int64_t accepted = 0;
+        while (accepted < out[0] && accepted < d && out[static_cast<size_t>(accepted + 1)] == draft[static_cast<size_t>(accepted)])
+          ++accepted;
+        local.speculative.n_drafts += 1;
+        local.speculative.n_draft_tokens += d;
+        local.speculative.n_accepted_tokens += accepted;
+        // Rollback: only the pending token and the accepted drafts hold valid KV; the rest lie past n_past.
+        n_past += 1 + accepted;
+        bool stop = false;
+        for (int32_t i = 1; i <= out[0]; ++i) {
+          generated.push_back(out[static_cast<size_t>(i)]);
+          stop = std::find(opt.eos_token_ids.begin(), opt.eos_token_ids.end(), generated.back()) != opt.eos_token_ids.end();
+        }
+        if (stop || static_cast<int64_t>(generated.size()) >= opt.max_tokens) {
+          local.finish_reason = stop ? "stop" : "length";
+          break;
+        }
+        pending.assign(1, generated.back());
+        continue;
+      }
+    }
     // Feed the pending tokens (the prompt in chunks, then one token per step).
     bool produced = false;
     while (!pending.empty()) {
@@ -153,7 +226,7 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
       std::lock_guard<std::mutex> lock(mu);
       result = std::move(local);
     }
-  });
+  }, opt.batch_invariant || opt.speculative.enabled());
   return result;
 }
 

@@ -14,6 +14,7 @@
 #include "backend/device/decode_graphs.h"
 #include "comm/communicator.h"
 #include "model/forward_batch.h"
+#include "model/speculative.h"
 #include "model/tensor_dump.h"
 #include "model/weight_source.h"
 #include "plan/sharding.h"
@@ -28,6 +29,10 @@ struct GenerateOptions {
   DType kv_dtype = DType::kF32;
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;  // > 0: prefill the prompt in chunks of this many tokens
+  bool batch_invariant = false;  // every rank's backend on its batch-invariant kernels (--batch-invariant)
+  // --speculative-config ngram (model/speculative.h): greedy only (pick must be
+  // greedy-equivalent); implies batch_invariant, which verification needs.
+  SpeculativeOptions speculative;
   // Intermediates to record by name (model/tensor_dump.h: "q", "ffn_moe_topk",
   // "all", ...) on the driver's layers, for every token fed (prompt, then each
   // generated token but the last), into GenerateResult::tensors. Needs pp == 1
@@ -57,6 +62,7 @@ struct GenerateResult {
   std::vector<DumpedTensor> tensors;
   std::string graphs;                 // the driver's "CUDA graphs: ..." line ("" when not asked for)
   int64_t graph_replays = 0;          // decode steps the driver replayed from a graph
+  SpeculativeStats speculative;       // drafts, drafted and accepted tokens (speculative.enabled())
 };
 
 // Greedy with the lowest id on ties.

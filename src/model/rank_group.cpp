@@ -35,8 +35,8 @@ void RankContext::abort(const char* what) noexcept {
   world.abort(what);
 }
 
-RankGroupFactory::RankGroupFactory(const Layout& layout, Device device, int n_threads_per_rank)
-    : layout_(layout), device_(device), n_threads_per_rank_(n_threads_per_rank) {
+RankGroupFactory::RankGroupFactory(const Layout& layout, Device device, int n_threads_per_rank, bool batch_invariant)
+    : layout_(layout), device_(device), n_threads_per_rank_(n_threads_per_rank), batch_invariant_(batch_invariant) {
   if (device.is_cpu()) return;
   std::string why;
   if (!device_group_supported(layout, &why)) fail(ErrorCode::kUnsupported, "--device ", device.to_string(), ": ", why);
@@ -47,7 +47,7 @@ RankGroupFactory::RankGroupFactory(const Layout& layout, Device device, int n_th
 
 RankContext RankGroupFactory::make(Communicator& world) const {
   const int tp_rank = world.rank() % layout_.tp, pp_rank = world.rank() / layout_.tp;
-  auto rank_backend = backend::make_backend({device_, n_threads_per_rank_});
+  auto rank_backend = backend::make_backend({device_, n_threads_per_rank_, batch_invariant_});
   if (!device_group_) {
     // CPU, or one rank on a GPU (its collectives are the identity): host communicators serve.
     return RankContext{world, split_rank_comms(world, layout_), std::move(rank_backend), tp_rank, pp_rank, nullptr};
@@ -68,8 +68,8 @@ RankContext RankGroupFactory::make(Communicator& world) const {
 }
 
 void run_rank_group(const Layout& layout, Device device, int n_threads_per_rank,
-                    const std::function<void(RankContext&)>& body) {
-  const RankGroupFactory factory(layout, device, n_threads_per_rank);
+                    const std::function<void(RankContext&)>& body, bool batch_invariant) {
+  const RankGroupFactory factory(layout, device, n_threads_per_rank, batch_invariant);
   run_local_ranks(layout.tp * layout.pp, [&](Communicator& world) {
     RankContext ctx = factory.make(world);
     try {

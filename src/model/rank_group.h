@@ -37,7 +37,9 @@ struct RankContext {
 class RankGroupFactory {
  public:
   // Throws Error(kUnsupported) for a GPU layout this build cannot run as threads.
-  RankGroupFactory(const Layout& layout, Device device, int n_threads_per_rank);
+  // batch_invariant: every rank's backend runs its batch-invariant kernels
+  // (make_backend refuses a backend without them).
+  RankGroupFactory(const Layout& layout, Device device, int n_threads_per_rank, bool batch_invariant = false);
   RankContext make(Communicator& world) const;
   const Device& device() const { return device_; }
 
@@ -45,6 +47,7 @@ class RankGroupFactory {
   Layout layout_;
   Device device_;
   int n_threads_per_rank_;
+  bool batch_invariant_;
   std::shared_ptr<void> device_group_;  // DeviceLocalGroup (GPU, more than one rank)
 };
 
@@ -55,7 +58,7 @@ class RankGroupFactory {
 // layout this build cannot run as threads (pipeline stages on one GPU; TP
 // without the device-local communicator, i.e. a build without MPI).
 void run_rank_group(const Layout& layout, Device device, int n_threads_per_rank,
-                    const std::function<void(RankContext&)>& body);
+                    const std::function<void(RankContext&)>& body, bool batch_invariant = false);
 
 // True when this build can run layout's ranks as threads on a GPU.
 bool device_group_supported(const Layout& layout, std::string* why);

@@ -260,6 +260,7 @@ void EngineBackend::load() {
     lo.n_threads_per_rank = std::max(1, static_cast<int>(hw) / n_ranks_total);
     lo.device = options_.device;
     lo.graphs.enabled = options_.cuda_graphs;
+    lo.batch_invariant = options_.batch_invariant;
     lo.graphs.max_batch = std::min<int64_t>(options_.max_num_seqs, backend::kDefaultGraphMaxBatch);
     lo.graphs.max_context = report_.max_model_len;
     if (d == 0) {

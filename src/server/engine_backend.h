@@ -45,6 +45,10 @@ struct EngineBackendOptions {
   // Decode steps through CUDA graphs (--cuda-graphs; backend::parse_cuda_graphs_flag):
   // buckets up to min(max_num_seqs, kDefaultGraphMaxBatch), contexts up to max model len.
   bool cuda_graphs = false;
+  // --batch-invariant: every rank's backend on its batch-invariant kernels
+  // (LocalGroupOptions::batch_invariant), so a request's tokens and logprobs
+  // do not depend on what else runs or how its prefill is chunked.
+  bool batch_invariant = false;
   int64_t max_waiting_requests = 1024;   // more live requests than this: 429
   int32_t max_executor_restarts = 3;     // per replica; then fatal() (serve exits non-zero)
   // Test hook (--debug-fail-rank-at-batch): rank fail_rank of replica 0

@@ -247,4 +247,36 @@ TEST_F(GenerateCli, QuantActivationsFlagChoosesTheKernelsAndRefusesBadValues) {
   std::filesystem::remove_all(awq);
 }
 
+// --speculative-config (ngram): through the CLI, the greedy tokens equal those
+// without it, on a copy-heavy prompt whose drafts get accepted; --batch-invariant
+// alone changes no token; what is not implemented is refused, naming the key.
+TEST_F(GenerateCli, SpeculativeNgramKeepsGreedyTokensAndRefusesWhatItLacks) {
+  std::string ids;
+  for (int rep = 0; rep < 4; ++rep)
+    for (int t : {17, 93, 201, 5, 66, 140, 33}) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const std::string base = cli_ + " generate " + dir_ + " --prompt-ids " + ids + " --max-tokens 24 --json";
+  const std::string cfg =
+      R"( --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}')";
+  Proc plain = sh(base);
+  Proc inv = sh(base + " --batch-invariant");
+  Proc spec = sh(base + cfg);
+  ASSERT_EQ(plain.rc, 0) << plain.out;
+  ASSERT_EQ(inv.rc, 0) << inv.out;
+  ASSERT_EQ(spec.rc, 0) << spec.out;
+  const auto p = nlohmann::json::parse(plain.out), s = nlohmann::json::parse(spec.out);
+  EXPECT_EQ(nlohmann::json::parse(inv.out)["token_ids"], p["token_ids"]);
+  EXPECT_EQ(s["token_ids"], p["token_ids"]);
+  EXPECT_GT(s["speculative"]["num_accepted_tokens"].get<int64_t>(), 0) << spec.out;
+  EXPECT_LE(s["speculative"]["num_accepted_tokens"].get<int64_t>(), s["speculative"]["num_draft_tokens"].get<int64_t>());
+  Proc model = sh(base + R"( --speculative-config '{"model":"/tmp/draft","num_speculative_tokens":4}')");
+  EXPECT_EQ(model.rc, 1);
+  EXPECT_NE(model.out.find("\"model\" (a draft model) is not implemented"), std::string::npos) << model.out;
+  Proc unknown = sh(base + R"( --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"typo":1}')");
+  EXPECT_EQ(unknown.rc, 1);
+  EXPECT_NE(unknown.out.find("unknown key \"typo\""), std::string::npos) << unknown.out;
+  Proc hot = sh(base + " --temperature 0.8" + cfg);
+  EXPECT_EQ(hot.rc, 1);
+  EXPECT_NE(hot.out.find("--temperature 0.8"), std::string::npos) << hot.out;
+}
+
 }  // namespace

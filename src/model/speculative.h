@@ -1,0 +1,37 @@
+// Prompt-lookup (n-gram) speculative decoding for generate: draft up to k
+// tokens by finding the context's last n tokens (n from prompt_lookup_max
+// down to prompt_lookup_min) earlier in the context and proposing what
+// followed there; the target verifies all of them in one (k+1)-row step on
+// the batch-invariant path, so each row's logits equal a 1-row decode step's
+// bit for bit and greedy output is unchanged. Rejected positions are rolled
+// back by truncating the sequence's n_past: their KV slots are never read and
+// the next step overwrites them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace shardlm {
+
+struct SpeculativeOptions {
+  int32_t num_speculative_tokens = 0;  // k; 0: no speculation
+  int32_t prompt_lookup_min = 1;       // shortest n-gram matched
+  int32_t prompt_lookup_max = 0;       // longest n-gram matched (>= min)
+  bool enabled() const { return num_speculative_tokens > 0; }
+};
+
+// Counters of one request (vLLM's spec_decode_num_drafts / _draft_tokens / _accepted_tokens).
+struct SpeculativeStats {
+  int64_t n_drafts = 0;           // verification steps with at least one drafted token
+  int64_t n_draft_tokens = 0;     // tokens proposed
+  int64_t n_accepted_tokens = 0;  // proposed tokens the target produced itself
+};
+
+// Up to max_draft tokens that followed the most recent earlier occurrence of
+// context's longest matching suffix (preferring one followed by a full k);
+// empty when none matches.
+// context: [n] token ids (prompt, then generated).
+std::vector<int32_t> ngram_draft(const std::vector<int32_t>& context, const SpeculativeOptions& options,
+                                 int64_t max_draft);
+
+}  // namespace shardlm
