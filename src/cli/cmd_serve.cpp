@@ -136,6 +136,7 @@ int run_serve(const ServeOptions& given) {
   if (tp != kAutoDegree)  // a bad --tensor-split / --pp-layer-partition fails before anything starts
     validate_layout(load_model_config(std::filesystem::path(o.model) / "config.json"), requested);
   ServeMpi mpi(o.model, requested, o.host, o.port, choose_layout);
+  try {
   // Under mpirun each process drives one GPU (local rank % GPUs); without
   // it, every rank of every replica is a thread sharing one GPU.
   const Device device = mpi.active() ? device_for_mpi_process(o.device)
@@ -274,6 +275,12 @@ int run_serve(const ServeOptions& given) {
   backend.shutdown(/*drain=*/false);
   std::cerr << "shardlm serve: stopped" << std::endl;
   return 0;
+  } catch (const std::exception& e) {
+    // Under mpirun, ~ServeMpi aborts the world (the workers wait in a
+    // collective), which kills this process before main could print why.
+    if (mpi.active()) std::cerr << "shardlm serve: rank " << mpi.world_rank() << ": " << e.what() << std::endl;
+    throw;
+  }
 }
 
 void setup(CLI::App& app) {

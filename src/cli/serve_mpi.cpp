@@ -108,6 +108,8 @@ ServeMpi::~ServeMpi() {
   if (world_ && std::uncaught_exceptions() > 0) world_->abort("shardlm serve failed on a replica driver");
 }
 
+int ServeMpi::world_rank() const { return world_ ? world_->rank() : 0; }
+
 bool ServeMpi::is_driver() const { return !world_ || world_->rank() % layout_.ranks_per_replica() == 0; }
 
 int ServeMpi::port() const { return port_ + dp_rank_; }

@@ -32,6 +32,7 @@ class ServeMpi {
   ~ServeMpi();
 
   bool active() const { return world_ != nullptr; }
+  int world_rank() const;  // 0 without mpirun
   // This process's device (cpu, or its GPU); call before run_worker/attach.
   void set_device(const Device& device) { device_ = device; }
   const Layout& layout() const { return layout_; }  // resolved (never auto)

@@ -248,7 +248,7 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
   Proc one = run_command(cli + " generate " + dir + " --prompt-ids " + prompt + " --max-tokens 6 --json");
   ASSERT_EQ(one.rc, 0) << one.out << one.err;
   const auto want = nlohmann::json::parse(one.out);
-  const int port = shardlm::testing::free_loopback_port() / 2 * 2;  // keep port + 1 nearby
+  const int port = shardlm::testing::free_loopback_ports(std::max(dp, 1) * (tp_auto ? tp * pp : 1));  // port + d per replica
   const std::string name = "tp" + std::to_string(tp) + "pp" + std::to_string(pp) + "dp" + std::to_string(dp);
   const std::string log = root + "/mpi_serve_" + name + ".log";
   const std::string cmd = std::string(SHARDLM_MPIRUN_PATH) +
@@ -295,6 +295,7 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
     for (int i = 0; i < 900 && !ready; ++i) {  // 90 s: loading under a sanitizer on a busy machine
       Proc h = run_command("curl -s -o /dev/null -w '%{http_code}' " + base + "/health");
       ready = h.out == "200";
+      if (!ready && kill(pid, 0) != 0) break;  // mpirun is gone: it will never answer
       if (!ready) usleep(100000);
     }
     ASSERT_TRUE(ready) << "replica " << d << " did not become ready:\n" << log_text();

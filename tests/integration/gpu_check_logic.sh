@@ -5,7 +5,7 @@
 #     nothing but the pack on the library path;
 #   - --run (GPU_CHECK_DRY_RUN=1) runs every step on the CPU, and every row
 #     that needs no GPU binary passes;
-#   - --run stops a step that never ends at the overall deadline, still prints
+#   - --run stops a step that never ends at the overall deadline (SIGUSR1), still prints
 #     the table and saves its logs to $OUT, exits non-zero and leaves no
 #     process behind;
 #   - gpu_check_compare.py accepts logits within the tolerance and a near-tie,
@@ -25,11 +25,23 @@ GPU_BUILD_DIR=$SHARDLM_BINARY_DIR GPU_CHECK_PREBUILT=1 GPU_CHECK_DRY_RUN=1 GPU_W
 [[ -f $tmp/pack/bin/shardlm.gz ]] || fail "--prepare left no bin/shardlm.gz: $(ls -R "$tmp/pack")"
 grep -q '0 failed' "$tmp/prepare.out" || fail "--prepare's table: $(tail -n 5 "$tmp/prepare.out")"
 
-# --run with a step that hangs: the deadline ends it.
+# --run with a step that hangs: the deadline ends it. The deadline is the
+# watchdog's SIGUSR1; this test sends that signal itself once the hanging
+# step runs (an event, not the clock: the preflight's time varies), with the
+# watchdog's own deadline far away.
 mkdir -p "$tmp/out"
-GPU_CHECK_DRY_RUN=1 GPU_CHECK_DEADLINE=10 GPU_CHECK_SIMULATE_HANG=1 GPU_WORK_DIR=$tmp/work OUT=$tmp/out \
+GPU_CHECK_DRY_RUN=1 GPU_CHECK_DEADLINE=3000 GPU_CHECK_SIMULATE_HANG=1 GPU_WORK_DIR=$tmp/work OUT=$tmp/out \
   bash "$script" --run "$tmp/pack" >"$tmp/run.out" 2>&1 &
 run_pid=$!
+hanging=
+for _ in $(seq 3000); do
+  hanging=$(pgrep -f 'sleep 100000' || true)
+  [[ -n $hanging ]] && break
+  kill -0 "$run_pid" 2>/dev/null || break
+  sleep 0.1
+done
+[[ -n $hanging ]] || { cat "$tmp/run.out" >&2; fail "the simulated hang never started"; }
+kill -USR1 "$run_pid"
 wait "$run_pid"
 rc=$?
 [[ $rc == 1 ]] || { cat "$tmp/run.out" >&2; fail "--run with a hanging step exited $rc, expected 1"; }

@@ -74,6 +74,29 @@ int free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
+namespace {
+bool loopback_port_free(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+}  // namespace
+
+int free_loopback_ports(int n) {
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int first = free_loopback_port();
+    bool all = first + n - 1 <= 65535;
+    for (int k = 1; k < n && all; ++k) all = loopback_port_free(first + k);
+    if (all) return first;
+  }
+  return free_loopback_port();
+}
+
 pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log_path) {
   std::vector<std::string> copy = args;  // execv wants mutable strings
   const pid_t pid = fork();

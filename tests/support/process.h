@@ -37,6 +37,9 @@ std::string env_or(const char* name, const std::string& fallback);
 // A loopback TCP port nobody listens on now (the kernel picks it and it is
 // released at once; good enough for tests that start a server right after).
 int free_loopback_port();
+// The first of n consecutive loopback ports nobody listens on now (for
+// servers that take port + i, such as one per data-parallel replica).
+int free_loopback_ports(int n);
 
 // Starts args[0] (a path, not searched) with args[1..] in a child process
 // whose stdout and stderr go to log_path; returns its pid. The caller waits
