@@ -16,6 +16,8 @@
 #include "server/qwen3_coder_tool_parser.h"
 #include "server/tool_call_parser.h"
 
+#include "tool_parser_feed.h"
+
 namespace shardlm::server {
 namespace {
 
@@ -27,12 +29,8 @@ const json kTools = json::parse(R"([
     "opts":{"type":"object"},"tags":{"type":"array"},"zip":{"type":"string"}}}}},
   {"type":"function","function":{"name":"now","parameters":{"type":"object","properties":{}}}}])");
 
-struct Result {
-  std::string content;
-  std::vector<ToolCall> calls;
-  std::vector<ToolCallDelta> deltas;
-  bool called = false;
-};
+using Result = testing::ParseResult;
+using testing::expect_same;
 
 Result run(const std::string& text, const std::vector<size_t>& cuts, bool parallel = true) {
   ToolParserOptions o;
@@ -41,32 +39,7 @@ Result run(const std::string& text, const std::vector<size_t>& cuts, bool parall
   o.parallel_tool_calls = parallel;
   o.parameter_types = tool_parameter_types(kTools);
   auto p = make_tool_call_parser("qwen3_coder", o);
-  Result r;
-  auto take = [&](ToolParseDelta d) {
-    r.content += d.content;
-    r.deltas.insert(r.deltas.end(), d.tool_calls.begin(), d.tool_calls.end());
-  };
-  size_t at = 0;
-  for (size_t cut : cuts) {
-    take(p->feed(std::string_view(text).substr(at, cut - at)));
-    at = cut;
-  }
-  take(p->feed(std::string_view(text).substr(at)));
-  take(p->finish());
-  accumulate(r.deltas, &r.calls);
-  r.called = p->called();
-  return r;
-}
-
-void expect_same(const Result& a, const Result& b, const std::string& where) {
-  EXPECT_EQ(a.content, b.content) << where;
-  ASSERT_EQ(a.calls.size(), b.calls.size()) << where;
-  for (size_t i = 0; i < a.calls.size(); ++i) {
-    EXPECT_EQ(a.calls[i].id, b.calls[i].id) << where;
-    EXPECT_EQ(a.calls[i].name, b.calls[i].name) << where;
-    EXPECT_EQ(a.calls[i].arguments, b.calls[i].arguments) << where;
-  }
-  EXPECT_EQ(a.called, b.called) << where;
+  return testing::feed_in_pieces(*p, text, cuts);
 }
 
 Result check_all_splits(const std::string& text, bool parallel = true) {

@@ -11,6 +11,8 @@
 #include "server/reasoning_parser.h"
 #include "server/tool_call_parser.h"
 
+#include "tool_parser_feed.h"
+
 namespace shardlm::server {
 namespace {
 
@@ -21,12 +23,8 @@ ToolParserOptions counting_ids() {
   return o;
 }
 
-struct Result {
-  std::string content;
-  std::vector<ToolCall> calls;
-  bool called = false;
-  std::vector<ToolCallDelta> deltas;
-};
+using Result = testing::ParseResult;
+using testing::expect_same;
 
 // Feeds `text` in pieces cut at `cuts` (sorted offsets).
 Result run(const std::string& parser_name, const std::string& text, const std::vector<size_t>& cuts,
@@ -34,32 +32,7 @@ Result run(const std::string& parser_name, const std::string& text, const std::v
   ToolParserOptions o = counting_ids();
   o.parallel_tool_calls = parallel;
   auto p = make_tool_call_parser(parser_name, o);
-  Result r;
-  size_t at = 0;
-  auto take = [&](ToolParseDelta d) {
-    r.content += d.content;
-    r.deltas.insert(r.deltas.end(), d.tool_calls.begin(), d.tool_calls.end());
-  };
-  for (size_t cut : cuts) {
-    take(p->feed(std::string_view(text).substr(at, cut - at)));
-    at = cut;
-  }
-  take(p->feed(std::string_view(text).substr(at)));
-  take(p->finish());
-  accumulate(r.deltas, &r.calls);
-  r.called = p->called();
-  return r;
-}
-
-void expect_same(const Result& a, const Result& b, const std::string& where) {
-  EXPECT_EQ(a.content, b.content) << where;
-  ASSERT_EQ(a.calls.size(), b.calls.size()) << where;
-  for (size_t i = 0; i < a.calls.size(); ++i) {
-    EXPECT_EQ(a.calls[i].id, b.calls[i].id) << where;
-    EXPECT_EQ(a.calls[i].name, b.calls[i].name) << where;
-    EXPECT_EQ(a.calls[i].arguments, b.calls[i].arguments) << where;
-  }
-  EXPECT_EQ(a.called, b.called) << where;
+  return testing::feed_in_pieces(*p, text, cuts);
 }
 
 // Whole == byte by byte == every single split; streamed deltas have the
