@@ -254,6 +254,24 @@ TEST(NumericRange, MultipleOf) {
   refused(R"({"type":"integer","minimum":1,"maximum":2,"multipleOf":5})");        // no multiple fits
 }
 
+// Hostile bounds: out of the supported width, not numbers, or empty ranges
+// are refused at compile with the keyword named (a 400 through the server),
+// never a crash or an unbounded build.
+TEST(NumericRange, HostileBoundsAreRefusedNamingTheKeyword) {
+  auto refused = [](const char* text, const char* keyword) {
+    try {
+      compile(json::parse(text));
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(keyword), std::string::npos) << text << ": " << e.what();
+    }
+  };
+  refused(R"({"type":"integer","minimum":1e30})", "minimum");
+  refused(R"({"type":"number","maximum":-1e300})", "maximum");
+  refused(R"({"type":"integer","minimum":"5"})", "minimum");
+  refused(R"({"type":"integer","minimum":10,"maximum":3})", "minimum");
+}
+
 // A number's multipleOf 0.1, 0.01, ...: at most that many fraction digits,
 // with or without bounds.
 TEST(NumericRange, NumberMultipleOfAPowerOfTenLimitsFractionDigits) {
