@@ -3,7 +3,9 @@
 // (q/k/v/o, gate/up, down: hidden 3584, intermediate 18944), at each token
 // count n (1: a decode step; 8: eight sequences decoding together). Formats:
 // bf16 (backend::matmul), AWQ and GPTQ 4-bit (group 128), GPTQ 8-bit (group
-// 128), each with int8 and with f32 activations, and FP8 (blocks 128x128).
+// 128), each with int8 and with f32 activations, and FP8 (blocks 128x128);
+// then AWQ and GPTQ on the AVX2 kernels (what an AVX2-only CPU runs, before
+// them the scalar reference), called directly beside the path this CPU takes.
 // Each weight is held in as many copies as make 512 MiB (more than this VM's
 // 300 MiB L3), so every call reads its weight from DRAM. The formats are
 // timed interleaved (one call of each per round, R rounds) and each keeps
@@ -29,7 +31,9 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "backend/cpu_isa.h"
 #include "backend/quant_ops.h"
+#include "backend/quant_ops_isa.h"
 #include "loader/quant_config.h"
 #include "loader/quant_pack.h"
 
@@ -146,6 +150,7 @@ struct Variant {
   std::string label;
   int stored;  // index into the shape's stored formats
   backend::QuantActivations acts = backend::QuantActivations::kF32;
+  bool avx2 = false;  // quant_avx2::quant_matmul, whatever path quant_matmul takes here
 };
 
 }  // namespace
@@ -168,12 +173,15 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::string> formats = {"bf16", "awq", "gptq", "gptq-int8", "fp8"};
   using backend::QuantActivations;
-  const std::vector<Variant> variants = {
+  std::vector<Variant> variants = {
       {"bf16", 0},
       {"awq int8-x", 1, QuantActivations::kInt8},      {"awq f32-x", 1, QuantActivations::kF32},
       {"gptq4 int8-x", 2, QuantActivations::kInt8},    {"gptq4 f32-x", 2, QuantActivations::kF32},
       {"gptq8 int8-x", 3, QuantActivations::kInt8},    {"gptq8 f32-x", 3, QuantActivations::kF32},
       {"fp8", 4, QuantActivations::kF32}};
+  if (backend::detected_cpu_isa() >= backend::CpuIsa::kAvx2)
+    for (auto [label, stored] : {std::pair{"awq avx2", 1}, std::pair{"gptq4 avx2", 2}, std::pair{"gptq8 avx2", 3}})
+      variants.push_back({label, stored, QuantActivations::kF32, true});
   std::printf("threads %d; Qwen2.5-7B layer Linears; best of %d interleaved rounds, 512 MiB of copies each\n",
               omp_get_max_threads(), reps);
   std::mt19937 rng(1);
@@ -201,7 +209,8 @@ int main(int argc, char** argv) {
                           y.data());
         } else {
           const size_t c = call[vi]++ % st.copies.size();
-          backend::quant_matmul(x.data(), n, view_of(st, c, s), nullptr, y.data(), var.acts);
+          if (var.avx2) backend::quant_avx2::quant_matmul(x.data(), n, view_of(st, c, s), y.data());
+          else backend::quant_matmul(x.data(), n, view_of(st, c, s), nullptr, y.data(), var.acts);
         }
       };
       for (size_t vi = 0; vi < variants.size(); ++vi) {  // warm-up: page in every copy

@@ -1,8 +1,9 @@
 // Optimised quantized matmuls: AVX-512 kernels that unpack and dequantize in
 // registers, threaded over output channels with OpenMP (the f32-activation
 // path; the int8-activation AWQ/GPTQ kernels are in quant_ops_int8.cpp).
-// Builds without AVX-512 (no AVX2 kernels yet) run the scalar reference:
-// correct, slow.
+// AWQ and GPTQ run, by active_cpu_isa(): these AVX-512 kernels where the
+// build has them, else the AVX2 ones (backend/cpu/isa/quant_avx2.cpp, built
+// for AVX2 whatever -march says), else the scalar reference.
 #include <omp.h>
 
 #include <algorithm>
@@ -15,6 +16,8 @@
 #include "backend/quant_ops.h"
 #include "backend/packed_gemm.h"
 #include "backend/quant_ops_int8.h"
+#include "backend/quant_ops_isa.h"
+#include "backend/cpu_isa.h"
 #include "backend/quant_simd.h"
 #include "backend/simd.h"
 #include "core/error.h"
@@ -505,20 +508,28 @@ void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const Vec
     return;
   }
 #endif
+  const CpuIsa isa = active_cpu_isa();
 #ifdef SHARDLM_QUANT_AVX512
-  switch (w.scheme) {
-    case WeightScheme::kAwq: awq_matmul(x, n, w, y); break;
-    case WeightScheme::kGptq:
-      if (w.bits == 4) gptq_matmul<4>(x, n, w, y);
-      else gptq_matmul<8>(x, n, w, y);
-      break;
-    case WeightScheme::kFp8:
-    case WeightScheme::kDense: break;
+  if (isa >= CpuIsa::kAvx512) {
+    switch (w.scheme) {
+      case WeightScheme::kAwq: awq_matmul(x, n, w, y); break;
+      case WeightScheme::kGptq:
+        if (w.bits == 4) gptq_matmul<4>(x, n, w, y);
+        else gptq_matmul<8>(x, n, w, y);
+        break;
+      case WeightScheme::kFp8:
+      case WeightScheme::kDense: break;
+    }
+    add_bias(bias, n, w.n_out, y);
+    return;
   }
-  add_bias(bias, n, w.n_out, y);
-#else
-  ref::quant_matmul(x, n, w, bias, y);  // AWQ and GPTQ without AVX-512: the scalar kernels
 #endif
+  if (isa >= CpuIsa::kAvx2) {
+    quant_avx2::quant_matmul(x, n, w, y);
+    add_bias(bias, n, w.n_out, y);
+    return;
+  }
+  ref::quant_matmul(x, n, w, bias, y);  // a CPU without AVX2: the scalar kernels
 }
 
 }  // namespace shardlm::backend

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu_isa.h"
 #include "backend/quant_simd.h"
 #include "core/error.h"
 
@@ -42,7 +43,7 @@ bool int8_activation_kernels_built() {
 }
 
 bool int8_activations_apply(const QuantMatrixView& w) {
-  if (!int8_activation_kernels_built()) return false;
+  if (!int8_activation_kernels_built() || active_cpu_isa() < CpuIsa::kAvx512) return false;  // SHARDLM_ISA=avx2 caps it
   if (w.scheme != WeightScheme::kAwq && w.scheme != WeightScheme::kGptq) return false;
   if (w.group_size <= 0 || w.n_in % kActBlock != 0 || w.group_size % kActBlock != 0) return false;
   if (w.scheme == WeightScheme::kGptq) {  // groups must follow the rows (no act-order)
