@@ -45,6 +45,15 @@ struct Linear {
   int64_t out_features() const { return quantized() ? quant.n_out : weight.dim(0); }
 };
 
+// A norm's weight as the op applies it: offset + weight[i] (Gemma's norms
+// store w for the factor 1 + w; every other family's offset is 0). A Tensor
+// converts to one with offset 0.
+struct NormWeight {
+  NormWeight(const Tensor& w, float offset_ = 0.0f) : weight(w), offset(offset_) {}  // NOLINT: implicit on purpose
+  Tensor weight;
+  float offset = 0.0f;
+};
+
 // One expert of a MoE layer as a rank holds it (checkpoint dtype): gate, up
 // [inter_local, hidden], down [hidden, inter_local].
 struct ExpertLinears {
@@ -119,26 +128,38 @@ class Backend {
   // <device>" unless supports(scheme, bits). The model calls it before it
   // loads a quantized weight.
   void require_support(WeightScheme scheme, int bits) const;
-  // out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × weight; x, out: [rows, d] (out may be x).
-  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  // out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × (weight.offset + weight.weight);
+  // x, out: [rows, d] (out may be x).
+  virtual void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) = 0;
   // hidden += delta, then out = rms_norm(hidden): the residual add fused with
   // the norm that follows it. hidden, delta, out: [rows, d].
-  virtual void add_rms_norm(Tensor& hidden, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) = 0;
+  virtual void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) = 0;
   // y += x, both [rows, d].
   virtual void add(Tensor& y, const Tensor& x) = 0;
+  // x *= s, in place (Gemma's embedding scale).
+  virtual void scale(Tensor& x, float s) = 0;
   // Rotate-half rotary embedding in place at the step's positions.
   // x: [n_tokens, n_heads, head_dim]; inv_freq: [head_dim / 2] f32 (host or device).
   virtual void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) = 0;
   // out[n, inter] = silu(gate) × up; gate, up: [n, inter] (out may be gate).
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // out[n, inter] = gelu_tanh(gate) × up (GeGLU: Gemma); shapes as silu_mul.
+  virtual void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // Stores the step's keys and values, k, v: [n_tokens, n_kv_local, head_dim], into the cache.
   virtual void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
                               const Tensor& v) = 0;
   // Causal attention of each chunk over its cached past and itself (written
-  // first with kv_cache_write), scaled by 1/sqrt(head_dim).
+  // first with kv_cache_write), scaled by heads.scale_for(head_dim), over the
+  // last heads.window keys when the layer has a sliding window.
   // q, out: [n_tokens, n_q_local, head_dim].
   virtual void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                                const AttentionHeads& heads, Tensor& out) = 0;
+  // Whether paged_attention computes what `heads` asks (its scale and
+  // window); the model asks at load for each kind of layer it has.
+  virtual bool supports_attention(const AttentionHeads& heads) const {
+    (void)heads;
+    return true;
+  }
   // out[n_logits, d] = rows meta.logit_rows() of x[n_tokens, d].
   virtual void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
   // dst[r, col_begin + j] = src[r, j] for every row r and column j of src:

@@ -208,7 +208,7 @@ void attention_typed(const float* q, const KvLayerView& c, const AttentionSeq* s
                      const AttentionHeads& heads, float* out) {
   const int64_t hd = c.head_dim, nq = heads.n_q_heads, nkv = c.n_kv_heads, bs = c.block_size, g = heads.group_size;
   const size_t esize = dtype_size(D);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = heads.scale_for(hd);
   // Local KV heads that this rank's Q heads read, and each one's Q heads.
   const int64_t kv_first = heads.q_head_begin / g - heads.kv_head_begin;
   const int64_t kv_last = (heads.q_head_begin + nq - 1) / g - heads.kv_head_begin;
@@ -228,13 +228,16 @@ void attention_typed(const float* q, const KvLayerView& c, const AttentionSeq* s
   for (int64_t s = 0; s < n_seqs; ++s)
     for (int64_t t = 0; t < seqs[s].n_tokens; ++t) {
       const int64_t n_ctx = seqs[s].n_past + t + 1;
+      // Keys [first, n_ctx): the whole past, or the last `window` of it.
+      const int64_t first = heads.window > 0 ? std::max<int64_t>(0, n_ctx - heads.window) : 0;
+      const int64_t n_keys = n_ctx - first;
       int64_t chunks = 1;
       if (batch_invariant()) {
         // The split (and so the order of the sums) from the context alone,
         // never from how many rows share the step.
-        chunks = std::clamp<int64_t>(n_ctx / kMinSplitPositions, 1, std::max<int64_t>(1, want_items / n_groups));
+        chunks = std::clamp<int64_t>(n_keys / kMinSplitPositions, 1, std::max<int64_t>(1, want_items / n_groups));
       } else if (n_rows * n_groups < want_items) {
-        chunks = std::clamp<int64_t>(n_ctx / kMinSplitPositions, 1,
+        chunks = std::clamp<int64_t>(n_keys / kMinSplitPositions, 1,
                                      (want_items + n_rows * n_groups - 1) / (n_rows * n_groups));
       }
       for (int64_t kvh = kv_first; kvh <= kv_last; ++kvh) {
@@ -242,7 +245,7 @@ void attention_typed(const float* q, const KvLayerView& c, const AttentionSeq* s
         const int64_t h0 = std::max<int64_t>(0, global_kv * g - heads.q_head_begin);
         const int64_t h1 = std::min<int64_t>(nq, (global_kv + 1) * g - heads.q_head_begin);
         for (int64_t ch = 0; ch < chunks; ++ch)
-          items.push_back({s, t, kvh, h0, h1, n_ctx * ch / chunks, n_ctx * (ch + 1) / chunks,
+          items.push_back({s, t, kvh, h0, h1, first + n_keys * ch / chunks, first + n_keys * (ch + 1) / chunks,
                            chunks > 1 ? n_partial++ : -1});
       }
     }
@@ -380,12 +383,17 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
   }
 }
 
-void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out) {
+float AttentionHeads::scale_for(int64_t head_dim) const {
+  return scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out, float weight_offset) {
   const int64_t d = weight.n;
   static thread_local std::vector<float> w_buf;  // the weight in f32, reused across calls
   w_buf.resize(static_cast<size_t>(d));
   float* w = w_buf.data();
-  for (int64_t i = 0; i < d; ++i) w[i] = load_as_f32(weight.data, weight.dtype, static_cast<size_t>(i));
+  for (int64_t i = 0; i < d; ++i)
+    w[i] = weight_offset + load_as_f32(weight.data, weight.dtype, static_cast<size_t>(i));
 #pragma omp parallel for schedule(static) if (n_rows * d > 32768)
   for (int64_t r = 0; r < n_rows; ++r) {
     const float* xr = x + r * d;
@@ -456,6 +464,20 @@ void silu_mul(const float* gate, const float* up, int64_t count, float* out) {
     const float g = gate[i];
     out[i] = g / (1.0f + std::exp(-g)) * up[i];
   }
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, int64_t count, float* out) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+#pragma omp parallel for simd schedule(static) if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+void scale_inplace(float* x, int64_t count, float s) {
+#pragma omp parallel for simd schedule(static) if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) x[i] *= s;
 }
 
 void softmax(float* x, int64_t n_rows, int64_t dim) {

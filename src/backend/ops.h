@@ -50,9 +50,11 @@ const char* matmul_path_name(MatmulPath path);  // "rows", "packed", "amx"
 void set_batch_invariant(bool on);
 bool batch_invariant();
 
-// out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × weight; x, out: [n_rows, dim]
-// (out may equal x). Used per token (hidden) and per head (Qwen3 q/k norm).
-void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out);
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × (weight_offset + weight);
+// x, out: [n_rows, dim] (out may equal x). Used per token (hidden) and per head
+// (q/k norms). weight_offset is 1 for Gemma, whose norms store w for (1 + w).
+void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out,
+              float weight_offset = 0.0f);
 
 // Inverse frequencies for rotary embeddings: [head_dim / 2], HF semantics
 // (rope_theta; "linear" divides by factor; "llama3" scales low frequencies by
@@ -75,6 +77,12 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const i
 
 // out[i] = silu(gate[i]) × up[i] for i < count (out may equal gate or up).
 void silu_mul(const float* gate, const float* up, int64_t count, float* out);
+// out[i] = gelu_tanh(gate[i]) × up[i] (GeGLU with PyTorch's tanh
+// approximation: 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))); out may alias.
+void gelu_tanh_mul(const float* gate, const float* up, int64_t count, float* out);
+
+// x[i] *= s for i < count.
+void scale_inplace(float* x, int64_t count, float s);
 
 // In place over each row of x: [n_rows, dim].
 void softmax(float* x, int64_t n_rows, int64_t dim);
@@ -114,6 +122,13 @@ struct AttentionHeads {
   int64_t q_head_begin = 0;
   int64_t kv_head_begin = 0;
   int64_t group_size = 1;
+  // Softmax scale of q·k: 0 means 1/sqrt(head_dim) (Gemma 3 sets
+  // query_pre_attn_scalar^-0.5).
+  float scale = 0.0f;
+  // > 0: a query at position p attends to positions (p - window, p] only
+  // (the `window` most recent keys, itself included: HF's sliding_window).
+  int64_t window = 0;
+  float scale_for(int64_t head_dim) const;
 };
 
 // Stores the chunks' new keys and values into the cache.
@@ -123,7 +138,7 @@ void kv_cache_write(const KvLayerView& cache, const AttentionSeq* seqs, int64_t 
 
 // Causal attention of each chunk's tokens over its n_past cached tokens and
 // itself (the chunk must already be written with kv_cache_write), scaled by
-// 1/sqrt(head_dim), in f32. q: [n_tokens, n_q_heads, head_dim];
+// heads.scale_for(head_dim) and limited to heads.window keys when set, in f32. q: [n_tokens, n_q_heads, head_dim];
 // out: [n_tokens, n_q_heads, head_dim].
 void paged_attention(const float* q, const KvLayerView& cache, const AttentionSeq* seqs, int64_t n_seqs,
                      const AttentionHeads& heads, float* out);
@@ -131,10 +146,12 @@ void paged_attention(const float* q, const KvLayerView& cache, const AttentionSe
 // Scalar references with the same contracts (single-threaded, plain loops).
 namespace ref {
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y);
-void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out);
+void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out,
+              float weight_offset = 0.0f);
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int32_t* positions,
           const float* inv_freq);
 void silu_mul(const float* gate, const float* up, int64_t count, float* out);
+void gelu_tanh_mul(const float* gate, const float* up, int64_t count, float* out);
 void softmax(float* x, int64_t n_rows, int64_t dim);
 void paged_attention(const float* q, const KvLayerView& cache, const AttentionSeq* seqs, int64_t n_seqs,
                      const AttentionHeads& heads, float* out);

@@ -20,14 +20,15 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
   }
 }
 
-void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out) {
+void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out, float weight_offset) {
   const int64_t d = weight.n;
   for (int64_t r = 0; r < n_rows; ++r) {
     double ss = 0.0;
     for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(x[r * d + i]) * x[r * d + i];
     const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
     for (int64_t i = 0; i < d; ++i)
-      out[r * d + i] = x[r * d + i] * scale * load_as_f32(weight.data, weight.dtype, static_cast<size_t>(i));
+      out[r * d + i] =
+          x[r * d + i] * scale * (weight_offset + load_as_f32(weight.data, weight.dtype, static_cast<size_t>(i)));
   }
 }
 
@@ -55,6 +56,14 @@ void silu_mul(const float* gate, const float* up, int64_t count, float* out) {
   }
 }
 
+void gelu_tanh_mul(const float* gate, const float* up, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const double g = gate[i];
+    const double inner = std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g);
+    out[i] = static_cast<float>(0.5 * g * (1.0 + std::tanh(inner)) * up[i]);
+  }
+}
+
 void softmax(float* x, int64_t n_rows, int64_t dim) {
   for (int64_t r = 0; r < n_rows; ++r) {
     float* row = x + r * dim;
@@ -72,7 +81,7 @@ void softmax(float* x, int64_t n_rows, int64_t dim) {
 void paged_attention(const float* q, const KvLayerView& cache, const AttentionSeq* seqs, int64_t n_seqs,
                      const AttentionHeads& heads, float* out) {
   const int64_t hd = cache.head_dim, nq = heads.n_q_heads, nkv = cache.n_kv_heads, bs = cache.block_size;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const double scale = heads.scale > 0.0f ? heads.scale : 1.0 / std::sqrt(static_cast<double>(hd));
   auto at = [&](const void* base, int64_t pos, const AttentionSeq& s, int64_t kvh, int64_t i) {
     const int64_t block = s.block_table[pos / bs];
     const size_t idx = static_cast<size_t>(((block * bs + pos % bs) * nkv + kvh) * hd + i);
@@ -87,20 +96,21 @@ void paged_attention(const float* q, const KvLayerView& cache, const AttentionSe
         const int64_t kvh = (heads.q_head_begin + h) / heads.group_size - heads.kv_head_begin;
         SHARDLM_CHECK(kvh >= 0 && kvh < nkv, "q head ", h, " maps to local kv head ", kvh);
         const float* qv = q + (row * nq + h) * hd;
-        std::vector<double> p(static_cast<size_t>(n_ctx));
+        const int64_t first = heads.window > 0 ? std::max<int64_t>(0, n_ctx - heads.window) : 0;
+        std::vector<double> p(static_cast<size_t>(n_ctx), 0.0);
         double mx = -INFINITY;
-        for (int64_t j = 0; j < n_ctx; ++j) {
+        for (int64_t j = first; j < n_ctx; ++j) {
           double dot = 0.0;
           for (int64_t i = 0; i < hd; ++i) dot += qv[i] * at(cache.k, j, s, kvh, i);
           p[j] = dot * scale;
           mx = std::max(mx, p[j]);
         }
         double sum = 0.0;
-        for (auto& e : p) sum += (e = std::exp(e - mx));
+        for (int64_t j = first; j < n_ctx; ++j) sum += (p[j] = std::exp(p[j] - mx));
         float* o = out + (row * nq + h) * hd;
         for (int64_t i = 0; i < hd; ++i) {
           double acc = 0.0;
-          for (int64_t j = 0; j < n_ctx; ++j) acc += p[j] * at(cache.v, j, s, kvh, i);
+          for (int64_t j = first; j < n_ctx; ++j) acc += p[j] * at(cache.v, j, s, kvh, i);
           o[i] = static_cast<float>(acc / sum);
         }
       }

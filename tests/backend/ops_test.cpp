@@ -107,6 +107,15 @@ TEST_P(DTypeTest, RmsNormMatchesReference) {
   std::vector<float> inplace = x;
   rms_norm(inplace.data(), rows, wv, 1e-6f, inplace.data());
   expect_close(inplace, want, 1e-5f, 1e-6f);
+  // Gemma's (1 + w): the same as an f32 weight holding 1 + w.
+  std::vector<float> plus_one(static_cast<size_t>(d));
+  for (int64_t i = 0; i < d; ++i) plus_one[i] = 1.0f + load_as_f32(w.data(), GetParam(), static_cast<size_t>(i));
+  std::vector<float> offset(x.size()), explicit_w(x.size());
+  rms_norm(x.data(), rows, wv, 1e-6f, offset.data(), 1.0f);
+  ref::rms_norm(x.data(), rows, VectorView{plus_one.data(), DType::kF32, d}, 1e-6f, explicit_w.data());
+  expect_close(offset, explicit_w, 1e-5f, 1e-6f);
+  ref::rms_norm(x.data(), rows, wv, 1e-6f, want.data(), 1.0f);
+  expect_close(want, explicit_w, 1e-6f, 1e-7f);
 }
 
 // KV cache dtype: attention over a paged cache with several chunks (a
@@ -211,6 +220,71 @@ TEST_P(DTypeTest, GroupedHeadsMatchReferenceAcrossHeadSizes) {
     }
 }
 
+// Gemma 3's local layers: a query at position p sees (p - window, p] only,
+// scaled by query_pre_attn_scalar^-0.5; over a prefill chunk after a cached
+// prefix, a decode, a fresh prompt shorter than the window, and a batch-1
+// decode whose 600-key window the kernel splits into chunks.
+TEST_P(DTypeTest, SlidingWindowAndScaleMatchReference) {
+  const DType dtype = GetParam();
+  std::mt19937 rng(9);
+  const int64_t hd = 64, block = 4, n_blocks = 300, nkv = 1;
+  std::vector<uint8_t> kbuf(static_cast<size_t>(n_blocks * block * nkv * hd) * dtype_size(dtype));
+  std::vector<uint8_t> vbuf(kbuf.size());
+  KvLayerView cache{kbuf.data(), vbuf.data(), dtype, n_blocks, block, nkv, hd};
+  auto past_k = random_f32(n_blocks * block * nkv * hd, rng), past_v = random_f32(past_k.size(), rng);
+  for (size_t i = 0; i < past_k.size(); ++i) {
+    store_from_f32(kbuf.data(), dtype, i, past_k[i]);
+    store_from_f32(vbuf.data(), dtype, i, past_v[i]);
+  }
+  std::vector<int32_t> t0{3, 0, 7}, t1{5, 9, 2, 11}, t2{1, 4}, t3(251);
+  for (int32_t b = 0; b < 251; ++b) t3[b] = 20 + (b * 7) % 251;
+  for (int64_t window : {5, 600}) {
+    AttentionHeads heads{2, 0, 0, 2};
+    heads.scale = 0.0625f;
+    heads.window = window;
+    std::vector<AttentionSeq> seqs{{0, 3, 6, t0.data(), 3}, {3, 1, 12, t1.data(), 4}, {4, 3, 0, t2.data(), 2}};
+    if (window == 600) seqs = {{0, 1, 1000, t3.data(), 251}};
+    int64_t n_tok = 0;
+    for (const AttentionSeq& q : seqs) n_tok += q.n_tokens;
+    auto k = random_f32(n_tok * nkv * hd, rng), v = random_f32(k.size(), rng);
+    kv_cache_write(cache, seqs.data(), static_cast<int64_t>(seqs.size()), k.data(), v.data());
+    auto q = random_f32(n_tok * heads.n_q_heads * hd, rng, 3.0f);
+    std::vector<float> got(q.size()), want(q.size()), full(q.size());
+    paged_attention(q.data(), cache, seqs.data(), static_cast<int64_t>(seqs.size()), heads, got.data());
+    ref::paged_attention(q.data(), cache, seqs.data(), static_cast<int64_t>(seqs.size()), heads, want.data());
+    SCOPED_TRACE("window " + std::to_string(window));
+    expect_close(got, want, 1e-4f, 1e-5f);
+    // The window and the scale change the answer (the test could fail).
+    AttentionHeads unwindowed = heads;
+    unwindowed.window = 0;
+    ref::paged_attention(q.data(), cache, seqs.data(), static_cast<int64_t>(seqs.size()), unwindowed, full.data());
+    EXPECT_GT(std::fabs(full[0] - want[0]) + std::fabs(full[hd] - want[hd]), 1e-3f);
+  }
+}
+
+// The reference's window: keys before it do not matter, the oldest key inside it does.
+TEST(Ops, ReferenceWindowIgnoresOnlyOlderKeys) {
+  const int64_t hd = 8, window = 3;
+  std::mt19937 rng(3);
+  std::vector<float> kc(8 * hd), vc(8 * hd);
+  for (auto* c : {&kc, &vc})
+    for (auto& x : *c) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+  KvLayerView cache{kc.data(), vc.data(), DType::kF32, 2, 4, 1, hd};
+  std::vector<int32_t> table{0, 1};
+  AttentionSeq s{0, 1, 5, table.data(), 2};  // position 5 sees 3, 4, 5
+  AttentionHeads heads{1, 0, 0, 1};
+  heads.window = window;
+  auto q = random_f32(hd, rng);
+  std::vector<float> base(hd), out(hd);
+  ref::paged_attention(q.data(), cache, &s, 1, heads, base.data());
+  for (int64_t i = 0; i < 3 * hd; ++i) vc[i] += 5.0f;  // positions 0-2: outside
+  ref::paged_attention(q.data(), cache, &s, 1, heads, out.data());
+  for (int64_t i = 0; i < hd; ++i) EXPECT_EQ(out[i], base[i]);
+  for (int64_t i = 3 * hd; i < 4 * hd; ++i) vc[i] += 5.0f;  // position 3: inside
+  ref::paged_attention(q.data(), cache, &s, 1, heads, out.data());
+  EXPECT_GT(std::fabs(out[0] - base[0]), 1e-3f);
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, DTypeTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                          [](const auto& info) { return std::string(name_of(info.param)); });
 
@@ -286,6 +360,14 @@ TEST(Ops, SiluMulAndSoftmaxMatchReference) {
   silu_mul(g.data(), u.data(), 1000, got.data());
   ref::silu_mul(g.data(), u.data(), 1000, want.data());
   expect_close(got, want, 1e-6f, 1e-7f);
+  // GeGLU (gelu_pytorch_tanh): torch gives gelu(1.0, approximate="tanh") = 0.8411920070648193.
+  gelu_tanh_mul(g.data(), u.data(), 1000, got.data());
+  ref::gelu_tanh_mul(g.data(), u.data(), 1000, want.data());
+  expect_close(got, want, 2e-6f, 1e-6f);  // f32 tanh saturates to -1 a little early: gelu(-5) ~ -1e-6
+  const float one = 1.0f, two = 2.0f;
+  float y = 0;
+  gelu_tanh_mul(&one, &two, 1, &y);
+  EXPECT_NEAR(y, 2.0f * 0.8411920070648193f, 1e-6f);
   auto s = random_f32(3 * 333, rng, 10.0f);
   auto s2 = s;
   softmax(s.data(), 3, 333);

@@ -379,11 +379,13 @@ class NoQuantBackend final : public Backend {
   void begin_step(const StepMetadata&) override {}
   void embed(const Tensor&, int64_t, int64_t, int64_t, const StepMetadata&, Tensor&) override {}
   void matmul(const Tensor&, const Linear&, Tensor&) override {}
-  void rms_norm(const Tensor&, const Tensor&, float, Tensor&) override {}
-  void add_rms_norm(Tensor&, const Tensor&, const Tensor&, float, Tensor&) override {}
+  void rms_norm(const Tensor&, const NormWeight&, float, Tensor&) override {}
+  void add_rms_norm(Tensor&, const Tensor&, const NormWeight&, float, Tensor&) override {}
   void add(Tensor&, const Tensor&) override {}
+  void scale(Tensor&, float) override {}
   void rope(Tensor&, const Tensor&, const StepMetadata&) override {}
   void silu_mul(const Tensor&, const Tensor&, Tensor&) override {}
+  void gelu_tanh_mul(const Tensor&, const Tensor&, Tensor&) override {}
   void kv_cache_write(const KvLayerView&, const StepMetadata&, const Tensor&, const Tensor&) override {}
   void paged_attention(const Tensor&, const KvLayerView&, const StepMetadata&, const AttentionHeads&,
                        Tensor&) override {}

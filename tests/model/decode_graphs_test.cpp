@@ -70,13 +70,15 @@ class GraphCpuBackend final : public Backend {
     cpu_->embed(t, b, e, v, m, o);
   }
   void matmul(const Tensor& x, const backend::Linear& w, Tensor& y) override { cpu_->matmul(x, w, y); }
-  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& o) override { cpu_->rms_norm(x, w, eps, o); }
-  void add_rms_norm(Tensor& h, const Tensor& d, const Tensor& w, float eps, Tensor& o) override {
+  void rms_norm(const Tensor& x, const backend::NormWeight& w, float eps, Tensor& o) override { cpu_->rms_norm(x, w, eps, o); }
+  void add_rms_norm(Tensor& h, const Tensor& d, const backend::NormWeight& w, float eps, Tensor& o) override {
     cpu_->add_rms_norm(h, d, w, eps, o);
   }
   void add(Tensor& y, const Tensor& x) override { cpu_->add(y, x); }
+  void scale(Tensor& x, float s) override { cpu_->scale(x, s); }
   void rope(Tensor& x, const Tensor& f, const backend::StepMetadata& m) override { cpu_->rope(x, f, m); }
   void silu_mul(const Tensor& g, const Tensor& u, Tensor& o) override { cpu_->silu_mul(g, u, o); }
+  void gelu_tanh_mul(const Tensor& g, const Tensor& u, Tensor& o) override { cpu_->gelu_tanh_mul(g, u, o); }
   void kv_cache_write(const backend::KvLayerView& c, const backend::StepMetadata& m, const Tensor& k,
                       const Tensor& v) override {
     cpu_->kv_cache_write(c, m, k, v);

@@ -151,13 +151,14 @@ void CpuBackend::matmul(const Tensor& x, const Linear& w, Tensor& y) {
   backend::matmul(f32(x, "matmul x"), n, m, w.bias.defined() ? &b : nullptr, f32_mut(y, "matmul y"));
 }
 
-void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
-  SHARDLM_CHECK(cols_of(x) == weight.numel() && out.numel() == x.numel(), "rms_norm: x ", x.describe(), ", weight ",
-                weight.describe(), ", out ", out.describe());
-  backend::rms_norm(f32(x, "rms_norm x"), rows_of(x), vector(weight), eps, f32_mut(out, "rms_norm out"));
+void CpuBackend::rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) {
+  const Tensor& w = weight.weight;
+  SHARDLM_CHECK(cols_of(x) == w.numel() && out.numel() == x.numel(), "rms_norm: x ", x.describe(), ", weight ",
+                w.describe(), ", out ", out.describe());
+  backend::rms_norm(f32(x, "rms_norm x"), rows_of(x), vector(w), eps, f32_mut(out, "rms_norm out"), weight.offset);
 }
 
-void CpuBackend::add_rms_norm(Tensor& hidden, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) {
+void CpuBackend::add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) {
   add(hidden, delta);
   rms_norm(hidden, weight, eps, out);
 }
@@ -178,6 +179,14 @@ void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
                 ", up ", up.describe(), ", out ", out.describe());
   backend::silu_mul(f32(gate, "gate"), f32(up, "up"), gate.numel(), f32_mut(out, "silu_mul out"));
 }
+
+void CpuBackend::gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  SHARDLM_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "gelu_tanh_mul: gate ", gate.describe(),
+                ", up ", up.describe(), ", out ", out.describe());
+  backend::gelu_tanh_mul(f32(gate, "gate"), f32(up, "up"), gate.numel(), f32_mut(out, "gelu_tanh_mul out"));
+}
+
+void CpuBackend::scale(Tensor& x, float s) { backend::scale_inplace(f32_mut(x, "scale x"), x.numel(), s); }
 
 void CpuBackend::kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
                                 const Tensor& v) {

@@ -35,11 +35,13 @@ class CpuBackend final : public Backend {
   void matmul(const Tensor& x, const Linear& w, Tensor& y) override;
   // AWQ 4-bit, GPTQ 4/8-bit and FP8 E4M3 (backend/quant_ops.h).
   bool supports(WeightScheme scheme, int bits) const override;
-  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
-  void add_rms_norm(Tensor& hidden, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) override;
+  void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) override;
   void add(Tensor& y, const Tensor& x) override;
+  void scale(Tensor& x, float s) override;
   void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k, const Tensor& v) override;
   void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                        const AttentionHeads& heads, Tensor& out) override;

@@ -326,20 +326,22 @@ void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& y) {
   }
 }
 
-void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
-  SHARDLM_CHECK(cols_of(x) == weight.numel() && out.numel() == x.numel(), "rms_norm: x ", x.describe(), ", weight ",
-                weight.describe(), ", out ", out.describe());
-  rms_norm_f32(f32(x, "rms_norm x"), rows_of(x), cols_of(x), bf16_of(weight, "rms_norm weight"), eps,
+void CudaBackend::rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) {
+  const Tensor& w = weight.weight;
+  SHARDLM_CHECK(cols_of(x) == w.numel() && out.numel() == x.numel(), "rms_norm: x ", x.describe(), ", weight ",
+                w.describe(), ", out ", out.describe());
+  rms_norm_f32(f32(x, "rms_norm x"), rows_of(x), cols_of(x), bf16_of(w, "rms_norm weight"), eps, weight.offset,
                f32_mut(out, "rms_norm out"), stream_);
 }
 
-void CudaBackend::add_rms_norm(Tensor& hidden, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) {
-  SHARDLM_CHECK(hidden.numel() == delta.numel() && out.numel() == hidden.numel() && cols_of(hidden) == weight.numel(),
-                "add_rms_norm: hidden ", hidden.describe(), ", delta ", delta.describe(), ", weight ",
-                weight.describe(), ", out ", out.describe());
+void CudaBackend::add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) {
+  const Tensor& w = weight.weight;
+  SHARDLM_CHECK(hidden.numel() == delta.numel() && out.numel() == hidden.numel() && cols_of(hidden) == w.numel(),
+                "add_rms_norm: hidden ", hidden.describe(), ", delta ", delta.describe(), ", weight ", w.describe(),
+                ", out ", out.describe());
   auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(out.numel()) * sizeof(bf16)));
   rms_norm_residual(f32_mut(hidden, "add_rms_norm hidden"), f32(delta, "add_rms_norm delta"), rows_of(hidden),
-                    cols_of(hidden), bf16_of(weight, "add_rms_norm weight"), eps, ob, stream_);
+                    cols_of(hidden), bf16_of(w, "add_rms_norm weight"), eps, weight.offset, ob, stream_);
   bf16_to_f32(ob, out.numel(), f32_mut(out, "add_rms_norm out"), stream_);
 }
 
@@ -347,6 +349,8 @@ void CudaBackend::add(Tensor& y, const Tensor& x) {
   SHARDLM_CHECK(y.numel() == x.numel(), "add: y ", y.describe(), ", x ", x.describe());
   add_f32(f32_mut(y, "add y"), f32(x, "add x"), y.numel(), stream_);
 }
+
+void CudaBackend::scale(Tensor& x, float s) { scale_f32(f32_mut(x, "scale x"), x.numel(), s, stream_); }
 
 void CudaBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) {
   check_step(meta, "rope");
@@ -376,9 +380,22 @@ void CudaBackend::kv_cache_write(const KvLayerView& cache, const StepMetadata& m
                                 meta.n_tokens(), stream_);
 }
 
+void CudaBackend::gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  SHARDLM_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "gelu_tanh_mul: gate ", gate.describe(),
+                ", up ", up.describe(), ", out ", out.describe());
+  auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(out.numel()) * sizeof(bf16)));
+  backend::cuda::gelu_tanh_mul(f32(gate, "gelu_tanh_mul gate"), f32(up, "gelu_tanh_mul up"), rows_of(gate),
+                               cols_of(gate), cols_of(gate), ob, stream_);
+  bf16_to_f32(ob, out.numel(), f32_mut(out, "gelu_tanh_mul out"), stream_);
+}
+
 void CudaBackend::paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                                   const AttentionHeads& heads, Tensor& out) {
   check_step(meta, "paged_attention");
+  if (!supports_attention(heads))
+    fail(ErrorCode::kUnsupported, "paged_attention on ", name(), ": ",
+         heads.window > 0 ? "a sliding window" : "a softmax scale other than 1/sqrt(head_dim)",
+         " is not implemented on CUDA yet; run this model on the CPU backend");
   const int64_t hd = cache.head_dim, elems = meta.n_tokens() * heads.n_q_heads * hd;
   SHARDLM_CHECK(q.numel() == elems && out.numel() == elems, "paged_attention: q ", q.describe(), ", out ",
                 out.describe());

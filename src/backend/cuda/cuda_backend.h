@@ -66,11 +66,15 @@ class CudaBackend final : public Backend {
   void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
              const StepMetadata& meta, Tensor& out) override;
   void matmul(const Tensor& x, const Linear& w, Tensor& y) override;
-  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
-  void add_rms_norm(Tensor& hidden, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) override;
+  void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) override;
   void add(Tensor& y, const Tensor& x) override;
+  void scale(Tensor& x, float s) override;
   void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  // The decode and prefill kernels scale by 1/sqrt(head_dim) over the whole past.
+  bool supports_attention(const AttentionHeads& heads) const override { return heads.window == 0 && heads.scale == 0.0f; }
   void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k, const Tensor& v) override;
   void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                        const AttentionHeads& heads, Tensor& out) override;

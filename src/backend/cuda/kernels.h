@@ -25,13 +25,14 @@ void embedding_gather(const bf16* table, int64_t n_rows, int64_t dim, int64_t vo
                       int64_t n_tokens, float* out, cudaStream_t stream);
 
 // Fused residual add + RMSNorm over rows of [n_rows, dim]:
-//   if delta: residual += delta;  out = residual / sqrt(mean(residual²) + eps) × weight.
+//   if delta: residual += delta;  out = residual / sqrt(mean(residual²) + eps) × (weight_offset + weight).
 // residual: f32 (updated in place); delta: f32 or null; weight: [dim] bf16; out: bf16.
+// weight_offset: 1 for Gemma's (1 + w) norms, else 0.
 void rms_norm_residual(float* residual, const float* delta, int64_t n_rows, int64_t dim, const bf16* weight, float eps,
-                       bf16* out, cudaStream_t stream);
+                       float weight_offset, bf16* out, cudaStream_t stream);
 // Plain RMSNorm in f32, in place allowed (Qwen3's per-head q/k norm): x, out [n_rows, dim].
-void rms_norm_f32(const float* x, int64_t n_rows, int64_t dim, const bf16* weight, float eps, float* out,
-                  cudaStream_t stream);
+void rms_norm_f32(const float* x, int64_t n_rows, int64_t dim, const bf16* weight, float eps, float weight_offset,
+                  float* out, cudaStream_t stream);
 
 // Rotate-half RoPE in place. x: [n_tokens, n_heads, head_dim] f32 (row stride
 // row_stride floats, so q and k inside one fused qkv row work); positions:
@@ -44,6 +45,10 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t
 // stride `stride` (gate and up may be halves of one GEMM output); out: [n_tokens, n_inter] bf16.
 void silu_mul(const float* gate, const float* up, int64_t n_tokens, int64_t n_inter, int64_t stride, bf16* out,
               cudaStream_t stream);
+
+// out[i] = gelu_tanh(gate[i]) × up[i] (GeGLU, PyTorch's tanh approximation); shapes as silu_mul.
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n_tokens, int64_t n_inter, int64_t stride, bf16* out,
+                   cudaStream_t stream);
 
 // y[i] += b[i % n] for i < n_rows × n (a bias after a GEMM). y: [n_rows, n] f32; b: [n] bf16.
 void add_bias(float* y, const bf16* b, int64_t n_rows, int64_t n, cudaStream_t stream);
@@ -112,6 +117,8 @@ void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLay
 
 // y[i] += x[i] for i < count, both f32 (the residual add of the Backend interface).
 void add_f32(float* y, const float* x, int64_t count, cudaStream_t stream);
+// x[i] *= s for i < count.
+void scale_f32(float* x, int64_t count, float s, cudaStream_t stream);
 
 // out[i, :] = x[rows[i], :] for i < n_rows; x: [*, dim] f32, rows: [n_rows]
 // (device indices, e.g. StepMetadata's logit rows), out: [n_rows, dim] f32.

@@ -126,7 +126,7 @@ TEST(CudaOps, RmsNormResidualMatchesReference) {
   auto* d_w = reinterpret_cast<bf16*>(upload(wb));
   bf16* d_out = nullptr;
   SHARDLM_CUDA_CHECK(cudaMalloc(&d_out, n * dim * 2));
-  rms_norm_residual(d_x, d_dx, n, dim, d_w, 1e-6f, d_out, nullptr);
+  rms_norm_residual(d_x, d_dx, n, dim, d_w, 1e-6f, 0.0f, d_out, nullptr);
   expect_close(download(d_x, n * dim), sum, 1e-6f, 1e-6f, "residual");
   expect_close(download_bf16(d_out, n * dim), want, 1e-2f, 1e-2f, "normed");
   cudaFree(d_x), cudaFree(d_dx), cudaFree(d_w), cudaFree(d_out);

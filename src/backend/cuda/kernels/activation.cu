@@ -19,6 +19,18 @@ __global__ void silu_mul_kernel(const float* __restrict__ gate, const float* __r
   }
 }
 
+__global__ void gelu_tanh_mul_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n_tokens,
+                                     int64_t n_inter, int64_t stride, bf16* __restrict__ out) {
+  const int64_t total = n_tokens * n_inter;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / n_inter, j = i % n_inter;
+    const float g = gate[t * stride + j];
+    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    out[i] = __float2bfloat16(0.5f * g * (1.0f + tanhf(inner)) * up[t * stride + j]);
+  }
+}
+
 __global__ void add_bias_kernel(float* __restrict__ y, const bf16* __restrict__ b, int64_t total, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -44,6 +56,14 @@ void silu_mul(const float* gate, const float* up, int64_t n_tokens, int64_t n_in
   if (n_tokens * n_inter <= 0) return;
   silu_mul_kernel<<<grid_for(n_tokens * n_inter, kThreads), kThreads, 0, stream>>>(gate, up, n_tokens, n_inter, stride,
                                                                                   out);
+  SHARDLM_CUDA_CHECK_LAUNCH();
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n_tokens, int64_t n_inter, int64_t stride, bf16* out,
+                   cudaStream_t stream) {
+  if (n_tokens * n_inter <= 0) return;
+  gelu_tanh_mul_kernel<<<grid_for(n_tokens * n_inter, kThreads), kThreads, 0, stream>>>(gate, up, n_tokens, n_inter,
+                                                                                       stride, out);
   SHARDLM_CUDA_CHECK_LAUNCH();
 }
 

@@ -15,6 +15,12 @@ __global__ void add_f32_kernel(float* __restrict__ y, const float* __restrict__ 
     y[i] += x[i];
 }
 
+__global__ void scale_f32_kernel(float* __restrict__ x, int64_t count, float s) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+
 // One block per gathered row; threads stride over dim.
 __global__ void gather_rows_kernel(const float* __restrict__ x, int64_t dim, const int32_t* __restrict__ rows,
                                    float* __restrict__ out) {
@@ -29,6 +35,12 @@ __global__ void gather_rows_kernel(const float* __restrict__ x, int64_t dim, con
 void add_f32(float* y, const float* x, int64_t count, cudaStream_t stream) {
   if (count <= 0) return;
   add_f32_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(y, x, count);
+  SHARDLM_CUDA_CHECK_LAUNCH();
+}
+
+void scale_f32(float* x, int64_t count, float s, cudaStream_t stream) {
+  if (count <= 0) return;
+  scale_f32_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(x, count, s);
   SHARDLM_CUDA_CHECK_LAUNCH();
 }
 
