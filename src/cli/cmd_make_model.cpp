@@ -81,6 +81,8 @@ void setup(CLI::App& app) {
   sub->add_option("--heads", o->synth.n_heads, "Override num_attention_heads");
   sub->add_option("--kv-heads", o->synth.n_kv_heads, "Override num_key_value_heads");
   sub->add_option("--head-dim", o->synth.head_dim, "Override head_dim (default hidden/heads when either changes)");
+  sub->add_option("--sliding-window", o->synth.sliding_window,
+                  "Positions a windowed layer attends to: Gemma 3's local layers; every layer of Mistral, Mixtral, Phi-3 (0: the model's)");
   sub->add_option("--experts", o->synth.n_experts, "MoE: experts per layer (0: the model's)");
   sub->add_option("--experts-per-token", o->synth.n_experts_per_token, "MoE: experts routed per token (0: the model's)");
   sub->add_option("--moe-intermediate", o->synth.moe_intermediate_size, "MoE: each expert's intermediate size (0: the model's)");

@@ -34,6 +34,8 @@ const char* tensor_slot_name(TensorSlot slot) {
     case TensorSlot::kFinalNorm: return "final_norm";
     case TensorSlot::kLmHead: return "lm_head";
     case TensorSlot::kAttnNorm: return "attn_norm";
+    case TensorSlot::kPostAttnNorm: return "post_attn_norm";
+    case TensorSlot::kPostMlpNorm: return "post_mlp_norm";
     case TensorSlot::kQ: return "q";
     case TensorSlot::kK: return "k";
     case TensorSlot::kV: return "v";
@@ -110,9 +112,12 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
     spec.rope_scaling.high_freq_factor = optional_number(*rs, "high_freq_factor", 4.0, source + " rope_scaling");
     spec.rope_scaling.original_max_position_embeddings =
         optional_int(*rs, "original_max_position_embeddings", 8192, source + " rope_scaling");
-    if (!spec.rope_scaling.type.empty() && spec.rope_scaling.type != "llama3")
+    if (!spec.rope_scaling.type.empty() && spec.rope_scaling.type != "llama3" && spec.rope_scaling.type != "linear")
       fail(ErrorCode::kUnsupported, source, ": rope_scaling type \"", spec.rope_scaling.type,
-           "\" is not supported (supported: llama3, or none)");
+           "\" is not supported (supported: llama3, linear, or none)");
+    if (spec.rope_scaling.type == "linear" && !(spec.rope_scaling.factor > 0.0))
+      fail(ErrorCode::kInvalidArgument, source, ": rope_scaling.factor must be positive for linear scaling, found ",
+           spec.rope_scaling.factor);
   }
 
   if (spec.is_moe()) {
@@ -203,6 +208,8 @@ json model_config_json(const ModelSpec& spec) {
   c["tie_word_embeddings"] = spec.tie_word_embeddings;
   if (spec.rope_scaling.type.empty()) {
     c["rope_scaling"] = nullptr;
+  } else if (spec.rope_scaling.type == "linear") {
+    c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", spec.rope_scaling.factor}};
   } else {
     c["rope_scaling"] = {{"rope_type", spec.rope_scaling.type},
                          {"factor", spec.rope_scaling.factor},

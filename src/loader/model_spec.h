@@ -22,6 +22,13 @@ enum class Family {
   kMixtral,  // MixtralForCausalLM: sparse MoE, softmax over the top-k logits
   kQwen3Moe, // Qwen3MoeForCausalLM: sparse MoE, top-k of the softmax, norm_topk_prob
   kPhi3,     // Phi3ForCausalLM (Phi-3, Phi-4): fused qkv_proj and gate_up_proj
+  kGemma3,   // Gemma3ForCausalLM (gemma3_text): sliding-window local layers, (1 + w) norms, GeGLU
+};
+
+// The gated MLP's activation: down(act(gate(x)) × up(x)).
+enum class MlpActivation {
+  kSilu,      // SwiGLU (every family but Gemma)
+  kGeluTanh,  // GeGLU with PyTorch's tanh approximation (gelu_pytorch_tanh)
 };
 
 const char* family_name(Family family);
@@ -52,6 +59,22 @@ struct ModelSpec {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: biases on q/k/v projections
   bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k
+  MlpActivation mlp_activation = MlpActivation::kSilu;
+  // Every RMSNorm multiplies by (norm_weight_offset + w): 1 for Gemma, which
+  // stores w for the factor 1 + w; 0 elsewhere.
+  float norm_weight_offset = 0.0f;
+  // Gemma: the embeddings are multiplied by sqrt(hidden_size), rounded to
+  // the checkpoint dtype as transformers does (34.0 for 1152 in bf16).
+  bool scale_embeddings = false;
+  // q·k is scaled by query_pre_attn_scalar^-0.5 (Gemma 3); 0: head_dim^-0.5.
+  double query_pre_attn_scalar = 0.0;
+  // Sliding-window attention: layer l with sliding_layers[l] attends to the
+  // last sliding_window positions only (itself included), with rope base
+  // rope_local_theta and no rope scaling when rope_local_theta > 0 (Gemma 3's
+  // local layers). Empty sliding_layers: every layer attends to all of its past.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  double rope_local_theta = 0.0;
   // Mixture of experts (model/layers.h moe() runs them; plan/moe_accounting.h sizes them).
   int64_t n_experts = 0;              // num_experts (Qwen3-MoE) / num_local_experts (Mixtral)
   int64_t n_experts_per_token = 0;    // num_experts_per_tok (top-k)
@@ -69,6 +92,9 @@ struct ModelSpec {
   std::vector<int64_t> eos_token_ids;
 
   bool is_moe() const { return n_experts > 0; }
+  bool is_sliding_layer(int64_t layer) const {
+    return layer >= 0 && static_cast<size_t>(layer) < sliding_layers.size() && sliding_layers[static_cast<size_t>(layer)];
+  }
   // True when decoder layer `layer` holds experts (false for every layer of a dense model).
   bool is_moe_layer(int64_t layer) const;
   // Decoder layers that hold experts.
@@ -131,6 +157,8 @@ enum class TensorSlot {
   kFinalNorm,   // [hidden]; last stage
   kLmHead,      // [vocab, hidden]; last stage
   kAttnNorm,    // [hidden] before attention
+  kPostAttnNorm,  // [hidden] over attention's output, before the residual add (Gemma)
+  kPostMlpNorm,   // [hidden] over the MLP's output, before the residual add (Gemma)
   kQ, kK, kV,   // projections [q_dim | kv_dim, hidden]
   kQBias, kKBias, kVBias,
   kQNorm, kKNorm,  // [head_dim] per-head RMSNorm

@@ -119,6 +119,18 @@ ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
   if (spec.head_dim % 2 != 0)
     fail(ErrorCode::kInvalidArgument, "--head-dim must be even (rotary embeddings rotate pairs), found ", spec.head_dim);
   if (o.tie_word_embeddings) spec.tie_word_embeddings = *o.tie_word_embeddings;
+  check_positive(o.sliding_window, "--sliding-window");
+  if (o.sliding_window > 0) {
+    // Mistral, Mixtral and Phi-3 window every layer (transformers' reading
+    // of their sliding_window); Gemma 3 its local layers.
+    const bool every_layer =
+        spec.family == Family::kMistral || spec.family == Family::kMixtral || spec.family == Family::kPhi3;
+    if (spec.sliding_layers.empty() && !every_layer)
+      fail(ErrorCode::kInvalidArgument, "make-model: --sliding-window applies to models with a sliding window ",
+           "(gemma-3-*, mistral-7b, mixtral-8x7b, phi-4); ", o.like, " has none");
+    if (spec.sliding_layers.empty()) spec.sliding_layers.assign(static_cast<size_t>(spec.n_layers), true);
+    spec.sliding_window = o.sliding_window;
+  }
   if (spec.is_moe()) {
     if (o.n_experts > 0) spec.n_experts = o.n_experts;
     if (o.n_experts_per_token > 0) spec.n_experts_per_token = o.n_experts_per_token;

@@ -1,6 +1,7 @@
 #include "model/causal_lm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -56,11 +57,37 @@ CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int
     dims_.renormalize = spec.norm_topk_prob;
   }
   dims_.eps = static_cast<float>(spec.rms_norm_eps);
+  dims_.norm_offset = spec.norm_weight_offset;
+  dims_.activation = spec.mlp_activation;
   dims_.heads = {shard_.q_heads.size(), shard_.q_heads.begin, shard_.kv_heads.begin, spec.group_size()};
   std::vector<float> inv_freq(static_cast<size_t>(spec.head_dim / 2));
   backend::rope_inv_freq(rope_config(spec), inv_freq.data());
   inv_freq_ = backend_->alloc(DType::kF32, {spec.head_dim / 2});
   backend_->upload(inv_freq.data(), inv_freq_);
+  if (spec.rope_local_theta > 0.0) {
+    backend::rope_inv_freq(local_rope_config(spec), inv_freq.data());
+    inv_freq_local_ = backend_->alloc(DType::kF32, {spec.head_dim / 2});
+    backend_->upload(inv_freq.data(), inv_freq_local_);
+  }
+  if (spec.query_pre_attn_scalar > 0.0 && spec.query_pre_attn_scalar != static_cast<double>(spec.head_dim))
+    dims_.heads.scale = static_cast<float>(1.0 / std::sqrt(spec.query_pre_attn_scalar));
+  if (spec.scale_embeddings) {
+    // transformers: embed × sqrt(hidden_size) cast to the weights' dtype.
+    const float s = std::sqrt(static_cast<float>(spec.hidden_size));
+    embed_scale_ = spec.dtype == DType::kBF16 ? bf16_to_f32(f32_to_bf16(s))
+                   : spec.dtype == DType::kF16 ? f16_to_f32(f32_to_f16(s))
+                                               : s;
+  }
+  for (const bool sliding : {false, true}) {
+    if (sliding && spec.sliding_layers.empty()) continue;
+    backend::AttentionHeads heads = dims_.heads;
+    heads.window = sliding ? spec.sliding_window : 0;
+    if (!backend_->supports_attention(heads))
+      fail(ErrorCode::kUnsupported, spec.architecture, ": the ", backend_->name(), " backend cannot compute ",
+           sliding ? str_cat("sliding-window attention (", spec.sliding_window, " positions)")
+                   : std::string("attention scaled by query_pre_attn_scalar"),
+           " yet; run this model on the CPU backend");
+  }
   for (int r = 0; r < layout.tp; ++r) vocab_ranges_.push_back(shard_for(spec, layout, r, pp_rank).vocab);
 }
 
@@ -174,8 +201,13 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
   // loader/families/ names it); a Linear is assembled at its primary part.
   std::vector<DecoderLayerWeights> layers(static_cast<size_t>(shard_.layers.size()));
   for (int64_t l = shard_.layers.begin; l < shard_.layers.end; ++l) {
-    layers[static_cast<size_t>(l - shard_.layers.begin)].layer = l;
-    layers[static_cast<size_t>(l - shard_.layers.begin)].expert_begin = shard_.experts.begin;
+    DecoderLayerWeights& w = layers[static_cast<size_t>(l - shard_.layers.begin)];
+    w.layer = l;
+    w.expert_begin = shard_.experts.begin;
+    if (spec_.is_sliding_layer(l)) {
+      w.attention_window = spec_.sliding_window;
+      w.local_rope = spec_.rope_local_theta > 0.0;
+    }
   }
   for (const auto& [name, tspec] : specs) {
     const TensorSpec& t = tspec;
@@ -219,6 +251,8 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
     switch (t.slot) {
       case TensorSlot::kAttnNorm: w.attn_norm = get(name); break;
       case TensorSlot::kMlpNorm: w.mlp_norm = get(name); break;
+      case TensorSlot::kPostAttnNorm: w.post_attn_norm = get(name); break;
+      case TensorSlot::kPostMlpNorm: w.post_mlp_norm = get(name); break;
       case TensorSlot::kQ: linear(w.q); break;
       case TensorSlot::kK: linear(w.k); break;
       case TensorSlot::kV: linear(w.v); break;
@@ -334,7 +368,7 @@ void CausalLM::reserve_step_buffers(int64_t n_tokens, int64_t n_logits) {
 }
 
 void CausalLM::run_layers(Tensor& hidden, KvCache& cache) {
-  const StepContext step{meta_, inv_freq_};
+  const StepContext step{meta_, inv_freq_, inv_freq_local_};
   const LayerContext c{*backend_, dims_, step, tp_, workspace_, dump_};
   for (size_t i = 0; i < layers_.size(); ++i)
     family_.layer(c, layers_[i], cache.layer(static_cast<int64_t>(i)), hidden);
@@ -345,7 +379,7 @@ void CausalLM::make_logits(const Tensor& hidden, Tensor& out) {
   const int64_t n_logits = meta_.n_logits();
   Tensor x = last_hidden_.slice_rows(0, n_logits);  // [n_logits, hidden]
   b.gather_logit_rows(hidden, meta_, x);
-  b.rms_norm(x, final_norm_, dims_.eps, x);
+  b.rms_norm(x, {final_norm_, dims_.norm_offset}, dims_.eps, x);
   if (dump_) dump_->record(b, "result_norm", -1, x);
   Tensor local = logits_local_.defined() ? logits_local_.slice_rows(0, n_logits) : Tensor{};
   Tensor gathered = logits_gathered_.defined() ? logits_gathered_.slice_rows(0, n_logits) : Tensor{};
@@ -364,6 +398,7 @@ void CausalLM::run_stage(const ForwardBatch& batch, KvCache& cache, float* logit
   Tensor hidden = hidden_.slice_rows(0, n);  // [n_tokens, hidden]
   if (shard_.first_stage) {
     embed_tokens(b, embed_, shard_.vocab, spec_.vocab_size, meta_, hidden, tp_);
+    if (embed_scale_ != 1.0f) b.scale(hidden, embed_scale_);
     if (dump_) dump_->record(b, "embd", -1, hidden);
   } else {
     pp_.recv(hidden.data(), hidden.nbytes(), shard_.pp_rank - 1);
@@ -439,7 +474,8 @@ bool CausalLM::run_graph_step(const ForwardBatch& batch, KvCache& cache, float* 
   reserve_step_buffers(bucket, bucket);
   backend::GraphBufferKey key;
   key.backend_epoch = b.buffer_epoch();
-  for (const Tensor* t : {&hidden_, &last_hidden_, &logits_out_, &logits_local_, &logits_gathered_, &inv_freq_})
+  for (const Tensor* t : {&hidden_, &last_hidden_, &logits_out_, &logits_local_, &logits_gathered_, &inv_freq_,
+                          &inv_freq_local_})
     key.addresses.push_back(t->defined() ? t->data() : nullptr);
   for (const Tensor& t : {workspace_.normed(1), workspace_.q(1), workspace_.k(1), workspace_.v(1), workspace_.attn(1),
                           workspace_.proj(1), workspace_.gate(1), workspace_.up(1)})
@@ -477,6 +513,7 @@ void CausalLM::enqueue_graph_step(int n_rows) {
   backend::Backend& b = *backend_;
   Tensor hidden = hidden_.slice_rows(0, n_rows);  // [bucket, hidden]
   embed_tokens(b, embed_, shard_.vocab, spec_.vocab_size, meta_, hidden, tp_);
+  if (embed_scale_ != 1.0f) b.scale(hidden, embed_scale_);
   run_layers(hidden, *graph_kv_);
   Tensor out = logits_out_.slice_rows(0, n_rows);  // [bucket, vocab]
   make_logits(hidden, out);

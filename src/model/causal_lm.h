@@ -144,6 +144,8 @@ class CausalLM {
   int64_t copied_bytes_ = 0;
   RankDims dims_;
   Tensor inv_freq_;                            // [head_dim / 2] f32
+  Tensor inv_freq_local_;                      // [head_dim / 2] f32 of local layers (Gemma 3); undefined otherwise
+  float embed_scale_ = 1.0f;                   // Gemma: sqrt(hidden) in the checkpoint dtype
   std::vector<DecoderLayerWeights> layers_;    // this stage's layers, in order
   Tensor embed_;                               // [vocab_local, hidden] (first stage)
   Linear lm_head_;                             // [vocab_local, hidden] (last stage)

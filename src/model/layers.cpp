@@ -26,9 +26,14 @@ void Workspace::reserve(backend::Backend& b, const RankDims& d, int64_t n_tokens
 
 Tensor norm(const LayerContext& c, const Tensor& hidden, const Tensor& weight, std::string_view name, int64_t layer) {
   Tensor x = c.ws.normed(c.n_tokens());  // [n, hidden]
-  c.b.rms_norm(hidden, weight, c.dims.eps, x);
+  c.b.rms_norm(hidden, {weight, c.dims.norm_offset}, c.dims.eps, x);
   c.name(name, layer, x);
   return x;
+}
+
+void norm_in_place(const LayerContext& c, Tensor& x, const Tensor& weight, std::string_view name, int64_t layer) {
+  c.b.rms_norm(x, {weight, c.dims.norm_offset}, c.dims.eps, x);
+  c.name(name, layer, x);
 }
 
 Qkv qkv(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x) {
@@ -47,16 +52,20 @@ void qk_norm(const LayerContext& c, const DecoderLayerWeights& w, const Qkv& a) 
   const RankDims& d = c.dims;
   const int64_t n = c.n_tokens();
   Tensor q_heads = a.q.reshape({n * d.n_q_local, d.head_dim}), k_heads = a.k.reshape({n * d.n_kv_local, d.head_dim});
-  c.b.rms_norm(q_heads, w.q_norm, d.eps, q_heads);
-  c.b.rms_norm(k_heads, w.k_norm, d.eps, k_heads);
+  c.b.rms_norm(q_heads, {w.q_norm, d.norm_offset}, d.eps, q_heads);
+  c.b.rms_norm(k_heads, {w.k_norm, d.norm_offset}, d.eps, k_heads);
   c.name("q_norm", w.layer, a.q);
   c.name("k_norm", w.layer, a.k);
 }
 
-void rope_and_cache(const LayerContext& c, int64_t layer, const backend::KvLayerView& cache, const Qkv& a) {
+void rope_and_cache(const LayerContext& c, const DecoderLayerWeights& w, const backend::KvLayerView& cache,
+                    const Qkv& a) {
+  const int64_t layer = w.layer;
+  const Tensor& inv_freq = w.local_rope ? c.step.inv_freq_local : c.step.inv_freq;
+  SHARDLM_CHECK(inv_freq.defined(), "layer ", layer, ": no local rope table");
   Tensor q = a.q, k = a.k;
-  c.b.rope(q, c.step.inv_freq, c.step.meta);
-  c.b.rope(k, c.step.inv_freq, c.step.meta);
+  c.b.rope(q, inv_freq, c.step.meta);
+  c.b.rope(k, inv_freq, c.step.meta);
   c.name("q_rope", layer, q);
   c.name("k_rope", layer, k);
   c.b.kv_cache_write(cache, c.step.meta, k, a.v);
@@ -66,7 +75,9 @@ Tensor attend_and_project(const LayerContext& c, const DecoderLayerWeights& w, c
                           const Qkv& a) {
   const int64_t n = c.n_tokens();
   Tensor attn = c.ws.attn(n), proj = c.ws.proj(n);
-  c.b.paged_attention(a.q, cache, c.step.meta, c.dims.heads, attn);
+  backend::AttentionHeads heads = c.dims.heads;
+  heads.window = w.attention_window;
+  c.b.paged_attention(a.q, cache, c.step.meta, heads, attn);
   c.name("kqv", w.layer, attn);
   c.b.matmul(attn, w.o, proj);
   c.tp.all_reduce_sum(proj);
@@ -81,7 +92,11 @@ Tensor gated_mlp(const LayerContext& c, const DecoderLayerWeights& w, const Tens
   c.b.matmul(x, w.up, up);
   c.name("ffn_gate", w.layer, gate);
   c.name("ffn_up", w.layer, up);
-  c.b.silu_mul(gate, up, gate);
+  if (c.dims.activation == MlpActivation::kGeluTanh) {
+    c.b.gelu_tanh_mul(gate, up, gate);
+  } else {
+    c.b.silu_mul(gate, up, gate);
+  }
   c.name("ffn_act", w.layer, gate);
   c.b.matmul(gate, w.down, proj);
   c.tp.all_reduce_sum(proj);
@@ -136,6 +151,13 @@ backend::RopeConfig rope_config(const ModelSpec& spec) {
   }
   if (spec.head_dim % 2 != 0)
     fail(ErrorCode::kUnsupported, "head_dim ", spec.head_dim, " is odd; rotary embeddings need an even head_dim");
+  return rc;
+}
+
+backend::RopeConfig local_rope_config(const ModelSpec& spec) {
+  backend::RopeConfig rc;
+  rc.head_dim = spec.head_dim;
+  rc.theta = spec.rope_local_theta;
   return rc;
 }
 

@@ -27,6 +27,10 @@ struct DecoderLayerWeights {
   int64_t layer = 0;             // global index
   Tensor attn_norm;              // [hidden]
   Tensor mlp_norm;               // [hidden]
+  Tensor post_attn_norm;         // [hidden] over attention's output (Gemma); undefined otherwise
+  Tensor post_mlp_norm;          // [hidden] over the MLP's output (Gemma); undefined otherwise
+  int64_t attention_window = 0;  // > 0: a sliding-window layer, attending to that many positions
+  bool local_rope = false;       // rope with StepContext::inv_freq_local (Gemma's local layers)
   Linear q, k, v;                // q: [n_q_local × head_dim, hidden]; k, v: [n_kv_local × head_dim, hidden] (+ biases)
   Tensor q_norm, k_norm;         // [head_dim] (Qwen3); undefined otherwise
   Linear o;                      // [hidden, n_q_local × head_dim] (row-parallel: input slice)
@@ -51,7 +55,9 @@ struct RankDims {
   int64_t top_k = 0;      // MoE: experts per token
   bool renormalize = false;
   float eps = 1e-6f;
-  backend::AttentionHeads heads;
+  float norm_offset = 0.0f;  // every norm multiplies by (norm_offset + w): 1 for Gemma
+  MlpActivation activation = MlpActivation::kSilu;
+  backend::AttentionHeads heads;  // window 0; a sliding layer sets its own
 };
 
 // Activation buffers of one rank, from the backend, grown when a step has
@@ -84,7 +90,8 @@ class Workspace {
 // The step every layer sees: the packed metadata and the rope table.
 struct StepContext {
   const backend::StepMetadata& meta;
-  const Tensor& inv_freq;  // [head_dim / 2] f32
+  const Tensor& inv_freq;        // [head_dim / 2] f32
+  const Tensor& inv_freq_local;  // [head_dim / 2] f32 of local layers (Gemma 3); undefined otherwise
 };
 
 // What every piece of a layer reads: the backend, this rank's sizes, the
@@ -112,17 +119,23 @@ struct Qkv {
 
 // x[n_tokens, hidden] = rms_norm(hidden) × weight, into the workspace; named `name`.
 Tensor norm(const LayerContext& c, const Tensor& hidden, const Tensor& weight, std::string_view name, int64_t layer);
+// x = rms_norm(x) × weight in place (Gemma's post-attention and post-MLP norms); named `name`.
+void norm_in_place(const LayerContext& c, Tensor& x, const Tensor& weight, std::string_view name, int64_t layer);
 // q, k, v = x × Wᵀ (+ bias where the Linear has one).
 Qkv qkv(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x);
 // RMSNorm over each head of q and k (q_norm, k_norm [head_dim]), in place.
 void qk_norm(const LayerContext& c, const DecoderLayerWeights& w, const Qkv& a);
-// RoPE on q and k in place (the step's positions), then k and v into the cache.
-void rope_and_cache(const LayerContext& c, int64_t layer, const backend::KvLayerView& cache, const Qkv& a);
-// Paged attention of q over the cache, then o_proj, summed over the TP
-// group: [n_tokens, hidden] (the workspace's projection buffer).
+// RoPE on q and k in place (the step's positions; the local table on a
+// layer with local_rope), then k and v into the cache.
+void rope_and_cache(const LayerContext& c, const DecoderLayerWeights& w, const backend::KvLayerView& cache,
+                    const Qkv& a);
+// Paged attention of q over the cache (the last w.attention_window
+// positions on a sliding layer), then o_proj, summed over the TP group:
+// [n_tokens, hidden] (the workspace's projection buffer).
 Tensor attend_and_project(const LayerContext& c, const DecoderLayerWeights& w, const backend::KvLayerView& cache,
                           const Qkv& a);
-// down(silu(gate(x)) × up(x)) summed over the TP group: [n_tokens, hidden].
+// down(act(gate(x)) × up(x)) summed over the TP group, act = silu or
+// gelu_tanh (dims.activation): [n_tokens, hidden].
 Tensor gated_mlp(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x);
 // The mixture-of-experts MLP, the sparse variant of gated_mlp:
 //   logits = x × routerᵀ                            [n_tokens, n_experts] (router replicated)
@@ -140,6 +153,9 @@ void residual_add(const LayerContext& c, Tensor& hidden, const Tensor& delta, st
 // The rope config of a spec: theta, and "linear"/"llama3" scaling. Throws
 // kUnsupported for another rope_scaling type.
 backend::RopeConfig rope_config(const ModelSpec& spec);
+// The rope config of a local (sliding-window) layer when the spec gives it
+// its own base (rope_local_theta > 0): that base, no scaling.
+backend::RopeConfig local_rope_config(const ModelSpec& spec);
 
 // out[n_tokens, hidden]: embeddings of the step's ids, each looked up on the
 // rank whose vocab range holds it, then summed over the TP group.

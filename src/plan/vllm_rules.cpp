@@ -13,6 +13,7 @@ const char* vllm_attention_class(const ModelSpec& spec) {
     case Family::kMixtral: return "MixtralAttention (vllm/model_executor/models/mixtral.py)";
     case Family::kQwen3Moe: return "Qwen3MoeAttention (vllm/model_executor/models/qwen3_moe.py)";
     case Family::kPhi3: return "LlamaAttention (vllm/model_executor/models/phi3.py, Phi3ForCausalLM)";
+    case Family::kGemma3: return "Gemma3Attention (vllm/model_executor/models/gemma3.py)";
   }
   return "attention";
 }
@@ -27,6 +28,7 @@ std::string hf_repo_id(const ModelSpec& spec, const std::string& hf_name) {
     case Family::kMistral:
     case Family::kMixtral: return "mistralai/" + hf_name;
     case Family::kPhi3: return "microsoft/" + hf_name;
+    case Family::kGemma3: return "google/" + hf_name;
   }
   return hf_name;
 }

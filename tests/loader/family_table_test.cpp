@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -86,6 +87,10 @@ TEST(FamilyTable, EveryArchitectureRoundTripsThroughMakeModelsConfig) {
     EXPECT_EQ(back.qkv_bias, spec.qkv_bias) << m.name;
     EXPECT_EQ(back.qk_norm, spec.qk_norm) << m.name;
     EXPECT_EQ(back.n_experts, spec.n_experts) << m.name;
+    EXPECT_EQ(back.sliding_layers, spec.sliding_layers) << m.name;
+    EXPECT_EQ(back.sliding_window, spec.sliding_window) << m.name;
+    EXPECT_EQ(back.mlp_activation, spec.mlp_activation) << m.name;
+    EXPECT_EQ(back.tie_word_embeddings, spec.tie_word_embeddings) << m.name;
     EXPECT_EQ(expected_tensors(back).size(), expected_tensors(spec).size()) << m.name;
   }
 }
@@ -107,8 +112,8 @@ TEST(FamilyTable, SlidingWindowOnLlamaIsRefusedByName) {
   EXPECT_NO_THROW(parse_model_config(c, "config.json"));
 }
 
-// The released Phi-3 / Phi-4 configs: phi-4 parses; the others need what
-// shardlm does not run yet, and each is refused naming its field.
+// The released Phi-3 / Phi-4 configs: phi-4 and Phi-3-mini-4k parse; the
+// others need what shardlm does not run yet, and each is refused naming its field.
 TEST(FamilyTable, PhiConfigsParseOrAreRefusedByName) {
   const char* env = std::getenv("SHARDLM_MODEL_CONFIGS");
   const std::filesystem::path dir = env ? env : "/work/shared/model-configs";
@@ -125,8 +130,12 @@ TEST(FamilyTable, PhiConfigsParseOrAreRefusedByName) {
       EXPECT_EQ(rows, t.shape[0]) << t.name;
     }
   EXPECT_EQ(fused, 2);  // qkv_proj, gate_up_proj
-  for (auto [file, needle] : {std::pair{"Phi-3-mini-4k-instruct.json", "sliding_window=2047"},
-                              std::pair{"Phi-3-mini-128k-instruct.json", "rope_scaling type \"su\""},
+  // Phi-3-mini-4k: transformers windows every layer to 2047 positions.
+  const ModelSpec mini4k = load_model_config(dir / "Phi-3-mini-4k-instruct.json");
+  EXPECT_EQ(mini4k.sliding_window, 2047);
+  ASSERT_EQ(mini4k.sliding_layers.size(), static_cast<size_t>(mini4k.n_layers));
+  for (int64_t l = 0; l < mini4k.n_layers; ++l) EXPECT_TRUE(mini4k.is_sliding_layer(l)) << l;
+  for (auto [file, needle] : {std::pair{"Phi-3-mini-128k-instruct.json", "rope_scaling type \"su\""},
                               std::pair{"Phi-4-mini-instruct.json", "partial_rotary_factor=0.75"}}) {
     try {
       load_model_config(dir / file);
@@ -136,6 +145,73 @@ TEST(FamilyTable, PhiConfigsParseOrAreRefusedByName) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   }
+}
+
+// The released gemma-3-1b-it config: 22 local layers (window 512, rope base
+// 1e4) and 4 global ones (5, 11, 17, 23), Gemma3TextConfig's defaults where the
+// file is silent (tied embeddings), the sandwich norms in the table; what
+// shardlm does not run is refused naming the field.
+TEST(FamilyTable, GemmaConfigParsesOrIsRefusedByName) {
+  const char* env = std::getenv("SHARDLM_MODEL_CONFIGS");
+  const std::filesystem::path dir = env ? env : "/work/shared/model-configs";
+  if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " is not here";
+  const ModelSpec g = load_model_config(dir / "gemma-3-1b-it.json");
+  EXPECT_EQ(g.family, Family::kGemma3);
+  EXPECT_EQ(g.head_dim, 256);
+  EXPECT_TRUE(g.tie_word_embeddings);
+  EXPECT_TRUE(g.qk_norm);
+  EXPECT_EQ(g.norm_weight_offset, 1.0f);
+  EXPECT_EQ(g.mlp_activation, MlpActivation::kGeluTanh);
+  EXPECT_EQ(g.query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(g.sliding_window, 512);
+  EXPECT_EQ(g.rope_local_theta, 10000.0);
+  ASSERT_EQ(g.sliding_layers.size(), 26u);
+  std::vector<int64_t> global;
+  for (int64_t l = 0; l < g.n_layers; ++l)
+    if (!g.is_sliding_layer(l)) global.push_back(l);
+  EXPECT_EQ(global, (std::vector<int64_t>{5, 11, 17, 23}));
+  std::map<TensorSlot, std::string> layer0;
+  for (const TensorSpec& t : expected_tensors(g))
+    if (t.layer == 0) layer0[t.slot] = t.name;
+  EXPECT_EQ(layer0[TensorSlot::kPostAttnNorm], "model.layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(layer0[TensorSlot::kMlpNorm], "model.layers.0.pre_feedforward_layernorm.weight");
+  EXPECT_EQ(layer0[TensorSlot::kPostMlpNorm], "model.layers.0.post_feedforward_layernorm.weight");
+
+  // layer_types, when given, wins over the pattern.
+  auto c = nlohmann::json::parse(find_catalog_model("gemma-3-1b")->config_json);
+  c["num_hidden_layers"] = 3;
+  c["layer_types"] = {"full_attention", "sliding_attention", "full_attention"};
+  EXPECT_EQ(parse_model_config(c, "config.json").sliding_layers, (std::vector<bool>{false, true, false}));
+  auto refused = [&](nlohmann::json config, const std::string& needle, ErrorCode code) {
+    try {
+      parse_model_config(config, "config.json");
+      ADD_FAILURE() << needle << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto bad = c;
+  bad["layer_types"] = {"full_attention"};
+  refused(bad, "layer_types must list one entry per layer", ErrorCode::kInvalidArgument);
+  bad = c;
+  bad["layer_types"][1] = "chunked_attention";
+  refused(bad, "layer_types[1] is \"chunked_attention\"", ErrorCode::kInvalidArgument);
+  bad = c;
+  bad["final_logit_softcapping"] = 30.0;
+  refused(bad, "final_logit_softcapping=30.0", ErrorCode::kUnsupported);
+  bad = c;
+  bad["attn_logit_softcapping"] = 50.0;
+  refused(bad, "attn_logit_softcapping=50.0", ErrorCode::kUnsupported);
+  bad = c;
+  bad["hidden_activation"] = "gelu";
+  refused(bad, "hidden_activation \"gelu\"", ErrorCode::kUnsupported);
+  bad = c;
+  bad["sliding_window"] = 0;
+  refused(bad, "sliding_window must be a positive", ErrorCode::kInvalidArgument);
+  // The multimodal checkpoint (its language model is a Gemma3ForCausalLM under another prefix).
+  refused(nlohmann::json::parse(std::ifstream(dir / "gemma-3-4b-it.json")),
+          "architecture \"Gemma3ForConditionalGeneration\" is not supported", ErrorCode::kUnsupported);
 }
 
 }  // namespace

@@ -188,10 +188,12 @@ TEST(ModelSpec, NoConfigIsSilentlyMisread) {
   }
   for (const char* name : {"mistral-7b", "mixtral-8x7b"}) {
     auto c = config(name);
-    c["sliding_window"] = 4096;  // Mistral-7B v0.1
-    expect_error(c, "sliding_window=4096");
+    c["sliding_window"] = 4096;  // Mistral-7B v0.1: honoured on every layer
+    const ModelSpec windowed = parse_model_config(c, "config.json");
+    EXPECT_EQ(windowed.sliding_window, 4096) << name;
+    EXPECT_EQ(windowed.sliding_layers, std::vector<bool>(static_cast<size_t>(windowed.n_layers), true)) << name;
     c["sliding_window"] = 32768;  // never binds below max_position_embeddings
-    EXPECT_NO_THROW(parse_model_config(c, "config.json"));
+    EXPECT_TRUE(parse_model_config(c, "config.json").sliding_layers.empty()) << name;
   }
   auto q = config("qwen3-30b-a3b");
   q["shared_expert_intermediate_size"] = 5632;

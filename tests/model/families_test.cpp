@@ -1,10 +1,13 @@
 // A family is two files: Phi-3's fused qkv_proj and gate_up_proj reach the
-// Llama-shaped graph through plan's fused-part slices. Every TP × PP layout
-// gives the TP=1 tokens and logits, and the bytes a rank holds are plan's.
+// Llama-shaped graph through plan's fused-part slices; Gemma 3 builds its own
+// layer (sandwich norms, GeGLU, local layers with a sliding window). Every
+// TP × PP layout gives the TP=1 tokens and logits, and the bytes a rank holds
+// are plan's.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "loader/model_catalog.h"
 #include "model/causal_lm.h"
 #include "model/generate.h"
 #include "plan/sharding.h"
@@ -78,6 +81,50 @@ TEST(Phi3, PlanSlicesFusedTensorsByParts) {
   EXPECT_EQ(gate_up[0].slice, (Range{32, 64}));
   EXPECT_EQ(gate_up[1].slice, (Range{96 + 32, 96 + 64}));
   EXPECT_EQ(gate_up[1].local_shape, (std::vector<int64_t>{32, 160}));
+}
+
+ModelSpec small_gemma3(int64_t window) {
+  ModelSpec s = catalog_model_spec("gemma-3-1b");
+  s.vocab_size = 320;
+  s.hidden_size = 96;
+  s.intermediate_size = 128;
+  s.n_layers = 4;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.head_dim = 32;
+  s.sliding_window = window;
+  s.sliding_layers = {true, false, true, true};
+  s.eos_token_ids.clear();
+  s.bos_token_id = -1;
+  return s;
+}
+
+double worst_relative(const GenerateResult& a, const GenerateResult& b) {
+  double worst = 0, scale = 1e-6;
+  for (size_t s = 0; s < a.step_logits.size() && s < b.step_logits.size(); ++s)
+    for (size_t i = 0; i < a.step_logits[s].size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::fabs(a.step_logits[s][i] - b.step_logits[s][i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(b.step_logits[s][i])));
+    }
+  return worst / scale;
+}
+
+// Uneven TP (4 Q heads over 3: 2/1/1, KV heads shared), PP splits between a
+// local and a global layer; the 6-token prompt crosses the 3-position window.
+TEST(Gemma3, LayoutsAgreeAndTheWindowMatters) {
+  const ModelSpec spec = small_gemma3(3);
+  auto w = random_weights(spec, 21);
+  const GenerateResult base = run(spec, w, 1, 1);
+  ASSERT_EQ(base.tokens.size(), 4u);
+  for (auto [tp, pp] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{2, 2}, std::pair{1, 4}}) {
+    const GenerateResult r = run(spec, w, tp, pp);
+    EXPECT_EQ(r.tokens, base.tokens) << "TP=" << tp << " PP=" << pp;
+    EXPECT_LT(worst_relative(r, base), 2e-4) << "TP=" << tp << " PP=" << pp;
+    EXPECT_EQ(r.weight_bytes_rank0, rank_weight_bytes(spec, Layout{tp, pp}, 0, 0)) << "TP=" << tp << " PP=" << pp;
+  }
+  // A window longer than the sequence is full attention: different logits from window 3.
+  const GenerateResult wide = run(small_gemma3(64), w, 1, 1);
+  EXPECT_GT(worst_relative(wide, base), 1e-3);
 }
 
 }  // namespace

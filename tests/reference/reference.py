@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent numpy reference for Qwen2 / Qwen3 / Llama-3 / Qwen3-MoE / Mixtral / Phi-3 checkpoints.
+"""Independent numpy reference for Qwen2 / Qwen3 / Llama-3 / Qwen3-MoE / Mixtral / Phi-3 / Gemma 3 checkpoints.
 
 Shares no code with shardlm: it parses safetensors itself (struct + json),
 reads config.json / generation_config.json and runs the Hugging Face
@@ -31,8 +31,19 @@ transformers forward (Qwen2Model, Qwen3Model, LlamaModel) in float64:
   * Phi-3 / Phi-4 (transformers' Phi3Attention, Phi3MLP): q, k, v are the
     column ranges [0, q), [q, q + kv), [q + kv, q + 2 kv) of one qkv_proj
     output; gate and up the two halves of gate_up_proj's output (gate first,
-    up * silu(gate)). Full rotary, no rope scaling and no binding sliding
-    window only (refused otherwise, like shardlm).
+    up * silu(gate)). Full rotary and no rope scaling only (refused
+    otherwise, like shardlm).
+  * Mistral, Mixtral and Phi-3 with a sliding_window below
+    max_position_embeddings: every layer sees the keys q - W < k <= q.
+  * Gemma 3 text (transformers' Gemma3DecoderLayer, Gemma3RMSNorm,
+    Gemma3TextScaledWordEmbedding): every RMSNorm multiplies by (1 + w);
+    the embeddings by sqrt(hidden_size) rounded to the checkpoint dtype;
+    q/k norms; attention scaled by query_pre_attn_scalar^-0.5; local layers
+    (layer_types, or (l + 1) % sliding_window_pattern != 0) see the keys
+    with q - W < k <= q (W = sliding_window) and use rope base
+    rope_local_base_freq without scaling, global layers rope_theta with
+    rope_scaling (linear divides inv_freq by factor); norms after attention
+    and after the MLP before each residual add; GeGLU with the tanh gelu.
 
 Quantized checkpoints (config.json quantization_config: AWQ, GPTQ, FP8) are
 unpacked by quantized.py, with its own code, and the forward runs on the
@@ -149,14 +160,12 @@ class Model:
             self.config = c = json.load(f)
         self.arch = c["architectures"][0]
         if self.arch not in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
-                             "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
+                             "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM",
+                             "Gemma3ForCausalLM"):
             raise SystemExit(f"reference: architecture {self.arch} not supported")
         if self.arch == "Phi3ForCausalLM":
             if c.get("partial_rotary_factor", 1.0) != 1.0:
                 raise SystemExit("reference: Phi-3 partial_rotary_factor below 1 not supported")
-            sw = c.get("sliding_window")
-            if sw is not None and sw < c.get("max_position_embeddings", 4096):
-                raise SystemExit("reference: Phi-3 sliding_window below max_position_embeddings not supported")
         self.w = load_weights(model_dir)
         self.hidden = c["hidden_size"]
         self.n_layers = c["num_hidden_layers"]
@@ -173,11 +182,47 @@ class Model:
             kind = rs.get("rope_type", rs.get("type"))
             if kind == "llama3":
                 inv_freq = llama3_inv_freq(inv_freq, rs)
+            elif kind == "linear":
+                inv_freq = inv_freq / rs["factor"]
             elif kind != "default":
                 raise SystemExit(f"reference: rope_scaling {kind} not supported")
         self.inv_freq = inv_freq
+        self.gemma = self.arch == "Gemma3ForCausalLM"
+        self.norm_offset = 1.0 if self.gemma else 0.0
+        self.window = [None] * self.n_layers  # keys a layer sees: None (all) or the last W
+        self.layer_inv_freq = [inv_freq] * self.n_layers
+        self.attn_scale = 1.0 / math.sqrt(d)
+        self.embed_scale = 1.0
+        sw = c.get("sliding_window")
+        if self.arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM") and sw is not None \
+                and sw < c.get("max_position_embeddings", 4096):
+            self.window = [sw] * self.n_layers  # transformers' Mistral / Phi-3: every layer
+        if self.gemma:
+            for field in ("attn_logit_softcapping", "final_logit_softcapping"):
+                if c.get(field) is not None:
+                    raise SystemExit(f"reference: Gemma 3 {field} not supported")
+            local = 1.0 / (c.get("rope_local_base_freq", 10000.0)
+                           ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float64) / d))
+            types = c.get("layer_types")
+            if types is None:
+                pattern = c.get("sliding_window_pattern", 6)
+                types = ["sliding_attention" if (l + 1) % pattern else "full_attention" for l in range(self.n_layers)]
+            for l, t in enumerate(types):
+                if t == "sliding_attention":
+                    self.window[l] = c.get("sliding_window", 4096)
+                    self.layer_inv_freq[l] = local
+            self.attn_scale = c.get("query_pre_attn_scalar", 256) ** -0.5
+            root = np.float32(math.sqrt(self.hidden))
+            dtype = c.get("torch_dtype", "bfloat16")
+            if dtype == "bfloat16":  # round to nearest even in the top 16 bits
+                bits = int(root.view(np.uint32))
+                bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+                root = np.uint32(bits).view(np.float32)
+            elif dtype == "float16":
+                root = np.float32(np.float16(root))
+            self.embed_scale = float(root)
         self.lm_head = self.w.get("lm_head.weight")
-        if self.lm_head is None or c.get("tie_word_embeddings", False):
+        if self.lm_head is None or c.get("tie_word_embeddings", self.arch == "Gemma3ForCausalLM"):
             self.lm_head = self.w["model.embed_tokens.weight"]
         self.eos = set()
         for path in ("config.json", "generation_config.json"):
@@ -195,11 +240,13 @@ class Model:
         self.v_cache = [np.zeros((self.n_kv, 0, d)) for _ in range(self.n_layers)]
 
     def rms_norm(self, x, weight):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * weight
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * (self.norm_offset + weight)
 
-    def rope(self, x, positions):
-        # x: [n_heads, n_tokens, head_dim]
-        freqs = np.outer(positions.astype(np.float64), self.inv_freq)  # [n_tokens, d/2]
+    def rope(self, x, positions, inv_freq=None):
+        # x: [n_heads, n_tokens, head_dim]; inv_freq: the layer's (default: the global one)
+        if inv_freq is None:
+            inv_freq = self.inv_freq
+        freqs = np.outer(positions.astype(np.float64), inv_freq)  # [n_tokens, d/2]
         emb = np.concatenate([freqs, freqs], axis=-1)
         cos, sin = np.cos(emb), np.sin(emb)
         half = self.head_dim // 2
@@ -229,6 +276,11 @@ class Model:
             gate_up = self.linear(h, p + "mlp.gate_up_proj")  # [n, 2 * intermediate]
             gate, up = np.split(gate_up, 2, axis=-1)
             return self.linear(up * (gate / (1 + np.exp(-gate))), p + "mlp.down_proj")
+        if self.gemma:  # GeGLU, gelu_pytorch_tanh
+            gate = self.linear(h, p + "mlp.gate_proj")
+            up = self.linear(h, p + "mlp.up_proj")
+            act = 0.5 * gate * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate ** 3)))
+            return self.linear(act * up, p + "mlp.down_proj")
         if not self.sparse_layer(l):
             gate = self.linear(h, p + "mlp.gate_proj")
             up = self.linear(h, p + "mlp.up_proj")
@@ -272,7 +324,7 @@ class Model:
         """Appends token_ids at positions start.. to the cache; returns logits [n, vocab]."""
         n = len(token_ids)
         positions = np.arange(start, start + n)
-        x = self.w["model.embed_tokens.weight"][np.array(token_ids)]  # [n, hidden]
+        x = self.w["model.embed_tokens.weight"][np.array(token_ids)] * self.embed_scale  # [n, hidden]
         d, group = self.head_dim, self.n_heads // self.n_kv
         for l in range(self.n_layers):
             p = f"model.layers.{l}."
@@ -291,20 +343,28 @@ class Model:
             if p + "self_attn.q_norm.weight" in self.w:
                 q = self.rms_norm(q, self.w[p + "self_attn.q_norm.weight"])
                 k = self.rms_norm(k, self.w[p + "self_attn.k_norm.weight"])
-            q = self.rope(q, positions)
-            k = self.rope(k, positions)
+            q = self.rope(q, positions, self.layer_inv_freq[l])
+            k = self.rope(k, positions, self.layer_inv_freq[l])
             self.k_cache[l] = np.concatenate([self.k_cache[l], self.kv_round(k)], axis=1)
             self.v_cache[l] = np.concatenate([self.v_cache[l], self.kv_round(v)], axis=1)
             K = np.repeat(self.k_cache[l], group, axis=0)  # [n_heads, T, d]
             V = np.repeat(self.v_cache[l], group, axis=0)
             T = K.shape[1]
-            scores = q @ K.transpose(0, 2, 1) / math.sqrt(d)  # [n_heads, n, T]
+            scores = q @ K.transpose(0, 2, 1) * self.attn_scale  # [n_heads, n, T]
             mask = np.arange(T)[None, :] > (positions[:, None])  # key after query: masked
+            if self.window[l] is not None:  # and keys W or more positions back
+                mask |= np.arange(T)[None, :] <= positions[:, None] - self.window[l]
             scores = np.where(mask[None], -np.inf, scores)
             scores = scores - scores.max(axis=-1, keepdims=True)
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
             attn = (probs @ V).transpose(1, 0, 2).reshape(n, self.n_heads * d)
+            if self.gemma:
+                a = self.rms_norm(self.linear(attn, p + "self_attn.o_proj"), self.w[p + "post_attention_layernorm.weight"])
+                x = x + a
+                h = self.rms_norm(x, self.w[p + "pre_feedforward_layernorm.weight"])
+                x = x + self.rms_norm(self.mlp(h, l), self.w[p + "post_feedforward_layernorm.weight"])
+                continue
             x = x + self.linear(attn, p + "self_attn.o_proj")
             h = self.rms_norm(x, self.w[p + "post_attention_layernorm.weight"])
             x = x + self.mlp(h, l)

@@ -176,12 +176,20 @@ int64_t sliding_window_field(const json& config, const std::string& source) {
 
 }  // namespace
 
-void refuse_mistral_sliding_window(const json& config, const ModelSpec& spec, const std::string& source) {
+void mistral_sliding_window(const json& config, ModelSpec& spec, const std::string& source) {
   const int64_t w = sliding_window_field(config, source);
-  if (w > 0 && w < spec.max_position_embeddings)
-    fail(ErrorCode::kUnsupported, source, ": sliding_window=", w, " (each token attends to the last ", w,
-         " positions only) is not supported; shardlm computes full attention only, which differs beyond ", w,
-         " tokens. Mistral v0.3 and Mixtral set sliding_window to null");
+  if (w > 0 && w < spec.max_position_embeddings) {
+    spec.sliding_window = w;
+    spec.sliding_layers.assign(static_cast<size_t>(spec.n_layers), true);
+  }
+}
+
+void write_mistral_sliding_window(const ModelSpec& spec, json& config) {
+  if (spec.sliding_layers.empty()) {
+    config["sliding_window"] = nullptr;
+  } else {
+    config["sliding_window"] = spec.sliding_window;
+  }
 }
 
 void refuse_sliding_window_field(const json& config, const ModelSpec& spec, const std::string& source) {

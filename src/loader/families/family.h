@@ -75,8 +75,12 @@ void refuse_attention_bias(const nlohmann::json& config, const ModelSpec& spec, 
 void refuse_mlp_bias(const nlohmann::json& config, const std::string& source);
 // Qwen-style sliding window (use_sliding_window from max_window_layers): refused when switched on.
 void refuse_qwen_sliding_window(const nlohmann::json& config, const std::string& source);
-// Mistral-style sliding window (applied whenever set): refused when below max_position_embeddings.
-void refuse_mistral_sliding_window(const nlohmann::json& config, const ModelSpec& spec, const std::string& source);
+// Mistral-style sliding window (transformers applies it to every layer
+// whenever it is set): below max_position_embeddings, every layer of spec
+// attends to the last sliding_window positions; null or larger: none.
+void mistral_sliding_window(const nlohmann::json& config, ModelSpec& spec, const std::string& source);
+// Writes spec's window back as that field (null when no layer has one).
+void write_mistral_sliding_window(const ModelSpec& spec, nlohmann::json& config);
 // Any other family: a sliding_window field that is set is refused by name
 // (shardlm computes full attention and would silently differ).
 void refuse_sliding_window_field(const nlohmann::json& config, const ModelSpec& spec, const std::string& source);

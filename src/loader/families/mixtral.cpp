@@ -13,7 +13,7 @@ namespace shardlm {
 namespace {
 
 void parse(const nlohmann::json& config, ModelSpec& spec, const std::string& source) {
-  refuse_mistral_sliding_window(config, spec, source);
+  mistral_sliding_window(config, spec, source);
   require_silu(config, spec, source);
   refuse_mlp_bias(config, source);
   spec.n_experts = required_int(config, "num_local_experts", source);
@@ -25,6 +25,7 @@ void parse(const nlohmann::json& config, ModelSpec& spec, const std::string& sou
 void write(const ModelSpec& spec, nlohmann::json& c) {
   c["num_local_experts"] = spec.n_experts;
   c["num_experts_per_tok"] = spec.n_experts_per_token;
+  write_mistral_sliding_window(spec, c);
 }
 
 void tensors(const ModelSpec& s, int64_t layer, std::vector<TensorSpec>& out) {

@@ -5,11 +5,11 @@
 // its Q heads' rows, its KV heads' rows of k and of v, and its intermediate
 // columns of gate and of up, under any TP degree.
 //
-// Runs as released: Phi-4 (full rotary, no rope scaling, no window).
-// Refused by name, for now: partial_rotary_factor below 1 (Phi-4-mini), the
-// longrope / su rope_scaling (Phi-3-mini-128k, Phi-4-mini: the common parser
-// refuses rope types other than llama3), and a sliding_window below
-// max_position_embeddings (Phi-3-mini-4k: 2047).
+// Runs as released: Phi-4 (full rotary, no rope scaling, no window) and
+// Phi-3-mini-4k (sliding_window 2047 on every layer, as Mistral's).
+// Refused by name, for now: partial_rotary_factor below 1 (Phi-4-mini) and
+// the longrope / su rope_scaling (Phi-3-mini-128k, Phi-4-mini: the common
+// parser takes llama3 and linear only).
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -22,14 +22,14 @@ namespace {
 
 void parse(const nlohmann::json& config, ModelSpec& spec, const std::string& source) {
   require_silu(config, spec, source);
-  refuse_mistral_sliding_window(config, spec, source);
+  mistral_sliding_window(config, spec, source);
   const double partial = optional_number(config, "partial_rotary_factor", 1.0, source);
   if (partial != 1.0)
     fail(ErrorCode::kUnsupported, source, ": partial_rotary_factor=", partial, " (rotary embeddings on the first ",
          partial * 100, "% of each head) is not supported yet; shardlm's rope rotates whole heads");
 }
 
-void write(const ModelSpec&, nlohmann::json&) {}
+void write(const ModelSpec& spec, nlohmann::json& c) { write_mistral_sliding_window(spec, c); }
 
 void tensors(const ModelSpec& s, int64_t layer, std::vector<TensorSpec>& out) {
   LayerTable t(s, layer, out);

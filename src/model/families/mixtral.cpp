@@ -15,7 +15,7 @@ void check(const ModelSpec& spec) {
 
 void layer(const LayerContext& c, const DecoderLayerWeights& w, const backend::KvLayerView& cache, Tensor& hidden) {
   const Qkv a = qkv(c, w, norm(c, hidden, w.attn_norm, "attn_norm", w.layer));
-  rope_and_cache(c, w.layer, cache, a);
+  rope_and_cache(c, w, cache, a);
   residual_add(c, hidden, attend_and_project(c, w, cache, a), "ffn_inp", w.layer);
   residual_add(c, hidden, moe(c, w, norm(c, hidden, w.mlp_norm, "ffn_norm", w.layer)), "l_out", w.layer);
 }

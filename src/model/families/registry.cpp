@@ -4,7 +4,8 @@
 
 namespace shardlm {
 
-extern const DecoderFamily kQwen2Graph, kQwen3Graph, kLlamaGraph, kMixtralGraph, kQwen3MoeGraph, kPhi3Graph;
+extern const DecoderFamily kQwen2Graph, kQwen3Graph, kLlamaGraph, kMixtralGraph, kQwen3MoeGraph, kPhi3Graph,
+    kGemma3Graph;
 
 const DecoderFamily& decoder_family(const ModelSpec& spec) {
   const DecoderFamily* f = nullptr;
@@ -16,6 +17,7 @@ const DecoderFamily& decoder_family(const ModelSpec& spec) {
     case Family::kMixtral: f = &kMixtralGraph; break;
     case Family::kQwen3Moe: f = &kQwen3MoeGraph; break;
     case Family::kPhi3: f = &kPhi3Graph; break;
+    case Family::kGemma3: f = &kGemma3Graph; break;
   }
   if (!f) fail(ErrorCode::kUnsupported, "architecture ", spec.architecture, " has no model graph");
   f->check(spec);

@@ -1,0 +1,125 @@
+// Gemma 3, text only (Gemma3ForCausalLM, model_type gemma3_text: 1B; the
+// language model of 4B/12B/27B). Its decoder layer:
+//   input_layernorm → q/k/v (per-head q_norm, k_norm) → rope → attention →
+//   post_attention_layernorm → residual; pre_feedforward_layernorm → GeGLU
+//   (gelu_pytorch_tanh) → post_feedforward_layernorm → residual.
+// Every RMSNorm multiplies by (1 + w); the embeddings are scaled by
+// sqrt(hidden_size); q·k by query_pre_attn_scalar^-0.5. Local layers attend
+// to the last sliding_window positions with rope base rope_local_base_freq;
+// global layers (every sliding_window_pattern-th, or as layer_types says) to
+// the whole past with rope_theta and rope_scaling. Defaults are
+// Gemma3TextConfig's: a released config.json leaves out what equals them.
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "loader/config_fields.h"
+#include "loader/families/family.h"
+
+namespace shardlm {
+
+namespace {
+
+void refuse_softcap(const nlohmann::json& config, const char* field, const char* what, const std::string& source) {
+  auto it = config.find(field);
+  if (it != config.end() && !it->is_null())
+    fail(ErrorCode::kUnsupported, source, ": ", field, "=", it->dump(), " (", what,
+         ") is not supported yet; every released Gemma 3 config sets it to null");
+}
+
+void parse(const nlohmann::json& config, ModelSpec& spec, const std::string& source) {
+  spec.qk_norm = true;
+  spec.norm_weight_offset = 1.0f;
+  spec.scale_embeddings = true;
+  spec.tie_word_embeddings = optional_bool(config, "tie_word_embeddings", true, source);
+  if (!config.contains("max_position_embeddings")) spec.max_position_embeddings = 131072;
+  refuse_attention_bias(config, spec, source);
+  refuse_mlp_bias(config, source);
+  refuse_softcap(config, "attn_logit_softcapping", "tanh soft-capping of attention scores", source);
+  refuse_softcap(config, "final_logit_softcapping", "tanh soft-capping of the logits", source);
+  // transformers reads hidden_activation (hidden_act is Gemma 1's field).
+  const char* act_field = config.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
+  auto act = config.find(act_field);
+  const std::string activation = act == config.end() || act->is_null() ? "gelu_pytorch_tanh"
+                                 : act->is_string()                     ? act->get<std::string>()
+                                                                        : act->dump();
+  if (activation != "gelu_pytorch_tanh")
+    fail(ErrorCode::kUnsupported, source, ": ", act_field, " \"", activation, "\" is not supported for ",
+         spec.architecture, "; shardlm runs Gemma's GeGLU with gelu_pytorch_tanh (every released config)");
+  spec.mlp_activation = MlpActivation::kGeluTanh;
+  spec.query_pre_attn_scalar = optional_number(config, "query_pre_attn_scalar", 256.0, source);
+  if (!(spec.query_pre_attn_scalar > 0.0))
+    fail(ErrorCode::kInvalidArgument, source, ": query_pre_attn_scalar must be positive, found ",
+         spec.query_pre_attn_scalar);
+  spec.rope_local_theta = optional_number(config, "rope_local_base_freq", 10000.0, source);
+  if (!(spec.rope_local_theta > 0.0))
+    fail(ErrorCode::kInvalidArgument, source, ": rope_local_base_freq must be positive, found ", spec.rope_local_theta);
+  spec.sliding_window = optional_int(config, "sliding_window", 4096, source);
+  if (spec.sliding_window <= 0)
+    fail(ErrorCode::kInvalidArgument, source, ": sliding_window must be a positive number of positions, found ",
+         spec.sliding_window);
+  spec.sliding_layers.assign(static_cast<size_t>(spec.n_layers), false);
+  if (auto types = config.find("layer_types"); types != config.end() && !types->is_null()) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != spec.n_layers)
+      fail(ErrorCode::kInvalidArgument, source, ": layer_types must list one entry per layer (num_hidden_layers=",
+           spec.n_layers, "), found ", types->is_array() ? std::to_string(types->size()) + " entries" : types->type_name());
+    for (int64_t l = 0; l < spec.n_layers; ++l) {
+      const nlohmann::json& t = (*types)[static_cast<size_t>(l)];
+      const std::string v = t.is_string() ? t.get<std::string>() : t.dump();
+      if (v != "sliding_attention" && v != "full_attention")
+        fail(ErrorCode::kInvalidArgument, source, ": layer_types[", l, "] is \"", v,
+             "\"; expected \"sliding_attention\" or \"full_attention\"");
+      spec.sliding_layers[static_cast<size_t>(l)] = v == "sliding_attention";
+    }
+  } else {
+    const int64_t pattern = optional_int(config, "sliding_window_pattern", 6, source);
+    if (pattern <= 0)
+      fail(ErrorCode::kInvalidArgument, source, ": sliding_window_pattern must be positive, found ", pattern);
+    for (int64_t l = 0; l < spec.n_layers; ++l) spec.sliding_layers[static_cast<size_t>(l)] = (l + 1) % pattern != 0;
+  }
+}
+
+void write(const ModelSpec& s, nlohmann::json& c) {
+  c.erase("hidden_act");
+  c["hidden_activation"] = "gelu_pytorch_tanh";
+  c["attention_bias"] = false;
+  c["query_pre_attn_scalar"] = s.query_pre_attn_scalar;
+  c["rope_local_base_freq"] = s.rope_local_theta;
+  c["sliding_window"] = s.sliding_window;
+  c["attn_logit_softcapping"] = nullptr;
+  c["final_logit_softcapping"] = nullptr;
+  // Gemma 3's own rule (every 6th layer global) when the layers follow it,
+  // so that make-model --layers keeps it; the explicit list otherwise.
+  bool pattern = static_cast<int64_t>(s.sliding_layers.size()) >= 1;
+  for (size_t l = 0; l < s.sliding_layers.size(); ++l) pattern = pattern && s.sliding_layers[l] == ((l + 1) % 6 != 0);
+  if (pattern) {
+    c["sliding_window_pattern"] = 6;
+  } else {
+    nlohmann::json types = nlohmann::json::array();
+    for (bool sliding : s.sliding_layers) types.push_back(sliding ? "sliding_attention" : "full_attention");
+    c["layer_types"] = std::move(types);
+  }
+}
+
+void tensors(const ModelSpec& s, int64_t layer, std::vector<TensorSpec>& out) {
+  LayerTable t(s, layer, out);
+  const int64_t h = s.hidden_size, i = s.intermediate_size;
+  t.add("input_layernorm.weight", {h}, TensorSlot::kAttnNorm);
+  t.linear("self_attn.q_proj", s.q_dim(), h, TensorSlot::kQ, ShardRole::kColumn, ShardSpace::kQHeads);
+  t.linear("self_attn.k_proj", s.kv_dim(), h, TensorSlot::kK, ShardRole::kColumn, ShardSpace::kKvHeads);
+  t.linear("self_attn.v_proj", s.kv_dim(), h, TensorSlot::kV, ShardRole::kColumn, ShardSpace::kKvHeads);
+  t.add("self_attn.q_norm.weight", {s.head_dim}, TensorSlot::kQNorm);
+  t.add("self_attn.k_norm.weight", {s.head_dim}, TensorSlot::kKNorm);
+  t.linear("self_attn.o_proj", h, s.q_dim(), TensorSlot::kO, ShardRole::kRow, ShardSpace::kQHeads);
+  t.add("post_attention_layernorm.weight", {h}, TensorSlot::kPostAttnNorm);
+  t.add("pre_feedforward_layernorm.weight", {h}, TensorSlot::kMlpNorm);
+  t.linear("mlp.gate_proj", i, h, TensorSlot::kGate, ShardRole::kColumn, ShardSpace::kIntermediate);
+  t.linear("mlp.up_proj", i, h, TensorSlot::kUp, ShardRole::kColumn, ShardSpace::kIntermediate);
+  t.linear("mlp.down_proj", h, i, TensorSlot::kDown, ShardRole::kRow, ShardSpace::kIntermediate);
+  t.add("post_feedforward_layernorm.weight", {h}, TensorSlot::kPostMlpNorm);
+}
+
+}  // namespace
+
+extern const FamilyDef kGemma3Family{Family::kGemma3, "gemma3_text", "Gemma3ForCausalLM", parse, write, tensors};
+
+}  // namespace shardlm
