@@ -135,7 +135,9 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   for (const auto& t : impl->added.tokens()) {
     auto id = static_cast<size_t>(t.id);
     impl->id_to_token[id] = t.content;
-    impl->id_to_bytes[id] = t.content;
+    // transformers passes added tokens through the decoder too: Gemma's
+    // whitespace runs ("▁▁", ids 138-...) are added tokens that decode to spaces.
+    impl->id_to_bytes[id] = impl->decoder.token_bytes(t.content);
     impl->special[id] = t.special ? 1 : 0;
     impl->added_by_content[t.content] = t.id;
   }

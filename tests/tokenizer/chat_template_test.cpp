@@ -496,7 +496,7 @@ std::vector<std::pair<std::string, json>> chat_scenarios() {
 }
 
 TEST(ChatTemplateGolden, RealTemplatesMatchJinja2) {
-  std::vector<std::string> names = {"qwen2_5", "qwen3", "llama3_1", "llama3_2"};
+  std::vector<std::string> names = {"qwen2_5", "qwen3", "llama3_1", "llama3_2", "gemma3"};
   std::vector<Case> cases;
   for (const std::string& name : names) {
     std::string source;
@@ -511,8 +511,9 @@ TEST(ChatTemplateGolden, RealTemplatesMatchJinja2) {
         in.messages = fields.at("messages");
         if (fields.contains("tools")) in.tools = fields.at("tools");
         in.add_generation_prompt = gen;
-        in.bos_token = name.rfind("llama", 0) == 0 ? "<|begin_of_text|>" : "";
-        in.eos_token = name.rfind("llama", 0) == 0 ? "<|eot_id|>" : "<|im_end|>";
+        const bool llama = name.rfind("llama", 0) == 0, gemma = name == "gemma3";
+        in.bos_token = llama ? "<|begin_of_text|>" : gemma ? "<bos>" : "";
+        in.eos_token = llama ? "<|eot_id|>" : gemma ? "<end_of_turn>" : "<|im_end|>";
         for (auto it = fields.begin(); it != fields.end(); ++it)
           if (it.key() != "messages" && it.key() != "tools") in.extra[it.key()] = it.value();
         cases.push_back(Case{name + "/" + scenario + (gen ? "/gen" : ""), source, chat_context(in),

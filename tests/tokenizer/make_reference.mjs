@@ -1,6 +1,6 @@
 // Reference ids from the JavaScript encoder (@lenml/tokenizers, a port of
 // transformers.js) for every corpus file, whole and line by line, and for
-// seeded random strings; Qwen3, Llama-3 (with and without BOS) and Llama-2.
+// seeded random strings; Qwen3, Llama-3 (with and without BOS), Llama-2 and Gemma 3.
 //   usage: node make_reference.mjs CACHE_DIR CORPUS_DIR OUT_JSON
 import { readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -33,6 +33,9 @@ const llama3Bos = llama3Factory({ tokenizerJSON: { post_processor: bosTemplate }
 // Llama 2: SentencePiece-style BPE ("▁" normalizer, byte fallback), the
 // tokenizer family of Mixtral and Llama 2.
 const llama2 = (await load("llama2"))();
+// Gemma 3: the same SentencePiece-style BPE without a prefix space (" " -> "▁"
+// normalizer, byte fallback), 262,144 pieces, <bos> from the template.
+const gemma3 = (await load("gemma3"))();
 
 // Random strings from a seeded generator, built from pieces that stress the
 // pre-tokenizer regexes (case, contractions, digit runs, whitespace mixes,
@@ -69,7 +72,8 @@ for (let i = 0; i < 400; ++i) {
 
 const files = readdirSync(corpusDir).filter((f) => f.endsWith(".txt")).sort();
 const out = { llama3_bos_post_processor: bosTemplate, tokenizers: {}, fuzz: { texts: fuzz } };
-for (const [name, tok] of [["qwen3", qwen3], ["llama3", llama3], ["llama3_bos", llama3Bos], ["llama2", llama2]]) {
+for (const [name, tok] of [["qwen3", qwen3], ["llama3", llama3], ["llama3_bos", llama3Bos], ["llama2", llama2],
+                           ["gemma3", gemma3]]) {
   const perFile = {};
   for (const f of files) {
     const text = readFileSync(join(corpusDir, f), "utf8");
@@ -84,4 +88,4 @@ for (const [name, tok] of [["qwen3", qwen3], ["llama3", llama3], ["llama3_bos", 
   out.fuzz[name] = fuzz.map((text) => tok.encode(text, { add_special_tokens: true }));
 }
 writeFileSync(outPath, JSON.stringify(out));
-console.log(`wrote ${outPath}: ${files.length} files x 4 tokenizers`);
+console.log(`wrote ${outPath}: ${files.length} files x 5 tokenizers`);
