@@ -298,7 +298,13 @@ std::string shape_reasons(const std::string& name, const std::vector<int64_t>& f
 }
 
 // Tensors that old checkpoints carry and loaders ignore.
-bool ignorable_extra(const std::string& name) { return ends_with(name, ".rotary_emb.inv_freq"); }
+// Tensors of a multimodal checkpoint outside its language model (the vision
+// tower) are not loaded either.
+bool ignorable_extra(const std::string& name, const ModelSpec& spec) {
+  for (const std::string& prefix : spec.ignored_tensor_prefixes)
+    if (name.rfind(prefix, 0) == 0) return true;
+  return ends_with(name, ".rotary_emb.inv_freq");
+}
 
 }  // namespace
 
@@ -400,7 +406,7 @@ std::vector<Problem> validate_against_spec(const Checkpoint& checkpoint, const M
   std::vector<std::string> extra;
   std::map<DType, size_t> n_by_dtype;
   for (const std::string& name : names) {
-    if (ignorable_extra(name) || own_dtype.count(name)) continue;
+    if (ignorable_extra(name, spec) || own_dtype.count(name)) continue;
     n_by_dtype[checkpoint.find(name)->dtype]++;
     if (!expected_names.count(name)) extra.push_back(name);
   }
@@ -431,7 +437,7 @@ std::vector<Problem> validate_against_spec(const Checkpoint& checkpoint, const M
     size_t n_listed = 0, n_odd = 0;
     for (const std::string& name : names) {
       const TensorView* view = checkpoint.find(name);
-      if (view->dtype == main_dtype || ignorable_extra(name) || own_dtype.count(name)) continue;
+      if (view->dtype == main_dtype || ignorable_extra(name, spec) || own_dtype.count(name)) continue;
       ++n_odd;
       if (n_listed++ >= kListedPerKind) continue;
       out.push_back(make_problem(

@@ -67,16 +67,31 @@ std::string supported_list() {
 
 }  // namespace
 
+namespace {
+ModelSpec parse_flat_config(const json& config, const FamilyDef& family, const std::string& source);
+}  // namespace
+
 ModelSpec parse_model_config(const json& config, const std::string& source) {
   if (!config.is_object()) fail(ErrorCode::kInvalidArgument, source, ": expected a JSON object at the top level");
-  ModelSpec spec;
   auto arch = config.find("architectures");
   if (arch == config.end() || !arch->is_array() || arch->empty() || !(*arch)[0].is_string())
     fail(ErrorCode::kInvalidArgument, source, ": field \"architectures\" must be a non-empty list of names, e.g. [\"Qwen2ForCausalLM\"]");
-  spec.architecture = (*arch)[0].get<std::string>();
-  const FamilyDef* def = find_family(spec.architecture);
+  const std::string architecture = (*arch)[0].get<std::string>();
+  const FamilyDef* def = find_family(architecture);
   if (!def)
-    fail(ErrorCode::kUnsupported, source, ": architecture \"", spec.architecture, "\" is not supported; supported: ", supported_list());
+    fail(ErrorCode::kUnsupported, source, ": architecture \"", architecture, "\" is not supported; supported: ", supported_list());
+  if (def->language_model_config) return parse_flat_config(def->language_model_config(config, source), *def, source);
+  return parse_flat_config(config, *def, source);
+}
+
+namespace {
+
+// The fields of a flat config.json (a causal LM's, or the language model's of
+// a multimodal one) into a spec of `family`.
+ModelSpec parse_flat_config(const json& config, const FamilyDef& family, const std::string& source) {
+  const FamilyDef* def = &family;
+  ModelSpec spec;
+  spec.architecture = def->architecture;
   spec.family = def->family;
   if (auto mt = config.find("model_type"); mt != config.end() && mt->is_string()) spec.model_type = mt->get<std::string>();
 
@@ -162,6 +177,8 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
   return spec;
 }
 
+}  // namespace
+
 ModelSpec load_model_config(const std::filesystem::path& config_json) {
   std::ifstream in(config_json);
   if (!in) fail(ErrorCode::kNotFound, config_json.string(), ": cannot open (does the model directory hold a config.json?)");
@@ -217,7 +234,8 @@ json model_config_json(const ModelSpec& spec) {
                          {"high_freq_factor", spec.rope_scaling.high_freq_factor},
                          {"original_max_position_embeddings", spec.rope_scaling.original_max_position_embeddings}};
   }
-  family_def(spec.family).write_config(spec, c);
+  const FamilyDef* def = find_family(spec.architecture);
+  (def ? *def : family_def(spec.family)).write_config(spec, c);
   c["torch_dtype"] = dtype_torch_name(spec.dtype);
   if (spec.quant.enabled()) c["quantization_config"] = quantization_config_json(spec.quant);
   if (spec.bos_token_id >= 0) c["bos_token_id"] = spec.bos_token_id;
@@ -290,17 +308,19 @@ void check_quantized_shapes(const ModelSpec& spec, const std::string& source) {
 std::vector<TensorSpec> expected_tensors(const ModelSpec& s) {
   std::vector<TensorSpec> out;
   const int64_t h = s.hidden_size;
-  auto global = [&](const char* name, std::vector<int64_t> shape, bool optional, TensorSlot slot, ShardRole role) {
+  auto global = [&](const std::string& name, std::vector<int64_t> shape, bool optional, TensorSlot slot,
+                    ShardRole role) {
     TensorSpec t{name, std::move(shape), optional, -1};
     t.slot = slot;
     t.role = role;
     out.push_back(std::move(t));
   };
-  global("model.embed_tokens.weight", {s.vocab_size, h}, false, TensorSlot::kEmbedding, ShardRole::kVocab);
+  const std::string& p = s.tensor_prefix;
+  global(p + "model.embed_tokens.weight", {s.vocab_size, h}, false, TensorSlot::kEmbedding, ShardRole::kVocab);
   const FamilyDef& family = family_def(s.family);
   for (int64_t l = 0; l < s.n_layers; ++l) family.layer_tensors(s, l, out);
-  global("model.norm.weight", {h}, false, TensorSlot::kFinalNorm, ShardRole::kReplicated);
-  global("lm_head.weight", {s.vocab_size, h}, s.tie_word_embeddings, TensorSlot::kLmHead, ShardRole::kVocab);
+  global(p + "model.norm.weight", {h}, false, TensorSlot::kFinalNorm, ShardRole::kReplicated);
+  global(p + "lm_head.weight", {s.vocab_size, h}, s.tie_word_embeddings, TensorSlot::kLmHead, ShardRole::kVocab);
   return out;
 }
 

@@ -90,6 +90,11 @@ struct ModelSpec {
   QuantConfig quant;           // quantization_config (method kNone when absent)
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
+  // The language model of a multimodal checkpoint (Gemma3ForConditionalGeneration):
+  // every tensor name starts with tensor_prefix ("language_model."), and
+  // tensors under ignored_tensor_prefixes (the vision tower) are not loaded.
+  std::string tensor_prefix;
+  std::vector<std::string> ignored_tensor_prefixes;
 
   bool is_moe() const { return n_experts > 0; }
   bool is_sliding_layer(int64_t layer) const {

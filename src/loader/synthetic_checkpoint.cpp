@@ -48,8 +48,9 @@ std::pair<float, float> weight_distribution(const std::string& name, int64_t hid
   if (ends_with(name, "norm.weight")) return {1.0f, 0.05f};  // input/post_attention/q/k/final norms
   if (ends_with(name, ".bias")) return {0.0f, 0.1f};
   const float head_std = 2.0f / std::sqrt(static_cast<float>(hidden_size));
-  if (name == "lm_head.weight") return {0.0f, head_std};
-  if (name == "model.embed_tokens.weight") return {0.0f, tied ? head_std : 1.0f};
+  // (A multimodal checkpoint's language model has them under language_model.)
+  if (ends_with(name, "lm_head.weight")) return {0.0f, head_std};
+  if (ends_with(name, "model.embed_tokens.weight")) return {0.0f, tied ? head_std : 1.0f};
   const int64_t in = shape.size() == 2 ? shape[1] : 1;
   return {0.0f, 1.0f / std::sqrt(static_cast<float>(in))};
 }

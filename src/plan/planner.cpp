@@ -242,18 +242,19 @@ class Evaluator {
     const double fraction = moe_expert_fraction(spec_, 1);
     for (const TensorShard& t : rank_tensors(spec_, tensors_, one, tp_rank, 0)) {
       const double b = static_cast<double>(t.bytes);
-      if (t.name == "model.embed_tokens.weight") {
+      if (t.slot == TensorSlot::kEmbedding) {
         p.embed += b;
         if (spec_.tie_word_embeddings) {
           p.head += b;
           p.head_read += b;
         }
-      } else if (t.name == "lm_head.weight" || t.name == "model.norm.weight") {
+      } else if (t.slot == TensorSlot::kLmHead || t.slot == TensorSlot::kFinalNorm) {
         p.head += b;
         p.head_read += b;
       } else {
         p.layer_bytes += b;
-        p.layer_read += t.name.find(".experts.") != std::string::npos ? fraction * b : b;
+        const bool expert = t.role == ShardRole::kExpertColumn || t.role == ShardRole::kExpertRow;
+        p.layer_read += expert ? fraction * b : b;
       }
     }
     p.kv = static_cast<double>(rank_kv_bytes_per_token(spec_, one, tp_rank, 0, options_.budget.kv_cache_dtype));
@@ -297,8 +298,8 @@ class Evaluator {
     RankRead r;
     for (const TensorShard& t : rank_tensors(spec_, tensors_, layout, tp_rank, pp_rank)) {
       // Decode reads one embedding row per sequence, unless the table is also the lm_head here.
-      if (t.name == "model.embed_tokens.weight" && !(spec_.tie_word_embeddings && s.last_stage)) continue;
-      if (t.name.find(".experts.") != std::string::npos) r.experts += t.bytes;
+      if (t.slot == TensorSlot::kEmbedding && !(spec_.tie_word_embeddings && s.last_stage)) continue;
+      if (t.role == ShardRole::kExpertColumn || t.role == ShardRole::kExpertRow) r.experts += t.bytes;
       else r.dense += t.bytes;
     }
     return reads_.emplace(key, r).first->second;

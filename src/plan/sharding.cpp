@@ -260,6 +260,8 @@ std::vector<TensorShard> rank_tensors(const ModelSpec& spec, const ModelTensors&
   auto add_slice = [&](const TensorSpec& t, int dim, Range slice) {
     TensorShard ts;
     ts.name = t.name;
+    ts.slot = t.slot;
+    ts.role = t.role;
     ts.full_shape = t.shape;
     ts.split_dim = dim;
     ts.local_shape = t.shape;

@@ -122,6 +122,8 @@ struct TensorShard {
   // A fused tensor (ShardRole::kFusedParts) gives one TensorShard per part,
   // each a row slice (slice: rows of the whole tensor); -1 otherwise.
   int fused_part = -1;
+  TensorSlot slot = TensorSlot::kAttnNorm;  // the tensor's meaning (its TensorSpec's)
+  ShardRole role = ShardRole::kReplicated;
 };
 
 // Every tensor a rank loads, with its slice. Tied embeddings: the last stage

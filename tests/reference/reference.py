@@ -149,6 +149,15 @@ def round_e4m3(x):
     return np.sign(x) * np.where(pick_hi, vals[hi], vals[lo])
 
 
+# transformers' Gemma3TextConfig defaults: what a released text_config leaves out.
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "sliding_window_pattern": 6, "tie_word_embeddings": True, "rope_scaling": None,
+}
+
+
 class Model:
     def __init__(self, model_dir, kv_cache_dtype="f64", activations="f64"):
         self.kv_round = round_e4m3 if kv_cache_dtype == "fp8" else (lambda a: a)
@@ -159,6 +168,18 @@ class Model:
         with open(os.path.join(model_dir, "config.json")) as f:
             self.config = c = json.load(f)
         self.arch = c["architectures"][0]
+        prefix = ""
+        if self.arch == "Gemma3ForConditionalGeneration":
+            # The language model only: text_config over Gemma3TextConfig's defaults,
+            # its weights under language_model. (the vision tower is not read).
+            text = dict(GEMMA3_TEXT_DEFAULTS)
+            text.update(c["text_config"])
+            for key in ("torch_dtype", "eos_token_id", "bos_token_id"):
+                if key in c:
+                    text[key] = c[key]
+            self.config = c = text
+            self.arch = "Gemma3ForCausalLM"
+            prefix = "language_model."
         if self.arch not in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
                              "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM",
                              "Gemma3ForCausalLM"):
@@ -167,6 +188,8 @@ class Model:
             if c.get("partial_rotary_factor", 1.0) != 1.0:
                 raise SystemExit("reference: Phi-3 partial_rotary_factor below 1 not supported")
         self.w = load_weights(model_dir)
+        if prefix:
+            self.w = {k[len(prefix):]: v for k, v in self.w.items() if k.startswith(prefix)}
         self.hidden = c["hidden_size"]
         self.n_layers = c["num_hidden_layers"]
         self.n_heads = c["num_attention_heads"]

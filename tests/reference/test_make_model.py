@@ -57,6 +57,20 @@ def read_header(path):
     return tensors
 
 
+def add_tensor(path, name, n):
+    """Rewrites a safetensors file with one more F32 tensor [n] of zeros at the end of its data."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (hn,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + hn])
+    body = data[8 + hn :]
+    header[name] = {"dtype": "F32", "shape": [n], "data_offsets": [len(body), len(body) + 4 * n]}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + body + bytes(4 * n))
+
+
 def expected_inventory(c):
     h, v = c["hidden_size"], c["vocab_size"]
     nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
@@ -205,6 +219,21 @@ def main():
     tiny = ByteLevelBPE(f"{w}/tiny/tokenizer.json")
     check(len(tiny.ranks) == 0 and tiny.decode(tiny.encode("hello")) == "hello", "vocab 259 tokenizer")
 
+    # A multimodal Gemma 3 checkpoint: the language model under language_model.,
+    # a vision tower beside it that verify does not count as unexpected; the
+    # same tensor in a text-only Gemma 3 checkpoint is.
+    for like, accepted in (("gemma-3-4b", True), ("gemma-3-1b", False)):
+        d = f"{w}/{like}"
+        make(a.cli, d, "--like", like, "--layers", "2", "--vocab", "512", "--hidden", "64", "--heads", "2",
+             "--kv-heads", "1", "--head-dim", "32", "--intermediate", "128")
+        add_tensor(f"{d}/model.safetensors", "vision_tower.vision_model.post_layernorm.weight", 16)
+        r = subprocess.run([a.cli, "verify", d], capture_output=True, text=True)
+        if accepted:
+            check(r.returncode == 0, f"verify {like} with a vision tower: exit {r.returncode}\n{r.stdout}{r.stderr}")
+        else:
+            check(r.returncode != 0 and "vision_tower.vision_model.post_layernorm.weight" in r.stdout + r.stderr,
+                  f"verify {like}: the stray tensor is not reported\n{r.stdout}{r.stderr}")
+
     # Usage errors name the option.
     for args, needle in [
         (["--like", "qwen2.5-0.5b", "--vocab", "100"], "--vocab"),
@@ -216,6 +245,7 @@ def main():
         (["--like", "mixtral-8x7b", "--layers", "1", "--decoder-sparse-step", "2"], "Qwen3-MoE"),
         (["--like", "qwen3-30b-a3b", "--layers", "2", "--mlp-only-layers", "5"], "--mlp-only-layers"),
         (["--like", "qwen2.5-0.5b", "--layers", "1", "--shards", "99"], "shards"),
+        (["--like", "qwen2.5-0.5b", "--layers", "1", "--sliding-window", "8"], "--sliding-window"),
     ]:
         r = make(a.cli, f"{w}/bad", *args, expect_rc=1)
         check(needle in r.stderr, f"make-model {args}: error does not mention {needle!r}: {r.stderr}")

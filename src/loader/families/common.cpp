@@ -18,7 +18,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 LayerTable::LayerTable(const ModelSpec& spec, int64_t layer, std::vector<TensorSpec>& out)
-    : spec_(spec), layer_(layer), prefix_("model.layers." + std::to_string(layer) + "."), out_(out) {}
+    : spec_(spec), layer_(layer), prefix_(spec.tensor_prefix + "model.layers." + std::to_string(layer) + "."), out_(out) {}
 
 void LayerTable::add(const std::string& name, std::vector<int64_t> shape, TensorSlot slot, ShardRole role,
                      ShardSpace space) {

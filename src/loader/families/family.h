@@ -28,6 +28,11 @@ struct FamilyDef {
   void (*write_config)(const ModelSpec& spec, nlohmann::json& config);
   // The tensors of decoder layer `layer`, appended in a stable order.
   void (*layer_tensors)(const ModelSpec& spec, int64_t layer, std::vector<TensorSpec>& out);
+  // A multimodal checkpoint whose language model is this family: the
+  // language model's config.json fields as one flat object (its text_config
+  // over the family's defaults, with the top level's dtype and token ids),
+  // which parse_model_config then reads. nullptr: config.json is flat.
+  nlohmann::json (*language_model_config)(const nlohmann::json& config, const std::string& source);
 };
 
 // The registry (registry.cpp): one entry per architecture.
@@ -38,7 +43,7 @@ const FamilyDef* find_family(const std::string& architecture);
 
 // ---- pieces the families' files share (common.cpp) --------------------------
 
-// One layer's tensor table under "model.layers.<layer>.".
+// One layer's tensor table under "<spec.tensor_prefix>model.layers.<layer>.".
 class LayerTable {
  public:
   LayerTable(const ModelSpec& spec, int64_t layer, std::vector<TensorSpec>& out);

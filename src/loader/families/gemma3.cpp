@@ -1,5 +1,6 @@
-// Gemma 3, text only (Gemma3ForCausalLM, model_type gemma3_text: 1B; the
-// language model of 4B/12B/27B). Its decoder layer:
+// Gemma 3, text only: Gemma3ForCausalLM (model_type gemma3_text: 1B) and the
+// language model of Gemma3ForConditionalGeneration (4B/12B/27B, its weights
+// under language_model.). Its decoder layer:
 //   input_layernorm → q/k/v (per-head q_norm, k_norm) → rope → attention →
 //   post_attention_layernorm → residual; pre_feedforward_layernorm → GeGLU
 //   (gelu_pytorch_tanh) → post_feedforward_layernorm → residual.
@@ -118,8 +119,62 @@ void tensors(const ModelSpec& s, int64_t layer, std::vector<TensorSpec>& out) {
   t.add("post_feedforward_layernorm.weight", {h}, TensorSlot::kPostMlpNorm);
 }
 
+// ---- Gemma3ForConditionalGeneration (4B, 12B, 27B): its language model ----
+
+// Gemma3TextConfig's defaults (transformers): a released text_config lists
+// only what differs from them.
+nlohmann::json text_config_defaults() {
+  return {{"model_type", "gemma3_text"},   {"vocab_size", 262208},
+          {"hidden_size", 2304},            {"intermediate_size", 9216},
+          {"num_hidden_layers", 26},        {"num_attention_heads", 8},
+          {"num_key_value_heads", 4},       {"head_dim", 256},
+          {"hidden_activation", "gelu_pytorch_tanh"},
+          {"max_position_embeddings", 131072}, {"rms_norm_eps", 1e-6},
+          {"rope_theta", 1000000.0},        {"rope_local_base_freq", 10000.0},
+          {"query_pre_attn_scalar", 256},   {"sliding_window", 4096},
+          {"sliding_window_pattern", 6},    {"tie_word_embeddings", true},
+          {"attention_bias", false},        {"rope_scaling", nullptr},
+          {"bos_token_id", 2},
+          {"attn_logit_softcapping", nullptr}, {"final_logit_softcapping", nullptr}};
+}
+
+nlohmann::json language_model_config(const nlohmann::json& config, const std::string& source) {
+  auto text = config.find("text_config");
+  if (text == config.end() || !text->is_object())
+    fail(ErrorCode::kInvalidArgument, source, ": a Gemma3ForConditionalGeneration config.json needs a \"text_config\" ",
+         "object (its language model's fields)");
+  nlohmann::json flat = text_config_defaults();
+  for (auto it = text->begin(); it != text->end(); ++it) flat[it.key()] = it.value();
+  // The checkpoint's dtype and token ids are the top level's.
+  for (const char* key : {"torch_dtype", "dtype", "bos_token_id", "eos_token_id", "quantization_config"})
+    if (config.contains(key)) flat[key] = config[key];
+  flat["architectures"] = config["architectures"];
+  return flat;
+}
+
+void parse_multimodal(const nlohmann::json& config, ModelSpec& spec, const std::string& source) {
+  parse(config, spec, source);
+  spec.tensor_prefix = "language_model.";
+  spec.ignored_tensor_prefixes = {"vision_tower.", "multi_modal_projector."};
+}
+
+// config.json as the multimodal checkpoints have it: the language model's
+// fields under text_config; the top level gets the dtype and token ids after.
+void write_multimodal(const ModelSpec& spec, nlohmann::json& c) {
+  write(spec, c);
+  nlohmann::json top = {{"architectures", c["architectures"]}, {"model_type", "gemma3"}};
+  nlohmann::json text = std::move(c);
+  text.erase("architectures");
+  text["model_type"] = "gemma3_text";
+  top["text_config"] = std::move(text);
+  c = std::move(top);
+}
+
 }  // namespace
 
-extern const FamilyDef kGemma3Family{Family::kGemma3, "gemma3_text", "Gemma3ForCausalLM", parse, write, tensors};
+extern const FamilyDef kGemma3Family{Family::kGemma3, "gemma3_text", "Gemma3ForCausalLM", parse, write, tensors, nullptr};
+// Text only: the vision tower and projector are left in the checkpoint, unread.
+extern const FamilyDef kGemma3MultimodalFamily{Family::kGemma3, "gemma3", "Gemma3ForConditionalGeneration",
+                                               parse_multimodal, write_multimodal, tensors, language_model_config};
 
 }  // namespace shardlm

@@ -35,8 +35,8 @@ void tensors(const ModelSpec& spec, int64_t layer, std::vector<TensorSpec>& out)
 
 }  // namespace
 
-extern const FamilyDef kLlamaFamily{Family::kLlama, "llama", "LlamaForCausalLM", parse_llama, write_llama, tensors};
+extern const FamilyDef kLlamaFamily{Family::kLlama, "llama", "LlamaForCausalLM", parse_llama, write_llama, tensors, nullptr};
 extern const FamilyDef kMistralFamily{Family::kMistral, "mistral", "MistralForCausalLM", parse_mistral, write_mistral,
-                                      tensors};
+                                      tensors, nullptr};
 
 }  // namespace shardlm

@@ -44,6 +44,6 @@ void tensors(const ModelSpec& s, int64_t layer, std::vector<TensorSpec>& out) {
 
 }  // namespace
 
-extern const FamilyDef kMixtralFamily{Family::kMixtral, "mixtral", "MixtralForCausalLM", parse, write, tensors};
+extern const FamilyDef kMixtralFamily{Family::kMixtral, "mixtral", "MixtralForCausalLM", parse, write, tensors, nullptr};
 
 }  // namespace shardlm

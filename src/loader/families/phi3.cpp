@@ -49,6 +49,6 @@ void tensors(const ModelSpec& s, int64_t layer, std::vector<TensorSpec>& out) {
 
 }  // namespace
 
-extern const FamilyDef kPhi3Family{Family::kPhi3, "phi3", "Phi3ForCausalLM", parse, write, tensors};
+extern const FamilyDef kPhi3Family{Family::kPhi3, "phi3", "Phi3ForCausalLM", parse, write, tensors, nullptr};
 
 }  // namespace shardlm

@@ -26,6 +26,6 @@ void tensors(const ModelSpec& spec, int64_t layer, std::vector<TensorSpec>& out)
 
 }  // namespace
 
-extern const FamilyDef kQwen2Family{Family::kQwen2, "qwen2", "Qwen2ForCausalLM", parse, write, tensors};
+extern const FamilyDef kQwen2Family{Family::kQwen2, "qwen2", "Qwen2ForCausalLM", parse, write, tensors, nullptr};
 
 }  // namespace shardlm

@@ -31,6 +31,6 @@ void tensors(const ModelSpec& spec, int64_t layer, std::vector<TensorSpec>& out)
 
 }  // namespace
 
-extern const FamilyDef kQwen3Family{Family::kQwen3, "qwen3", "Qwen3ForCausalLM", parse, write, tensors};
+extern const FamilyDef kQwen3Family{Family::kQwen3, "qwen3", "Qwen3ForCausalLM", parse, write, tensors, nullptr};
 
 }  // namespace shardlm

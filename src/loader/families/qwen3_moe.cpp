@@ -69,6 +69,6 @@ void tensors(const ModelSpec& s, int64_t layer, std::vector<TensorSpec>& out) {
 
 }  // namespace
 
-extern const FamilyDef kQwen3MoeFamily{Family::kQwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", parse, write, tensors};
+extern const FamilyDef kQwen3MoeFamily{Family::kQwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", parse, write, tensors, nullptr};
 
 }  // namespace shardlm

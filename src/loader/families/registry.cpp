@@ -5,12 +5,12 @@
 namespace shardlm {
 
 extern const FamilyDef kQwen2Family, kQwen3Family, kLlamaFamily, kMistralFamily, kMixtralFamily, kQwen3MoeFamily,
-    kPhi3Family, kGemma3Family;
+    kPhi3Family, kGemma3Family, kGemma3MultimodalFamily;
 
 const std::vector<const FamilyDef*>& family_defs() {
   static const std::vector<const FamilyDef*> defs = {
       &kQwen2Family, &kQwen3Family, &kLlamaFamily, &kMistralFamily, &kMixtralFamily, &kQwen3MoeFamily, &kPhi3Family,
-      &kGemma3Family,
+      &kGemma3Family, &kGemma3MultimodalFamily,
   };
   return defs;
 }
