@@ -84,6 +84,11 @@ class CadenceBackend : public server::ServingBackend {
   std::string detokenize(const std::vector<int32_t>& ids) const override {
     return std::string(ids.begin(), ids.end());
   }
+  std::vector<std::string> token_strings(const std::vector<int32_t>& ids) const override {
+    std::vector<std::string> out;
+    for (int32_t id : ids) out.emplace_back(1, static_cast<char>(id));
+    return out;
+  }
   std::string render_chat(const server::ordered_json&, const server::ordered_json&, bool,
                           const server::ordered_json&) const override {
     throw server::ApiException({400, "connections_bench serves /v1/completions only", "invalid_request_error", "", ""});

@@ -315,6 +315,19 @@ std::vector<int32_t> EngineBackend::tokenize(const std::string& text, bool add_s
 
 std::string EngineBackend::detokenize(const std::vector<int32_t>& ids) const { return tokenizer_->decode(ids); }
 
+std::vector<std::string> EngineBackend::token_strings(const std::vector<int32_t>& ids) const {
+  std::vector<std::string> out;
+  out.reserve(ids.size());
+  for (int32_t id : ids) {
+    const auto token = tokenizer_->id_to_token(id);
+    if (!token)
+      throw ApiException({400, "token id " + std::to_string(id) + " is not in the tokenizer's vocabulary",
+                          "invalid_request_error", "tokens", ""});
+    out.emplace_back(*token);
+  }
+  return out;
+}
+
 std::string EngineBackend::render_chat(const ordered_json& messages, const ordered_json& tools, bool add_generation_prompt,
                                        const ordered_json& template_kwargs) const {
   if (!chat_template_)

@@ -95,6 +95,7 @@ class EngineBackend final : public ServingBackend {
   int64_t max_model_len() const override { return report_.max_model_len; }
   std::vector<int32_t> tokenize(const std::string& text, bool add_special_tokens) const override;
   std::string detokenize(const std::vector<int32_t>& ids) const override;
+  std::vector<std::string> token_strings(const std::vector<int32_t>& ids) const override;
   std::string render_chat(const ordered_json& messages, const ordered_json& tools, bool add_generation_prompt,
                           const ordered_json& template_kwargs) const override;
   std::unique_ptr<RequestStream> submit(const GenerateParams& params) override;

@@ -350,8 +350,8 @@ void HttpServer::install_routes() {
 
   http.Post("/tokenize", guarded([this, json_body](const Request& req, Response& res) {
     ordered_json body = json_body(req);
-    // vLLM's /tokenize fields: return_token_strs is served (each token
-    // decoded alone); continue_final_message is not implemented, so refused.
+    // vLLM's /tokenize fields: return_token_strs is served (each token's
+    // vocabulary string); continue_final_message is not implemented, so refused.
     bool token_strs = false;
     if (auto r = body.find("return_token_strs"); r != body.end() && !r->is_null()) {
       if (!r->is_boolean())
@@ -384,11 +384,7 @@ void HttpServer::install_routes() {
       ids = backend_.tokenize(p->get<std::string>(), add_special);
     }
     ordered_json out = {{"count", ids.size()}, {"max_model_len", backend_.max_model_len()}, {"tokens", ids}};
-    if (token_strs) {
-      ordered_json strs = ordered_json::array();
-      for (int32_t id : ids) strs.push_back(backend_.detokenize({id}));
-      out["token_strs"] = strs;
-    }
+    if (token_strs) out["token_strs"] = backend_.token_strings(ids);
     reply_json(res, 200, out);
   }));
 

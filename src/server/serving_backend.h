@@ -130,6 +130,11 @@ class ServingBackend {
   virtual int64_t max_model_len() const = 0;
   virtual std::vector<int32_t> tokenize(const std::string& text, bool add_special_tokens) const = 0;
   virtual std::string detokenize(const std::vector<int32_t>& ids) const = 0;
+  // Each id's vocabulary string as the tokenizer stores it ("Ġworld",
+  // "▁Hello", "<0xF0>"): transformers' convert_ids_to_tokens, what vLLM's
+  // /tokenize return_token_strs gives. Throws ApiException(400) for an id
+  // the tokenizer does not have.
+  virtual std::vector<std::string> token_strings(const std::vector<int32_t>& ids) const = 0;
   // Renders the model's chat template. Throws ApiException(400) for a
   // template error caused by the messages.
   virtual std::string render_chat(const ordered_json& messages, const ordered_json& tools,

@@ -162,6 +162,12 @@ class FakeBackend : public ServingBackend {
     for (int32_t id : ids) s.push_back(static_cast<char>(id));
     return s;
   }
+  // One byte per id: the vocabulary string of id i is the byte i.
+  std::vector<std::string> token_strings(const std::vector<int32_t>& ids) const override {
+    std::vector<std::string> out;
+    for (int32_t id : ids) out.emplace_back(1, static_cast<char>(id));
+    return out;
+  }
   std::string render_chat(const ordered_json& messages, const ordered_json& tools, bool add_generation_prompt,
                           const ordered_json&) const override {
     {

@@ -69,6 +69,14 @@ test('/version, /tokenize and /detokenize round-trip', async () => {
   assert.equal(tok.status, 200, tok.text);
   assert.ok(tok.json.tokens.length > 3 && tok.json.count === tok.json.tokens.length, tok.text);
   assert.equal(tok.json.max_model_len, MAX_MODEL_LEN);
+  // return_token_strs: the vocabulary strings (byte-level BPE: "Ġ" stands for the space), as vLLM gives them.
+  const strs = await postJson(server.baseURL, '/tokenize', {
+    model: MODEL_NAME, prompt: 'Hello, world! Καλημέρα', return_token_strs: true,
+  });
+  assert.equal(strs.status, 200, strs.text);
+  assert.deepEqual(strs.json.tokens, tok.json.tokens);
+  assert.equal(strs.json.token_strs.length, tok.json.tokens.length, strs.text);
+  assert.ok(strs.json.token_strs.some((s) => s.startsWith('\u0120')), strs.text);
   const detok = await postJson(server.baseURL, '/detokenize', { model: MODEL_NAME, tokens: tok.json.tokens });
   assert.equal(detok.status, 200, detok.text);
   assert.equal(detok.json.prompt, 'Hello, world! Καλημέρα');
