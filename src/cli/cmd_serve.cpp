@@ -66,6 +66,7 @@ struct ServeOptions {
   std::string debug_fail = "";  // RANK:BATCH (test hook)
   int http_threads = 0;         // 0: sized from max-num-seqs and max-pending-requests
   size_t max_body_bytes = 8u << 20;
+  int max_logprobs = 20;
   int request_start_timeout_s = 60;
   size_t max_header_bytes = 64 * 1024;
   std::string tool_call_parser;   // "": from the chat template
@@ -208,6 +209,7 @@ int run_serve(const ServeOptions& given) {
   so.served_model_names = names;
   so.api_key = api_key;
   so.max_body_bytes = o.max_body_bytes;
+  so.limits.max_top_logprobs = o.max_logprobs;
   so.request_start_timeout_s = o.request_start_timeout_s;
   so.max_header_bytes = o.max_header_bytes;
   // One HTTP thread holds one connection for its whole request, so every
@@ -336,6 +338,9 @@ void setup(CLI::App& app) {
   sub->add_option("--debug-fail-rank-at-batch", o->debug_fail, "Test hook: RANK:BATCH makes that rank fail once")
       ->group("");
   sub->add_option("--max-request-body-bytes", o->max_body_bytes, "Larger bodies get 413")->capture_default_str();
+  sub->add_option("--max-logprobs", o->max_logprobs,
+                  "Most logprobs / top_logprobs a request may ask for (vLLM's flag); more get 400")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 16));
   sub->add_option("--max-header-bytes", o->max_header_bytes, "Request line and headers larger than this get 431")
       ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 24));
   sub->add_option("--responses-store-max-count", o->responses_store_max_count,

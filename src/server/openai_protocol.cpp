@@ -58,6 +58,15 @@ int64_t int_param(const ordered_json& body, const char* key, int64_t fallback, i
   return i;
 }
 
+// top_logprobs / logprobs: at most serve's --max-logprobs (vLLM's flag and default, 20).
+int64_t logprobs_param(const ordered_json& body, const char* key, int64_t fallback, int max) {
+  const ordered_json* v = find(body, key);
+  if (v && v->is_number() && !v->is_number_float() && v->get<int64_t>() > max)
+    bad_request(key, str_cat("'", key, "' must be between 0 and ", max, ", got ", brief_json(*v),
+                             " (the server's --max-logprobs)"));
+  return int_param(body, key, fallback, 0, max);
+}
+
 bool bool_param(const ordered_json& body, const char* key, bool fallback) {
   const ordered_json* v = find(body, key);
   if (!v) return fallback;
@@ -276,12 +285,12 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
   base.skip_special_tokens = bool_param(body, "skip_special_tokens", true);
   if (endpoint == Endpoint::kChat) {
     req.chat_logprobs = bool_param(body, "logprobs", false);
-    int64_t top = int_param(body, "top_logprobs", 0, 0, limits.max_top_logprobs);
+    int64_t top = logprobs_param(body, "top_logprobs", 0, limits.max_top_logprobs);
     if (find(body, "top_logprobs") && !req.chat_logprobs)
       bad_request("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
     base.logprobs = req.chat_logprobs ? static_cast<int>(top) : -1;
   } else {
-    base.logprobs = find(body, "logprobs") ? static_cast<int>(int_param(body, "logprobs", 0, 0, limits.max_top_logprobs)) : -1;
+    base.logprobs = find(body, "logprobs") ? static_cast<int>(logprobs_param(body, "logprobs", 0, limits.max_top_logprobs)) : -1;
     req.echo = bool_param(body, "echo", false);
     // The prompt tokens' logprobs need logits at every prompt position; the
     // engine's prefill keeps only the last one's, so refuse rather than

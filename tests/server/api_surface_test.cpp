@@ -189,6 +189,26 @@ TEST_F(ApiSurfaceTest, ToolsNeedAParserFormat) {
   EXPECT_TRUE(r["choices"][0]["message"]["content"].is_null());
 }
 
+// --max-logprobs: top_logprobs (chat) and logprobs (completions) above it are
+// refused naming the parameter and the flag; at it they are served.
+TEST_F(ApiSurfaceTest, MaxLogprobsBoundsTopLogprobs) {
+  ServerOptions o;
+  o.limits.max_top_logprobs = 2;
+  start(o);
+  json body = chat();
+  body["max_tokens"] = 3;
+  body["logprobs"] = true;
+  body["top_logprobs"] = 2;
+  EXPECT_TRUE(ok(body)["choices"][0].contains("logprobs"));
+  body["top_logprobs"] = 3;
+  auto bad = post("/v1/chat/completions", body);
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "top_logprobs") << bad->body;
+  EXPECT_NE(bad->body.find("--max-logprobs"), std::string::npos) << bad->body;
+  expect_400({{"model", "tiny"}, {"prompt", "hi"}, {"max_tokens", 2}, {"logprobs", 3}}, "logprobs", "/v1/completions");
+}
+
 TEST_F(ApiSurfaceTest, ToolCallHistoryRendersLikeVllm) {
   backend_.template_source = kHermesTemplate;
   start();
