@@ -487,6 +487,15 @@ std::string render_plan_text(const Plan& plan) {
   out << "KV cache: " << with_commas(kvpt) << " bytes per token = 2 × " << s.n_kv_heads << " KV heads × " << s.head_dim
       << " × " << kv_dtype_size(o.kv_cache_dtype, s.dtype) << " bytes × " << s.n_layers << " layers (kv-cache-dtype "
       << kv_dtype_name(o.kv_cache_dtype) << ")\n";
+  if (!s.sliding_layers.empty()) {
+    int64_t n_sliding = 0;
+    for (int64_t l = 0; l < s.n_layers; ++l) n_sliding += s.is_sliding_layer(l) ? 1 : 0;
+    const int64_t per_layer = kvpt / std::max<int64_t>(1, s.n_layers);
+    out << "Sliding window: " << n_sliding << " of " << s.n_layers << " layers attend to the last "
+        << with_commas(s.sliding_window) << " positions; shardlm's cache keeps their whole past (counted above), so a "
+        << "sequence past the window holds " << with_commas(per_layer * n_sliding)
+        << " bytes per token beyond it that a windowed cache would free\n";
+  }
   if (s.is_moe()) render_moe(plan, out);
   out << "Devices: " << plan.devices.describe();
   {

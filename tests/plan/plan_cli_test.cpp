@@ -107,6 +107,19 @@ TEST_F(PlanCli, Qwen7bOnSixA100sPrintsTheRecommendationAndVllmsRefusal) {
   EXPECT_TRUE(has(r.out, "GiB = 2^30 bytes, GB = 10^9 bytes")) << r.out;
 }
 
+// Gemma 3 1B: its 4 Q heads over TP 3 (vLLM refuses), and what its local
+// layers keep in the cache beyond their window.
+TEST_F(PlanCli, Gemma3SaysWhatItsSlidingLayersKeep) {
+  Result r = run("plan gemma-3-1b --gpus 3xA100-40GB");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_TRUE(has(r.out, "Gemma3ForCausalLM, 26 layers, 4 Q / 1 KV heads × 256")) << r.out;
+  EXPECT_TRUE(has(r.out, "KV cache: 26,624 bytes per token")) << r.out;
+  EXPECT_TRUE(has(r.out, "Sliding window: 22 of 26 layers attend to the last 512 positions")) << r.out;
+  EXPECT_TRUE(has(r.out, "holds 22,528 bytes per token beyond it")) << r.out;
+  EXPECT_TRUE(has(r.out, "Total number of attention heads (4) must be divisible by tensor parallel size (3).")) << r.out;
+  EXPECT_TRUE(has(r.out, "vllm serve google/gemma-3-1b-it")) << r.out;
+}
+
 TEST_F(PlanCli, JsonIsTheFullPlan) {
   Result r = run("plan qwen2.5-7b --gpus 6xA100-40GB --json");
   ASSERT_EQ(r.rc, 0) << r.err;
