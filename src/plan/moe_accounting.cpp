@@ -14,7 +14,7 @@ MoeAccounting moe_accounting(const ModelSpec& spec, KvCacheDType kv) {
     if (t.optional) continue;  // a tied model's lm_head
     const int64_t bytes = shape_numel(t.shape) * d;
     m.total_weight_bytes += bytes;
-    if (expert_index(t.name) >= 0) m.expert_bytes += bytes;
+    if (t.expert >= 0) m.expert_bytes += bytes;  // the family's table says whose expert it is
   }
   m.shared_bytes = m.total_weight_bytes - m.expert_bytes;
   m.n_moe_layers = spec.n_moe_layers();

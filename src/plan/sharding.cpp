@@ -15,20 +15,6 @@ std::string Layout::to_string() const {
 
 Range expert_range(int64_t n_experts, int ep, int ep_rank) { return split_even(n_experts, ep, ep_rank); }
 
-int64_t expert_index(const std::string& name) {
-  const std::string key = ".experts.";
-  const size_t at = name.find(key);
-  if (at == std::string::npos) return -1;
-  size_t pos = at + key.size();
-  int64_t e = 0;
-  bool digits = false;
-  while (pos < name.size() && name[pos] >= '0' && name[pos] <= '9') {
-    e = e * 10 + (name[pos++] - '0');
-    digits = true;
-  }
-  return digits ? e : -1;
-}
-
 Range split_even(int64_t n, int n_parts, int part, int64_t align) {
   SHARDLM_CHECK(n_parts >= 1 && part >= 0 && part < n_parts);
   if (align < 1 || n % align != 0 || n / align < n_parts) align = 1;

@@ -108,8 +108,6 @@ RankShard shard_for(const ModelSpec& spec, const Layout& layout, int tp_rank, in
 // split vLLM's determine_expert_map makes ("linear" placement), first ranks larger.
 Range expert_range(int64_t n_experts, int ep, int ep_rank);
 
-// "model.layers.3.mlp.experts.17.up_proj.weight" -> 17; -1 for a non-expert tensor.
-int64_t expert_index(const std::string& tensor_name);
 
 // One tensor as held by one rank: which slice of the checkpoint tensor.
 struct TensorShard {

@@ -16,6 +16,22 @@
 namespace shardlm {
 namespace {
 
+// The expert id in a Hugging Face name ("...experts.17.up_proj.weight": 17; -1
+// for none): the test reads the names itself, apart from the families' tables.
+int64_t expert_index(const std::string& name) {
+  const std::string key = ".experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  size_t pos = at + key.size();
+  int64_t e = 0;
+  bool digits = false;
+  while (pos < name.size() && name[pos] >= '0' && name[pos] <= '9') {
+    e = e * 10 + (name[pos++] - '0');
+    digits = true;
+  }
+  return digits ? e : -1;
+}
+
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
 TEST(MoePlan, AnyExpertCountOverAnyRankCount) {
