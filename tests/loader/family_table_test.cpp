@@ -19,6 +19,17 @@
 namespace shardlm {
 namespace {
 
+// The official configs: $SHARDLM_MODEL_CONFIGS, else shared/model-configs/
+// beside the source tree (the tests skip where neither is).
+std::filesystem::path model_configs() {
+  if (const char* env = std::getenv("SHARDLM_MODEL_CONFIGS")) return env;
+  if (const char* src = std::getenv("SHARDLM_SOURCE_DIR")) {
+    const std::filesystem::path beside = std::filesystem::path(src) / ".." / "shared" / "model-configs";
+    if (std::filesystem::is_directory(beside)) return beside;
+  }
+  return "/work/shared/model-configs";
+}
+
 TEST(FamilyTable, EveryCatalogTensorHasARoleASlotAndASpace) {
   std::set<Family> seen;
   for (const auto& m : model_catalog()) {
@@ -117,8 +128,7 @@ TEST(FamilyTable, SlidingWindowOnLlamaIsRefusedByName) {
 // The released Phi-3 / Phi-4 configs: phi-4 and Phi-3-mini-4k parse; the
 // others need what shardlm does not run yet, and each is refused naming its field.
 TEST(FamilyTable, PhiConfigsParseOrAreRefusedByName) {
-  const char* env = std::getenv("SHARDLM_MODEL_CONFIGS");
-  const std::filesystem::path dir = env ? env : "/work/shared/model-configs";
+  const std::filesystem::path dir = model_configs();
   if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " is not here";
   const ModelSpec phi4 = load_model_config(dir / "phi-4.json");
   EXPECT_EQ(phi4.family, Family::kPhi3);
@@ -154,8 +164,7 @@ TEST(FamilyTable, PhiConfigsParseOrAreRefusedByName) {
 // file is silent (tied embeddings), the sandwich norms in the table; what
 // shardlm does not run is refused naming the field.
 TEST(FamilyTable, GemmaConfigParsesOrIsRefusedByName) {
-  const char* env = std::getenv("SHARDLM_MODEL_CONFIGS");
-  const std::filesystem::path dir = env ? env : "/work/shared/model-configs";
+  const std::filesystem::path dir = model_configs();
   if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " is not here";
   const ModelSpec g = load_model_config(dir / "gemma-3-1b-it.json");
   EXPECT_EQ(g.family, Family::kGemma3);
@@ -219,8 +228,7 @@ TEST(FamilyTable, GemmaConfigParsesOrIsRefusedByName) {
 // tower is not part of the table, and a checkpoint's vision tensors are not
 // unexpected.
 TEST(FamilyTable, MultimodalGemmaLoadsItsLanguageModel) {
-  const char* env = std::getenv("SHARDLM_MODEL_CONFIGS");
-  const std::filesystem::path dir = env ? env : "/work/shared/model-configs";
+  const std::filesystem::path dir = model_configs();
   if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " is not here";
   const auto file = nlohmann::json::parse(std::ifstream(dir / "gemma-3-4b-it.json"));
   const ModelSpec g = parse_model_config(file, "gemma-3-4b-it/config.json");

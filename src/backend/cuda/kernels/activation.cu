@@ -1,4 +1,4 @@
-// Elementwise kernels: SiLU·mul (the gated MLP), bias add, f32 ⇄ bf16.
+// Elementwise kernels: SiLU·mul and GELU(tanh)·mul (the gated MLPs), bias add, f32 ⇄ bf16.
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/common.cuh"
 
@@ -8,27 +8,35 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void silu_mul_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n_tokens,
-                                int64_t n_inter, int64_t stride, bf16* __restrict__ out) {
+// The gated MLP's activation of gate, times up: SwiGLU and GeGLU (tanh gelu).
+struct Silu {
+  __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }
+};
+struct GeluTanh {
+  __device__ float operator()(float g) const {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+  }
+};
+
+template <class Act>
+__global__ void gated_mul_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n_tokens,
+                                 int64_t n_inter, int64_t stride, bf16* __restrict__ out) {
+  const Act act;
   const int64_t total = n_tokens * n_inter;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / n_inter, j = i % n_inter;
-    const float g = gate[t * stride + j];
-    out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * up[t * stride + j]);
+    out[i] = __float2bfloat16(act(gate[t * stride + j]) * up[t * stride + j]);
   }
 }
 
-__global__ void gelu_tanh_mul_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n_tokens,
-                                     int64_t n_inter, int64_t stride, bf16* __restrict__ out) {
-  const int64_t total = n_tokens * n_inter;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / n_inter, j = i % n_inter;
-    const float g = gate[t * stride + j];
-    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-    out[i] = __float2bfloat16(0.5f * g * (1.0f + tanhf(inner)) * up[t * stride + j]);
-  }
+template <class Act>
+void gated_mul(const float* gate, const float* up, int64_t n_tokens, int64_t n_inter, int64_t stride, bf16* out,
+               cudaStream_t stream) {
+  if (n_tokens * n_inter <= 0) return;
+  gated_mul_kernel<Act><<<grid_for(n_tokens * n_inter, kThreads), kThreads, 0, stream>>>(gate, up, n_tokens, n_inter,
+                                                                                         stride, out);
+  SHARDLM_CUDA_CHECK_LAUNCH();
 }
 
 __global__ void add_bias_kernel(float* __restrict__ y, const bf16* __restrict__ b, int64_t total, int64_t n) {
@@ -53,18 +61,12 @@ __global__ void bf16_to_f32_kernel(const bf16* __restrict__ in, int64_t count, f
 
 void silu_mul(const float* gate, const float* up, int64_t n_tokens, int64_t n_inter, int64_t stride, bf16* out,
               cudaStream_t stream) {
-  if (n_tokens * n_inter <= 0) return;
-  silu_mul_kernel<<<grid_for(n_tokens * n_inter, kThreads), kThreads, 0, stream>>>(gate, up, n_tokens, n_inter, stride,
-                                                                                  out);
-  SHARDLM_CUDA_CHECK_LAUNCH();
+  gated_mul<Silu>(gate, up, n_tokens, n_inter, stride, out, stream);
 }
 
 void gelu_tanh_mul(const float* gate, const float* up, int64_t n_tokens, int64_t n_inter, int64_t stride, bf16* out,
                    cudaStream_t stream) {
-  if (n_tokens * n_inter <= 0) return;
-  gelu_tanh_mul_kernel<<<grid_for(n_tokens * n_inter, kThreads), kThreads, 0, stream>>>(gate, up, n_tokens, n_inter,
-                                                                                       stride, out);
-  SHARDLM_CUDA_CHECK_LAUNCH();
+  gated_mul<GeluTanh>(gate, up, n_tokens, n_inter, stride, out, stream);
 }
 
 void add_bias(float* y, const bf16* b, int64_t n_rows, int64_t n, cudaStream_t stream) {
