@@ -138,9 +138,12 @@ class Backend {
   virtual void add(Tensor& y, const Tensor& x) = 0;
   // x *= s, in place (Gemma's embedding scale).
   virtual void scale(Tensor& x, float s) = 0;
-  // Rotate-half rotary embedding in place at the step's positions.
-  // x: [n_tokens, n_heads, head_dim]; inv_freq: [head_dim / 2] f32 (host or device).
-  virtual void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) = 0;
+  // Rotate-half rotary embedding in place at the step's positions, over the
+  // first 2 × inv_freq.numel() dims of each head (all of them, or Phi's
+  // partial_rotary_factor of them; the rest pass through), cos and sin times
+  // mscale (LongRoPE's attention factor, else 1).
+  // x: [n_tokens, n_heads, head_dim]; inv_freq: [rotary_dim / 2] f32 (host or device).
+  virtual void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) = 0;
   // out[n, inter] = silu(gate) × up; gate, up: [n, inter] (out may be gate).
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // out[n, inter] = gelu_tanh(gate) × up (GeGLU: Gemma); shapes as silu_mul.

@@ -414,6 +414,8 @@ void rope_inv_freq(const RopeConfig& c, float* inv_freq) {
     float f = static_cast<float>(1.0 / std::pow(c.theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim)));
     if (c.scaling == RopeConfig::Scaling::kLinear) {
       f = static_cast<float>(f / c.factor);
+    } else if (c.scaling == RopeConfig::Scaling::kLongRope) {
+      f = static_cast<float>(f / c.ext_factors.at(static_cast<size_t>(i)));
     } else if (c.scaling == RopeConfig::Scaling::kLlama3) {
       const double old_len = static_cast<double>(c.original_max_position);
       const double low_wavelen = old_len / c.low_freq_factor;
@@ -431,8 +433,8 @@ void rope_inv_freq(const RopeConfig& c, float* inv_freq) {
 }
 
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int32_t* positions,
-          const float* inv_freq) {
-  const int64_t half = head_dim / 2;
+          const float* inv_freq, int64_t rotary_dim, float mscale) {
+  const int64_t half = (rotary_dim > 0 ? rotary_dim : head_dim) / 2;
 #pragma omp parallel if (n_tokens > 1)
   {
     static thread_local std::vector<float> cs, sn;  // per thread, reused across calls
@@ -442,8 +444,8 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const i
     for (int64_t t = 0; t < n_tokens; ++t) {
       for (int64_t i = 0; i < half; ++i) {
         const float angle = static_cast<float>(positions[t]) * inv_freq[i];
-        cs[i] = std::cos(angle);
-        sn[i] = std::sin(angle);
+        cs[i] = std::cos(angle) * mscale;
+        sn[i] = std::sin(angle) * mscale;
       }
       for (int64_t h = 0; h < n_heads; ++h) {
         float* v = x + (t * n_heads + h) * head_dim;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -58,22 +59,28 @@ void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float ep
 
 // Inverse frequencies for rotary embeddings: [head_dim / 2], HF semantics
 // (rope_theta; "linear" divides by factor; "llama3" scales low frequencies by
-// 1/factor and interpolates the band between the low and high freq factors).
+// 1/factor and interpolates the band between the low and high freq factors;
+// "longrope" divides frequency i by ext_factors[i], Phi-3's short factors).
+// head_dim is the rotated width: the whole head, or its first
+// partial_rotary_factor of it.
 struct RopeConfig {
   int64_t head_dim = 0;
   double theta = 10000.0;
-  enum class Scaling { kNone, kLinear, kLlama3 } scaling = Scaling::kNone;
+  enum class Scaling { kNone, kLinear, kLlama3, kLongRope } scaling = Scaling::kNone;
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position = 8192;
+  std::vector<double> ext_factors;  // longrope: [head_dim / 2]
 };
 void rope_inv_freq(const RopeConfig& config, float* inv_freq);
 
-// Rotate-half (GPT-NeoX / HF Llama, Qwen) rotary embedding in place.
-// x: [n_tokens, n_heads, head_dim]; positions: [n_tokens]; inv_freq: [head_dim / 2].
+// Rotate-half (GPT-NeoX / HF Llama, Qwen) rotary embedding in place over the
+// first rotary_dim of each head (0: all of it; the rest passes through), with
+// cos and sin multiplied by mscale (LongRoPE's attention factor; 1 otherwise).
+// x: [n_tokens, n_heads, head_dim]; positions: [n_tokens]; inv_freq: [rotary_dim / 2].
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int32_t* positions,
-          const float* inv_freq);
+          const float* inv_freq, int64_t rotary_dim = 0, float mscale = 1.0f);
 
 // out[i] = silu(gate[i]) × up[i] for i < count (out may equal gate or up).
 void silu_mul(const float* gate, const float* up, int64_t count, float* out);
@@ -149,7 +156,7 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
 void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out,
               float weight_offset = 0.0f);
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int32_t* positions,
-          const float* inv_freq);
+          const float* inv_freq, int64_t rotary_dim = 0, float mscale = 1.0f);
 void silu_mul(const float* gate, const float* up, int64_t count, float* out);
 void gelu_tanh_mul(const float* gate, const float* up, int64_t count, float* out);
 void softmax(float* x, int64_t n_rows, int64_t dim);

@@ -33,14 +33,14 @@ void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float ep
 }
 
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int32_t* positions,
-          const float* inv_freq) {
-  const int64_t half = head_dim / 2;
+          const float* inv_freq, int64_t rotary_dim, float mscale) {
+  const int64_t half = (rotary_dim > 0 ? rotary_dim : head_dim) / 2;
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * head_dim;
       for (int64_t i = 0; i < half; ++i) {
         const float angle = static_cast<float>(positions[t]) * inv_freq[i];
-        const float c = std::cos(angle), s = std::sin(angle);
+        const float c = std::cos(angle) * mscale, s = std::sin(angle) * mscale;
         const float a = v[i], b = v[i + half];
         v[i] = a * c - b * s;
         v[i + half] = b * c + a * s;

@@ -1,5 +1,6 @@
 #include "loader/model_spec.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <nlohmann/json.hpp>
@@ -86,6 +87,41 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
 
 namespace {
 
+// LongRoPE (Phi-3-mini-128k, Phi-4-mini): short_factor / long_factor, one
+// per rotary frequency; attention_factor as transformers derives it. Only
+// the short factors are implemented, so positions are bounded by
+// original_max_position_embeddings (top level, as Phi-3 writes it).
+void parse_longrope(const json& config, const json& rs, ModelSpec& spec, const std::string& source) {
+  RopeScaling& r = spec.rope_scaling;
+  const int64_t half = spec.rotary_dim() / 2;
+  for (auto [key, out] : {std::pair{"short_factor", &r.short_factor}, std::pair{"long_factor", &r.long_factor}}) {
+    auto f = rs.find(key);
+    if (f == rs.end() || !f->is_array() || static_cast<int64_t>(f->size()) != half)
+      fail(ErrorCode::kInvalidArgument, source, ": rope_scaling.", key, " must list ", half,
+           " numbers (one per rotary frequency: rotary dims ", spec.rotary_dim(), " / 2)");
+    for (const json& v : *f) {
+      if (!v.is_number() || !(v.get<double>() > 0.0))
+        fail(ErrorCode::kInvalidArgument, source, ": rope_scaling.", key, " entries must be positive numbers, found ",
+             v.dump());
+      out->push_back(v.get<double>());
+    }
+  }
+  const int64_t original = optional_int(config, "original_max_position_embeddings",
+                                        optional_int(rs, "original_max_position_embeddings", 0, source), source);
+  if (original <= 0)
+    fail(ErrorCode::kInvalidArgument, source, ": rope_scaling longrope needs original_max_position_embeddings");
+  r.original_max_position_embeddings = original;
+  const double factor = static_cast<double>(spec.max_position_embeddings) / static_cast<double>(original);
+  r.factor = factor;
+  r.attention_factor = optional_number(
+      rs, "attention_factor",
+      factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(original))),
+      source + " rope_scaling");
+  // Past original_max_position_embeddings transformers switches to the long
+  // factors (and re-rotates nothing already cached); shardlm stops there.
+  spec.max_position_embeddings = std::min(spec.max_position_embeddings, original);
+}
+
 // The fields of a flat config.json (a causal LM's, or the language model's of
 // a multimodal one) into a spec of `family`.
 ModelSpec parse_flat_config(const json& config, const FamilyDef& family, const std::string& source) {
@@ -127,9 +163,12 @@ ModelSpec parse_flat_config(const json& config, const FamilyDef& family, const s
     spec.rope_scaling.high_freq_factor = optional_number(*rs, "high_freq_factor", 4.0, source + " rope_scaling");
     spec.rope_scaling.original_max_position_embeddings =
         optional_int(*rs, "original_max_position_embeddings", 8192, source + " rope_scaling");
-    if (!spec.rope_scaling.type.empty() && spec.rope_scaling.type != "llama3" && spec.rope_scaling.type != "linear")
+    if (spec.rope_scaling.type == "su") spec.rope_scaling.type = "longrope";  // Phi-3's first name for it
+    if (!spec.rope_scaling.type.empty() && spec.rope_scaling.type != "llama3" && spec.rope_scaling.type != "linear" &&
+        spec.rope_scaling.type != "longrope")
       fail(ErrorCode::kUnsupported, source, ": rope_scaling type \"", spec.rope_scaling.type,
-           "\" is not supported (supported: llama3, linear, or none)");
+           "\" is not supported (supported: llama3, linear, longrope, or none)");
+    if (spec.rope_scaling.type == "longrope") parse_longrope(config, *rs, spec, source);
     if (spec.rope_scaling.type == "linear" && !(spec.rope_scaling.factor > 0.0))
       fail(ErrorCode::kInvalidArgument, source, ": rope_scaling.factor must be positive for linear scaling, found ",
            spec.rope_scaling.factor);
@@ -227,6 +266,13 @@ json model_config_json(const ModelSpec& spec) {
     c["rope_scaling"] = nullptr;
   } else if (spec.rope_scaling.type == "linear") {
     c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", spec.rope_scaling.factor}};
+  } else if (spec.rope_scaling.type == "longrope") {
+    // max_position_embeddings as the model was trained for (factor × original).
+    const RopeScaling& r = spec.rope_scaling;
+    c["rope_scaling"] = {{"type", "longrope"}, {"short_factor", r.short_factor}, {"long_factor", r.long_factor}};
+    c["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    c["max_position_embeddings"] =
+        static_cast<int64_t>(std::llround(r.factor * static_cast<double>(r.original_max_position_embeddings)));
   } else {
     c["rope_scaling"] = {{"rope_type", spec.rope_scaling.type},
                          {"factor", spec.rope_scaling.factor},
@@ -242,6 +288,13 @@ json model_config_json(const ModelSpec& spec) {
   if (spec.eos_token_ids.size() == 1) c["eos_token_id"] = spec.eos_token_ids[0];
   else if (!spec.eos_token_ids.empty()) c["eos_token_id"] = spec.eos_token_ids;
   return c;
+}
+
+std::string ModelSpec::max_position_source() const {
+  if (rope_scaling.type == "longrope")
+    return "original_max_position_embeddings in config.json: past it LongRoPE switches to its long factors, "
+           "which shardlm does not implement yet";
+  return "max_position_embeddings in config.json";
 }
 
 bool ModelSpec::is_moe_layer(int64_t layer) const {

@@ -34,11 +34,15 @@ enum class MlpActivation {
 const char* family_name(Family family);
 
 struct RopeScaling {
-  std::string type;  // "" (none), "llama3", "linear", "dynamic", "yarn"
+  std::string type;  // "" (none), "llama3", "linear", "longrope" (Phi-3's "su" too)
   double factor = 1.0;
   double low_freq_factor = 1.0;    // llama3
   double high_freq_factor = 4.0;   // llama3
   int64_t original_max_position_embeddings = 8192;
+  // longrope: per rotary frequency, the divisor up to and past
+  // original_max_position_embeddings; cos and sin times attention_factor.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
 };
 
 struct ModelSpec {
@@ -52,6 +56,10 @@ struct ModelSpec {
   int64_t n_heads = 0;     // Q heads
   int64_t n_kv_heads = 0;  // K/V heads (GQA groups)
   int64_t head_dim = 0;    // hidden_size / n_heads unless config.json says otherwise
+  // Rotary embeddings turn the first rotary_dim dims of each head (Phi's
+  // partial_rotary_factor × head_dim); the rest pass through.
+  double partial_rotary_factor = 1.0;
+  int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
@@ -96,6 +104,10 @@ struct ModelSpec {
   std::string tensor_prefix;
   std::vector<std::string> ignored_tensor_prefixes;
 
+  // What bounds a sequence's positions, for messages: max_position_embeddings,
+  // or LongRoPE's original_max_position_embeddings (the long factors past it
+  // are not implemented, so max_position_embeddings is set to it).
+  std::string max_position_source() const;
   bool is_moe() const { return n_experts > 0; }
   bool is_sliding_layer(int64_t layer) const {
     return layer >= 0 && static_cast<size_t>(layer) < sliding_layers.size() && sliding_layers[static_cast<size_t>(layer)];

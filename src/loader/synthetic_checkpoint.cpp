@@ -117,6 +117,16 @@ ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
   }
   if (spec.n_heads % spec.n_kv_heads != 0)
     fail(ErrorCode::kInvalidArgument, "--heads (", spec.n_heads, ") must be a multiple of --kv-heads (", spec.n_kv_heads, ")");
+  if (spec.rope_scaling.type == "longrope") {
+    // One LongRoPE factor per rotary frequency: the catalog's, sampled evenly
+    // when --head-dim (or --hidden / --heads) changes how many there are.
+    const size_t half = static_cast<size_t>(spec.rotary_dim() / 2);
+    for (std::vector<double>* f : {&spec.rope_scaling.short_factor, &spec.rope_scaling.long_factor}) {
+      std::vector<double> resized(half);
+      for (size_t i = 0; i < half && !f->empty(); ++i) resized[i] = (*f)[i * f->size() / half];
+      *f = std::move(resized);
+    }
+  }
   if (spec.head_dim % 2 != 0)
     fail(ErrorCode::kInvalidArgument, "--head-dim must be even (rotary embeddings rotate pairs), found ", spec.head_dim);
   if (o.tie_word_embeddings) spec.tie_word_embeddings = *o.tie_word_embeddings;

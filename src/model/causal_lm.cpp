@@ -60,11 +60,14 @@ CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int
   dims_.norm_offset = spec.norm_weight_offset;
   dims_.activation = spec.mlp_activation;
   dims_.heads = {shard_.q_heads.size(), shard_.q_heads.begin, shard_.kv_heads.begin, spec.group_size()};
-  std::vector<float> inv_freq(static_cast<size_t>(spec.head_dim / 2));
-  backend::rope_inv_freq(rope_config(spec), inv_freq.data());
-  inv_freq_ = backend_->alloc(DType::kF32, {spec.head_dim / 2});
+  const backend::RopeConfig rope = rope_config(spec);
+  std::vector<float> inv_freq(static_cast<size_t>(rope.head_dim / 2));
+  backend::rope_inv_freq(rope, inv_freq.data());
+  inv_freq_ = backend_->alloc(DType::kF32, {rope.head_dim / 2});
   backend_->upload(inv_freq.data(), inv_freq_);
+  if (spec.rope_scaling.type == "longrope") dims_.rope_mscale = static_cast<float>(spec.rope_scaling.attention_factor);
   if (spec.rope_local_theta > 0.0) {
+    inv_freq.resize(static_cast<size_t>(spec.head_dim / 2));
     backend::rope_inv_freq(local_rope_config(spec), inv_freq.data());
     inv_freq_local_ = backend_->alloc(DType::kF32, {spec.head_dim / 2});
     backend_->upload(inv_freq.data(), inv_freq_local_);

@@ -64,8 +64,9 @@ void rope_and_cache(const LayerContext& c, const DecoderLayerWeights& w, const b
   const Tensor& inv_freq = w.local_rope ? c.step.inv_freq_local : c.step.inv_freq;
   SHARDLM_CHECK(inv_freq.defined(), "layer ", layer, ": no local rope table");
   Tensor q = a.q, k = a.k;
-  c.b.rope(q, inv_freq, c.step.meta);
-  c.b.rope(k, inv_freq, c.step.meta);
+  const float mscale = w.local_rope ? 1.0f : c.dims.rope_mscale;
+  c.b.rope(q, inv_freq, c.step.meta, mscale);
+  c.b.rope(k, inv_freq, c.step.meta, mscale);
   c.name("q_rope", layer, q);
   c.name("k_rope", layer, k);
   c.b.kv_cache_write(cache, c.step.meta, k, a.v);
@@ -128,7 +129,7 @@ void residual_add(const LayerContext& c, Tensor& hidden, const Tensor& delta, st
 
 backend::RopeConfig rope_config(const ModelSpec& spec) {
   backend::RopeConfig rc;
-  rc.head_dim = spec.head_dim;
+  rc.head_dim = spec.rotary_dim();
   rc.theta = spec.rope_theta;
   const RopeScaling& s = spec.rope_scaling;
   if (s.type.empty() || s.type == "default") {
@@ -136,6 +137,10 @@ backend::RopeConfig rope_config(const ModelSpec& spec) {
   } else if (s.type == "linear") {
     rc.scaling = backend::RopeConfig::Scaling::kLinear;
     rc.factor = s.factor;
+  } else if (s.type == "longrope") {
+    rc.scaling = backend::RopeConfig::Scaling::kLongRope;
+    rc.ext_factors = s.short_factor;  // positions stop at original_max_position_embeddings
+    rc.original_max_position = s.original_max_position_embeddings;
   } else if (s.type == "llama3") {
     rc.scaling = backend::RopeConfig::Scaling::kLlama3;
     rc.factor = s.factor;
@@ -147,10 +152,14 @@ backend::RopeConfig rope_config(const ModelSpec& spec) {
            ") must exceed low_freq_factor (", s.low_freq_factor, ")");
   } else {
     fail(ErrorCode::kUnsupported, "config.json rope_scaling.rope_type \"", s.type,
-         "\" is not supported by the CPU engine (supported: none, linear, llama3)");
+         "\" is not supported by the CPU engine (supported: none, linear, llama3, longrope)");
   }
-  if (spec.head_dim % 2 != 0)
-    fail(ErrorCode::kUnsupported, "head_dim ", spec.head_dim, " is odd; rotary embeddings need an even head_dim");
+  if (rc.head_dim % 2 != 0 || rc.head_dim < 2 || rc.head_dim > spec.head_dim)
+    fail(ErrorCode::kUnsupported, "rotary dims ", rc.head_dim, " of head_dim ", spec.head_dim,
+         ": rotary embeddings need an even count of at most head_dim");
+  if (rc.scaling == backend::RopeConfig::Scaling::kLongRope && static_cast<int64_t>(rc.ext_factors.size()) != rc.head_dim / 2)
+    fail(ErrorCode::kInvalidArgument, "rope_scaling.short_factor has ", rc.ext_factors.size(), " entries for ",
+         rc.head_dim / 2, " rotary frequencies");
   return rc;
 }
 

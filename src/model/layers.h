@@ -56,6 +56,7 @@ struct RankDims {
   bool renormalize = false;
   float eps = 1e-6f;
   float norm_offset = 0.0f;  // every norm multiplies by (norm_offset + w): 1 for Gemma
+  float rope_mscale = 1.0f;  // rope's cos and sin times this (LongRoPE's attention factor)
   MlpActivation activation = MlpActivation::kSilu;
   backend::AttentionHeads heads;  // window 0; a sliding layer sets its own
 };
@@ -90,7 +91,7 @@ class Workspace {
 // The step every layer sees: the packed metadata and the rope table.
 struct StepContext {
   const backend::StepMetadata& meta;
-  const Tensor& inv_freq;        // [head_dim / 2] f32
+  const Tensor& inv_freq;        // [rotary_dim / 2] f32
   const Tensor& inv_freq_local;  // [head_dim / 2] f32 of local layers (Gemma 3); undefined otherwise
 };
 

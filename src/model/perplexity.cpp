@@ -35,7 +35,7 @@ PerplexityResult perplexity_local(const ModelSpec& spec, std::shared_ptr<const W
   const int64_t context = opt.context > 0 ? opt.context : spec.max_position_embeddings;
   if (context < 1 || context > spec.max_position_embeddings)
     fail(ErrorCode::kInvalidArgument, "perplexity: --context ", opt.context, " is outside [1, ",
-         spec.max_position_embeddings, "] (the model's max_position_embeddings)");
+         spec.max_position_embeddings, "] (", spec.max_position_source(), ")");
   if (ids.size() < 2) fail(ErrorCode::kInvalidArgument, "perplexity: the text encodes to ", ids.size(),
                            " token(s); it needs at least 2 (one to predict from, one to score)");
   for (size_t i = 0; i < ids.size(); ++i)

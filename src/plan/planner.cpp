@@ -505,8 +505,8 @@ Plan make_plan(const ModelSpec& spec, const DeviceInventory& devices, const Plan
     fail(ErrorCode::kInvalidArgument, "--max-model-len ", options.max_model_len, ": must be positive");
   if (options.max_model_len > spec.max_position_embeddings)
     fail(ErrorCode::kInvalidArgument, "--max-model-len ", options.max_model_len,
-         " is greater than the model's max_position_embeddings (", spec.max_position_embeddings,
-         " in config.json); use at most ", spec.max_position_embeddings);
+         " is greater than the model's context of ", spec.max_position_embeddings, " tokens (",
+         spec.max_position_source(), "); use at most ", spec.max_position_embeddings);
   // Validates utilization, token counts and block size once, with the user's flag names.
   compute_memory_budget(spec, Layout{}, 0, 0, devices.devices[0].memory_bytes, options.budget);
 

@@ -227,7 +227,7 @@ void EngineBackend::load() {
   if (options_.max_model_len > 0) {
     if (options_.max_model_len > spec.max_position_embeddings)
       fail(ErrorCode::kInvalidArgument, "--max-model-len ", options_.max_model_len, " exceeds the model's context of ",
-           spec.max_position_embeddings, " tokens (max_position_embeddings in config.json)");
+           spec.max_position_embeddings, " tokens (", spec.max_position_source(), ")");
     if (options_.max_model_len > report_.kv_tokens)
       fail(ErrorCode::kOutOfMemory, "--max-model-len ", options_.max_model_len, " needs that many tokens of KV cache for one ",
            "sequence, but the KV cache holds ", report_.kv_tokens, " tokens (", b0.n_kv_blocks, " blocks of ", b0.block_size,

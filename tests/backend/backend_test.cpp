@@ -118,8 +118,8 @@ TEST_P(BackendTest, AttentionStepMatchesReference) {
     std::vector<float> inv(hd / 2);
     rope_inv_freq(RopeConfig{hd}, inv.data());
     Tensor inv_freq = on_device(inv, {hd / 2});
-    b_->rope(q, inv_freq, meta);
-    b_->rope(k, inv_freq, meta);
+    b_->rope(q, inv_freq, meta, 1.0f);
+    b_->rope(k, inv_freq, meta, 1.0f);
     b_->kv_cache_write(cache, meta, k, v);
     Tensor out = b_->alloc(DType::kF32, {n, heads.n_q_heads, hd});
     b_->paged_attention(q, cache, meta, heads, out);

@@ -325,6 +325,38 @@ TEST(Ops, RopeMatchesReferenceAndRotatesPairs) {
     EXPECT_NEAR(a[i] * a[i] + a[i + hd / 2] * a[i + hd / 2], b[i] * b[i] + b[i + hd / 2] * b[i + hd / 2], 1e-4);
 }
 
+// Phi's partial rotary (the first 12 of 16 dims rotate, the last 4 pass
+// through) with LongRoPE's attention factor on cos and sin, and its short
+// factors dividing the frequencies.
+TEST(Ops, PartialRotaryWithLongRopeFactors) {
+  std::mt19937 rng(8);
+  const int64_t n = 4, heads = 2, hd = 16, rot = 12;
+  RopeConfig rc;
+  rc.head_dim = rot;
+  rc.scaling = RopeConfig::Scaling::kLongRope;
+  rc.ext_factors = {1.0, 1.5, 2.0, 3.0, 4.0, 8.0};
+  std::vector<float> inv(rot / 2);
+  rope_inv_freq(rc, inv.data());
+  for (int64_t i = 0; i < rot / 2; ++i)
+    EXPECT_NEAR(inv[i], 1.0 / (rc.ext_factors[i] * std::pow(10000.0, 2.0 * i / rot)), 1e-7) << i;
+  std::vector<int32_t> pos{0, 3, 50, 4000};
+  auto x = random_f32(n * heads * hd, rng);
+  auto got = x, want = x;
+  const float mscale = 1.19024f;
+  rope(got.data(), n, heads, hd, pos.data(), inv.data(), rot, mscale);
+  ref::rope(want.data(), n, heads, hd, pos.data(), inv.data(), rot, mscale);
+  expect_close(got, want, 1e-6f, 1e-6f);
+  for (int64_t r = 0; r < n * heads; ++r) {
+    for (int64_t i = rot; i < hd; ++i) EXPECT_EQ(got[r * hd + i], x[r * hd + i]) << "pass-through dim " << i;
+    for (int64_t i = 0; i < rot / 2; ++i) {  // each rotated pair's norm times mscale
+      const float* a = &x[r * hd];
+      const float* b = &got[r * hd];
+      EXPECT_NEAR(mscale * mscale * (a[i] * a[i] + a[i + rot / 2] * a[i + rot / 2]),
+                  b[i] * b[i] + b[i + rot / 2] * b[i + rot / 2], 1e-4);
+    }
+  }
+}
+
 TEST(Ops, Llama3RopeScalingBands) {
   // Llama-3.1-8B: theta 500000, factor 8, low 1, high 4, original 8192.
   RopeConfig rc;

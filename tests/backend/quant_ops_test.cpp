@@ -383,7 +383,7 @@ class NoQuantBackend final : public Backend {
   void add_rms_norm(Tensor&, const Tensor&, const NormWeight&, float, Tensor&) override {}
   void add(Tensor&, const Tensor&) override {}
   void scale(Tensor&, float) override {}
-  void rope(Tensor&, const Tensor&, const StepMetadata&) override {}
+  void rope(Tensor&, const Tensor&, const StepMetadata&, float) override {}
   void silu_mul(const Tensor&, const Tensor&, Tensor&) override {}
   void gelu_tanh_mul(const Tensor&, const Tensor&, Tensor&) override {}
   void kv_cache_write(const KvLayerView&, const StepMetadata&, const Tensor&, const Tensor&) override {}

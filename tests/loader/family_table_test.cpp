@@ -4,6 +4,7 @@
 // make-model's config.json; a sliding window is honoured or refused by name.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -125,8 +126,8 @@ TEST(FamilyTable, SlidingWindowOnLlamaIsRefusedByName) {
   EXPECT_NO_THROW(parse_model_config(c, "config.json"));
 }
 
-// The released Phi-3 / Phi-4 configs: phi-4 and Phi-3-mini-4k parse; the
-// others need what shardlm does not run yet, and each is refused naming its field.
+// The released Phi-3 / Phi-4 configs all parse: phi-4, Phi-3-mini-4k (a
+// window on every layer), and the LongRoPE ones up to their original context.
 TEST(FamilyTable, PhiConfigsParseOrAreRefusedByName) {
   const std::filesystem::path dir = model_configs();
   if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " is not here";
@@ -147,15 +148,25 @@ TEST(FamilyTable, PhiConfigsParseOrAreRefusedByName) {
   EXPECT_EQ(mini4k.sliding_window, 2047);
   ASSERT_EQ(mini4k.sliding_layers.size(), static_cast<size_t>(mini4k.n_layers));
   for (int64_t l = 0; l < mini4k.n_layers; ++l) EXPECT_TRUE(mini4k.is_sliding_layer(l)) << l;
-  for (auto [file, needle] : {std::pair{"Phi-3-mini-128k-instruct.json", "rope_scaling type \"su\""},
-                              std::pair{"Phi-4-mini-instruct.json", "partial_rotary_factor=0.75"}}) {
-    try {
-      load_model_config(dir / file);
-      ADD_FAILURE() << file << " accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+  // Phi-3-mini-128k ("su") and Phi-4-mini (partial rotary 0.75): LongRoPE's
+  // short factors, one per rotary frequency, and positions up to 4096.
+  for (auto [file, rotary] : {std::pair{"Phi-3-mini-128k-instruct.json", 96}, std::pair{"Phi-4-mini-instruct.json", 96}}) {
+    const ModelSpec m = load_model_config(dir / file);
+    EXPECT_EQ(m.rope_scaling.type, "longrope") << file;
+    EXPECT_EQ(m.rotary_dim(), rotary) << file;
+    EXPECT_EQ(m.rope_scaling.short_factor.size(), static_cast<size_t>(rotary / 2)) << file;
+    EXPECT_EQ(m.max_position_embeddings, 4096) << file;
+    EXPECT_NEAR(m.rope_scaling.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12) << file;
+    EXPECT_NE(m.max_position_source().find("original_max_position_embeddings"), std::string::npos);
+  }
+  auto bad = nlohmann::json::parse(std::ifstream(dir / "Phi-4-mini-instruct.json"));
+  bad["rope_scaling"]["short_factor"].erase(0);
+  try {
+    parse_model_config(bad, "config.json");
+    ADD_FAILURE() << "47 short factors accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_scaling.short_factor must list 48 numbers"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -76,7 +76,7 @@ class GraphCpuBackend final : public Backend {
   }
   void add(Tensor& y, const Tensor& x) override { cpu_->add(y, x); }
   void scale(Tensor& x, float s) override { cpu_->scale(x, s); }
-  void rope(Tensor& x, const Tensor& f, const backend::StepMetadata& m) override { cpu_->rope(x, f, m); }
+  void rope(Tensor& x, const Tensor& f, const backend::StepMetadata& m, float s) override { cpu_->rope(x, f, m, s); }
   void silu_mul(const Tensor& g, const Tensor& u, Tensor& o) override { cpu_->silu_mul(g, u, o); }
   void gelu_tanh_mul(const Tensor& g, const Tensor& u, Tensor& o) override { cpu_->gelu_tanh_mul(g, u, o); }
   void kv_cache_write(const backend::KvLayerView& c, const backend::StepMetadata& m, const Tensor& k,

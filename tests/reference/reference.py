@@ -33,6 +33,10 @@ transformers forward (Qwen2Model, Qwen3Model, LlamaModel) in float64:
     output; gate and up the two halves of gate_up_proj's output (gate first,
     up * silu(gate)). Full rotary and no rope scaling only (refused
     otherwise, like shardlm).
+  * Phi-3-mini-128k / Phi-4-mini: rope on the first partial_rotary_factor of
+    each head, LongRoPE's short factors dividing the frequencies and its
+    attention factor on cos and sin (positions up to
+    original_max_position_embeddings only, like shardlm).
   * Mistral, Mixtral and Phi-3 with a sliding_window below
     max_position_embeddings: every layer sees the keys q - W < k <= q.
   * Gemma 3 text (transformers' Gemma3DecoderLayer, Gemma3RMSNorm,
@@ -184,9 +188,6 @@ class Model:
                              "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM",
                              "Gemma3ForCausalLM"):
             raise SystemExit(f"reference: architecture {self.arch} not supported")
-        if self.arch == "Phi3ForCausalLM":
-            if c.get("partial_rotary_factor", 1.0) != 1.0:
-                raise SystemExit("reference: Phi-3 partial_rotary_factor below 1 not supported")
         self.w = load_weights(model_dir)
         if prefix:
             self.w = {k[len(prefix):]: v for k, v in self.w.items() if k.startswith(prefix)}
@@ -199,7 +200,11 @@ class Model:
         self.vocab = c["vocab_size"]
         theta = c.get("rope_theta", 10000.0)
         d = self.head_dim
-        inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float64) / d))
+        # Phi's partial_rotary_factor: rope turns the first rot dims of each head, the rest pass through.
+        self.rot = rot = int(d * c.get("partial_rotary_factor", 1.0))
+        inv_freq = 1.0 / (theta ** (np.arange(0, rot, 2, dtype=np.int64).astype(np.float64) / rot))
+        self.rope_mscale = 1.0
+        self.max_positions = None
         rs = c.get("rope_scaling")
         if rs:
             kind = rs.get("rope_type", rs.get("type"))
@@ -207,6 +212,15 @@ class Model:
                 inv_freq = llama3_inv_freq(inv_freq, rs)
             elif kind == "linear":
                 inv_freq = inv_freq / rs["factor"]
+            elif kind in ("longrope", "su"):
+                # transformers' _compute_longrope_parameters, short factors (sequences up to
+                # original_max_position_embeddings); cos and sin times the attention factor.
+                original = c["original_max_position_embeddings"]
+                factor = c.get("max_position_embeddings", 4096) / original
+                inv_freq = inv_freq / np.array(rs["short_factor"], dtype=np.float64)
+                self.rope_mscale = rs.get("attention_factor") or (
+                    1.0 if factor <= 1.0 else math.sqrt(1.0 + math.log(factor) / math.log(original)))
+                self.max_positions = original
             elif kind != "default":
                 raise SystemExit(f"reference: rope_scaling {kind} not supported")
         self.inv_freq = inv_freq
@@ -266,15 +280,22 @@ class Model:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * (self.norm_offset + weight)
 
     def rope(self, x, positions, inv_freq=None):
-        # x: [n_heads, n_tokens, head_dim]; inv_freq: the layer's (default: the global one)
-        if inv_freq is None:
-            inv_freq = self.inv_freq
-        freqs = np.outer(positions.astype(np.float64), inv_freq)  # [n_tokens, d/2]
+        # x: [n_heads, n_tokens, head_dim]; inv_freq: the layer's (default: the global one, with its
+        # rotary width and attention factor)
+        mscale = 1.0
+        if inv_freq is None or inv_freq is self.inv_freq:
+            inv_freq, mscale = self.inv_freq, self.rope_mscale
+        if self.max_positions is not None and positions.max() >= self.max_positions:
+            raise SystemExit(f"reference: position {positions.max()} past original_max_position_embeddings "
+                             f"{self.max_positions} (LongRoPE's long factors are not implemented)")
+        freqs = np.outer(positions.astype(np.float64), inv_freq)  # [n_tokens, rot/2]
         emb = np.concatenate([freqs, freqs], axis=-1)
-        cos, sin = np.cos(emb), np.sin(emb)
-        half = self.head_dim // 2
-        rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-        return x * cos + rot * sin
+        cos, sin = np.cos(emb) * mscale, np.sin(emb) * mscale
+        rot = 2 * len(inv_freq)
+        half = rot // 2
+        xr, xp = x[..., :rot], x[..., rot:]
+        turned = np.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
+        return np.concatenate([xr * cos + turned * sin, xp], axis=-1)
 
     def linear(self, x, name, bias=False):
         if name in self.int8_modules:

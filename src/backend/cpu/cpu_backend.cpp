@@ -168,10 +168,11 @@ void CpuBackend::add(Tensor& y, const Tensor& x) {
   add_inplace(f32_mut(y, "add y"), f32(x, "add x"), y.numel());
 }
 
-void CpuBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) {
-  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && inv_freq.numel() * 2 == x.dim(2),
+void CpuBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) {
+  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && inv_freq.numel() > 0 && inv_freq.numel() * 2 <= x.dim(2),
                 "rope: x ", x.describe(), ", inv_freq ", inv_freq.describe(), ", ", meta.n_tokens(), " tokens");
-  backend::rope(f32_mut(x, "rope x"), x.dim(0), x.dim(1), x.dim(2), meta.positions(), f32(inv_freq, "inv_freq"));
+  backend::rope(f32_mut(x, "rope x"), x.dim(0), x.dim(1), x.dim(2), meta.positions(), f32(inv_freq, "inv_freq"),
+                inv_freq.numel() * 2, mscale);
 }
 
 void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {

@@ -352,13 +352,13 @@ void CudaBackend::add(Tensor& y, const Tensor& x) {
 
 void CudaBackend::scale(Tensor& x, float s) { scale_f32(f32_mut(x, "scale x"), x.numel(), s, stream_); }
 
-void CudaBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta) {
+void CudaBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) {
   check_step(meta, "rope");
-  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && inv_freq.numel() * 2 == x.dim(2), "rope: x ",
-                x.describe(), ", inv_freq ", inv_freq.describe(), ", ", meta.n_tokens(), " tokens");
+  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && inv_freq.numel() > 0 && inv_freq.numel() * 2 <= x.dim(2),
+                "rope: x ", x.describe(), ", inv_freq ", inv_freq.describe(), ", ", meta.n_tokens(), " tokens");
   const int32_t* positions = static_cast<const int32_t*>(meta_dev_.data) + step_n_tokens_;
   backend::cuda::rope(f32_mut(x, "rope x"), x.dim(0), x.dim(1), x.dim(2), x.dim(1) * x.dim(2), positions,
-                      f32(inv_freq, "rope inv_freq"), stream_);
+                      f32(inv_freq, "rope inv_freq"), inv_freq.numel() * 2, mscale, stream_);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {

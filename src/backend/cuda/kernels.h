@@ -37,9 +37,11 @@ void rms_norm_f32(const float* x, int64_t n_rows, int64_t dim, const bf16* weigh
 // Rotate-half RoPE in place. x: [n_tokens, n_heads, head_dim] f32 (row stride
 // row_stride floats, so q and k inside one fused qkv row work); positions:
 // [n_tokens]; inv_freq: [head_dim / 2] f32 from backend::rope_inv_freq, which
-// is where every rope type the CPU supports (default, linear, llama3) lives.
+// is where every rope type the CPU supports (default, linear, llama3,
+// longrope) lives. Only the first rotary_dim of each head rotate (partial
+// rotary); cos and sin are multiplied by mscale.
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t row_stride, const int32_t* positions,
-          const float* inv_freq, cudaStream_t stream);
+          const float* inv_freq, int64_t rotary_dim, float mscale, cudaStream_t stream);
 
 // out[i] = silu(gate[i]) × up[i]. gate, up: [n_tokens, n_inter] f32 with row
 // stride `stride` (gate and up may be halves of one GEMM output); out: [n_tokens, n_inter] bf16.

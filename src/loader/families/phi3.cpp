@@ -5,11 +5,11 @@
 // its Q heads' rows, its KV heads' rows of k and of v, and its intermediate
 // columns of gate and of up, under any TP degree.
 //
-// Runs as released: Phi-4 (full rotary, no rope scaling, no window) and
-// Phi-3-mini-4k (sliding_window 2047 on every layer, as Mistral's).
-// Refused by name, for now: partial_rotary_factor below 1 (Phi-4-mini) and
-// the longrope / su rope_scaling (Phi-3-mini-128k, Phi-4-mini: the common
-// parser takes llama3 and linear only).
+// Runs as released: Phi-4 (full rotary, no rope scaling, no window),
+// Phi-3-mini-4k (sliding_window 2047 on every layer, as Mistral's), and
+// Phi-3-mini-128k and Phi-4-mini (partial_rotary_factor 0.75: rope on the
+// first 96 of 128 dims) up to original_max_position_embeddings (4096): their
+// LongRoPE short factors and attention factor, not yet the long factors.
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -23,13 +23,17 @@ namespace {
 void parse(const nlohmann::json& config, ModelSpec& spec, const std::string& source) {
   require_silu(config, spec, source);
   mistral_sliding_window(config, spec, source);
-  const double partial = optional_number(config, "partial_rotary_factor", 1.0, source);
-  if (partial != 1.0)
-    fail(ErrorCode::kUnsupported, source, ": partial_rotary_factor=", partial, " (rotary embeddings on the first ",
-         partial * 100, "% of each head) is not supported yet; shardlm's rope rotates whole heads");
+  spec.partial_rotary_factor = optional_number(config, "partial_rotary_factor", 1.0, source);
+  const int64_t rot = spec.rotary_dim();
+  if (!(spec.partial_rotary_factor > 0.0 && spec.partial_rotary_factor <= 1.0) || rot < 2 || rot % 2 != 0)
+    fail(ErrorCode::kInvalidArgument, source, ": partial_rotary_factor=", spec.partial_rotary_factor,
+         " gives ", rot, " rotary dims of head_dim ", spec.head_dim, "; it must be in (0, 1] and give an even count");
 }
 
-void write(const ModelSpec& spec, nlohmann::json& c) { write_mistral_sliding_window(spec, c); }
+void write(const ModelSpec& spec, nlohmann::json& c) {
+  write_mistral_sliding_window(spec, c);
+  if (spec.partial_rotary_factor != 1.0) c["partial_rotary_factor"] = spec.partial_rotary_factor;
+}
 
 void tensors(const ModelSpec& s, int64_t layer, std::vector<TensorSpec>& out) {
   LayerTable t(s, layer, out);

@@ -165,8 +165,8 @@ TEST_F(CudaBackendTest, EmbedRopeAttentionAndLogitRowsMatchReference) {
   std::vector<float> inv(hd / 2);
   rope_inv_freq(RopeConfig{hd, 1000000.0}, inv.data());
   Tensor inv_freq = on_device(inv, {hd / 2});
-  b_->rope(q, inv_freq, meta);
-  b_->rope(k, inv_freq, meta);
+  b_->rope(q, inv_freq, meta, 1.0f);
+  b_->rope(k, inv_freq, meta, 1.0f);
   std::vector<float> q_ref = qv;
   ref::rope(q_ref.data(), n, heads.n_q_heads, hd, meta.positions(), inv.data());
   expect_close(to_host(q), q_ref, 1e-4f, 1e-4f);

@@ -146,7 +146,7 @@ TEST(CudaOps, RopeMatchesReferenceForEveryRopeType) {
     float* d_x = upload(x);
     int32_t* d_pos = upload(pos);
     float* d_inv = upload(inv);
-    rope(d_x, n, heads, 128, heads * 128, d_pos, d_inv, nullptr);
+    rope(d_x, n, heads, 128, heads * 128, d_pos, d_inv, 128, 1.0f, nullptr);
     expect_close(download(d_x, x.size()), want, 1e-4f, 2e-3f, "rope");
     cudaFree(d_x), cudaFree(d_pos), cudaFree(d_inv);
   }
