@@ -243,7 +243,16 @@ TEST(Planner, RejectsAContextBeyondTheModel) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_TRUE(contains(e.what(), "max_position_embeddings (32768")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "context of 32768 tokens (max_position_embeddings in config.json)")) << e.what();
+  }
+  // LongRoPE models stop at their original context, and say why.
+  o.max_model_len = 8192;
+  try {
+    make_plan(catalog_model_spec("phi-4-mini"), parse_device_inventory("1xH100-80GB"), o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "context of 4096 tokens (original_max_position_embeddings")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "long factors")) << e.what();
   }
 }
 
