@@ -41,6 +41,17 @@ GenerateResult run(const ModelSpec& spec, std::shared_ptr<const WeightSource> w,
   return generate_local(spec, std::move(w), {5, 17, 101, 3, 250, 77}, opt, /*keep_all_logits=*/true);
 }
 
+// max |a - b| over every step's logits, relative to b's largest.
+double worst_relative(const GenerateResult& a, const GenerateResult& b) {
+  double worst = 0, scale = 1e-6;
+  for (size_t s = 0; s < a.step_logits.size() && s < b.step_logits.size(); ++s)
+    for (size_t i = 0; i < a.step_logits[s].size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::fabs(a.step_logits[s][i] - b.step_logits[s][i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(b.step_logits[s][i])));
+    }
+  return worst / scale;
+}
+
 TEST(Phi3, FusedPartsAgreeAcrossLayouts) {
   const ModelSpec spec = small_phi4();
   auto w = random_weights(spec, 11);
@@ -49,13 +60,7 @@ TEST(Phi3, FusedPartsAgreeAcrossLayouts) {
   for (auto [tp, pp] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{4, 2}, std::pair{7, 1}, std::pair{3, 3}}) {
     const GenerateResult r = run(spec, w, tp, pp);
     EXPECT_EQ(r.tokens, base.tokens) << "TP=" << tp << " PP=" << pp;
-    double worst = 0, scale = 1e-6;
-    for (size_t s = 0; s < r.step_logits.size(); ++s)
-      for (size_t i = 0; i < r.step_logits[s].size(); ++i) {
-        worst = std::max(worst, static_cast<double>(std::fabs(r.step_logits[s][i] - base.step_logits[s][i])));
-        scale = std::max(scale, static_cast<double>(std::fabs(base.step_logits[s][i])));
-      }
-    EXPECT_LT(worst / scale, 2e-4) << "TP=" << tp << " PP=" << pp;
+    EXPECT_LT(worst_relative(r, base), 2e-4) << "TP=" << tp << " PP=" << pp;
     EXPECT_EQ(r.weight_bytes_rank0, rank_weight_bytes(spec, Layout{tp, pp}, 0, 0)) << "TP=" << tp;
   }
 }
@@ -99,15 +104,6 @@ ModelSpec small_gemma3(int64_t window) {
   return s;
 }
 
-double worst_relative(const GenerateResult& a, const GenerateResult& b) {
-  double worst = 0, scale = 1e-6;
-  for (size_t s = 0; s < a.step_logits.size() && s < b.step_logits.size(); ++s)
-    for (size_t i = 0; i < a.step_logits[s].size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::fabs(a.step_logits[s][i] - b.step_logits[s][i])));
-      scale = std::max(scale, static_cast<double>(std::fabs(b.step_logits[s][i])));
-    }
-  return worst / scale;
-}
 
 // Uneven TP (4 Q heads over 3: 2/1/1, KV heads shared), PP splits between a
 // local and a global layer; the 6-token prompt crosses the 3-position window.
