@@ -524,7 +524,8 @@ void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const Vec
     return;
   }
 #endif
-  if (isa >= CpuIsa::kAvx2) {
+  // (FP8 reaches here only in a build without SIMD kernels: the reference.)
+  if (isa >= CpuIsa::kAvx2 && w.scheme != WeightScheme::kFp8) {
     quant_avx2::quant_matmul(x, n, w, y);
     add_bias(bias, n, w.n_out, y);
     return;
