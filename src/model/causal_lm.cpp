@@ -76,10 +76,9 @@ CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int
     dims_.heads.scale = static_cast<float>(1.0 / std::sqrt(spec.query_pre_attn_scalar));
   if (spec.scale_embeddings) {
     // transformers: embed × sqrt(hidden_size) cast to the weights' dtype.
-    const float s = std::sqrt(static_cast<float>(spec.hidden_size));
-    embed_scale_ = spec.dtype == DType::kBF16 ? bf16_to_f32(f32_to_bf16(s))
-                   : spec.dtype == DType::kF16 ? f16_to_f32(f32_to_f16(s))
-                                               : s;
+    uint32_t stored = 0;
+    store_from_f32(&stored, spec.dtype, 0, std::sqrt(static_cast<float>(spec.hidden_size)));
+    embed_scale_ = load_as_f32(&stored, spec.dtype, 0);
   }
   for (const bool sliding : {false, true}) {
     if (sliding && spec.sliding_layers.empty()) continue;
@@ -400,8 +399,7 @@ void CausalLM::run_stage(const ForwardBatch& batch, KvCache& cache, float* logit
   reserve_step_buffers(n, meta_.n_logits());
   Tensor hidden = hidden_.slice_rows(0, n);  // [n_tokens, hidden]
   if (shard_.first_stage) {
-    embed_tokens(b, embed_, shard_.vocab, spec_.vocab_size, meta_, hidden, tp_);
-    if (embed_scale_ != 1.0f) b.scale(hidden, embed_scale_);
+    embed_tokens(b, embed_, shard_.vocab, spec_.vocab_size, meta_, hidden, tp_, embed_scale_);
     if (dump_) dump_->record(b, "embd", -1, hidden);
   } else {
     pp_.recv(hidden.data(), hidden.nbytes(), shard_.pp_rank - 1);
@@ -515,8 +513,7 @@ void CausalLM::enqueue_graph_step(int n_rows) {
                 "a decode graph step of ", n_rows, " rows outside run_graph_step (", meta_.n_tokens(), " packed)");
   backend::Backend& b = *backend_;
   Tensor hidden = hidden_.slice_rows(0, n_rows);  // [bucket, hidden]
-  embed_tokens(b, embed_, shard_.vocab, spec_.vocab_size, meta_, hidden, tp_);
-  if (embed_scale_ != 1.0f) b.scale(hidden, embed_scale_);
+  embed_tokens(b, embed_, shard_.vocab, spec_.vocab_size, meta_, hidden, tp_, embed_scale_);
   run_layers(hidden, *graph_kv_);
   Tensor out = logits_out_.slice_rows(0, n_rows);  // [bucket, vocab]
   make_logits(hidden, out);

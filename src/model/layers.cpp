@@ -140,7 +140,6 @@ backend::RopeConfig rope_config(const ModelSpec& spec) {
   } else if (s.type == "longrope") {
     rc.scaling = backend::RopeConfig::Scaling::kLongRope;
     rc.ext_factors = s.short_factor;  // positions stop at original_max_position_embeddings
-    rc.original_max_position = s.original_max_position_embeddings;
   } else if (s.type == "llama3") {
     rc.scaling = backend::RopeConfig::Scaling::kLlama3;
     rc.factor = s.factor;
@@ -171,9 +170,10 @@ backend::RopeConfig local_rope_config(const ModelSpec& spec) {
 }
 
 void embed_tokens(backend::Backend& b, const Tensor& emb, Range vocab, int64_t vocab_size,
-                  const backend::StepMetadata& meta, Tensor& out, Communicator& tp) {
+                  const backend::StepMetadata& meta, Tensor& out, Communicator& tp, float scale) {
   b.embed(emb, vocab.begin, vocab.end, vocab_size, meta, out);
   if (tp.size() > 1) tp.all_reduce_sum(out);
+  if (scale != 1.0f) b.scale(out, scale);
 }
 
 void lm_head_logits(backend::Backend& b, const Tensor& x, const Linear& head, const std::vector<Range>& vocab_ranges,

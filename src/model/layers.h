@@ -159,10 +159,11 @@ backend::RopeConfig rope_config(const ModelSpec& spec);
 backend::RopeConfig local_rope_config(const ModelSpec& spec);
 
 // out[n_tokens, hidden]: embeddings of the step's ids, each looked up on the
-// rank whose vocab range holds it, then summed over the TP group.
+// rank whose vocab range holds it, then summed over the TP group, times
+// `scale` (Gemma's sqrt(hidden); 1 for every other family).
 // emb: [vocab.size(), hidden]. Throws kInvalidArgument for an id outside [0, vocab_size).
 void embed_tokens(backend::Backend& b, const Tensor& emb, Range vocab, int64_t vocab_size,
-                  const backend::StepMetadata& meta, Tensor& out, Communicator& tp);
+                  const backend::StepMetadata& meta, Tensor& out, Communicator& tp, float scale);
 
 // logits[n, vocab_size] on every TP rank: local slice x × head_localᵀ, then
 // all_gather of the slices; vocab_ranges[r] is TP rank r's vocabulary range.

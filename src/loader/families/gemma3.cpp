@@ -90,7 +90,7 @@ void write(const ModelSpec& s, nlohmann::json& c) {
   c["final_logit_softcapping"] = nullptr;
   // Gemma 3's own rule (every 6th layer global) when the layers follow it,
   // so that make-model --layers keeps it; the explicit list otherwise.
-  bool pattern = static_cast<int64_t>(s.sliding_layers.size()) >= 1;
+  bool pattern = !s.sliding_layers.empty();
   for (size_t l = 0; l < s.sliding_layers.size(); ++l) pattern = pattern && s.sliding_layers[l] == ((l + 1) % 6 != 0);
   if (pattern) {
     c["sliding_window_pattern"] = 6;
