@@ -470,20 +470,24 @@ target "target: 7B batch 1 >= 80% roofline" qwen2.5-7b_1 80 roofline
 target "target: 7B batch 64 within 2x bound" qwen2.5-7b_64 50 bound
 
 # 5. Serve + bench (one server, three concurrencies).
-port=$((20000 + RANDOM % 20000))
-"$cli" serve "$work/qwen2.5-7b-4l" --device "$dev" --host 127.0.0.1 --port "$port" --max-num-seqs 64 \
+# Port 0: the kernel picks a free port (a fixed or random one can collide with
+# another server on the machine); serve prints the one it got.
+"$cli" serve "$work/qwen2.5-7b-4l" --device "$dev" --host 127.0.0.1 --port 0 --max-num-seqs 64 \
   --served-model-name gpu-check >"$work/serve.log" 2>&1 &
 serve_pid=$!
+serve_port() { sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$work/serve.log" | head -n 1; }
 serve_wait() {  # no curl on a bare image: bash's /dev/tcp
+  local port
   for _ in $(seq 120); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && head -n 1 <&3 | grep -q ' 200') 2>/dev/null; then
+    port=$(serve_port)
+    if [[ -n $port ]] && (exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && head -n 1 <&3 | grep -q ' 200') 2>/dev/null; then
       grep -E 'allocated \(measured\)|CUDA graphs' "$work/serve.log" | tr '\n' ' ' | head -c 400
       return 0
     fi
     kill -0 "$serve_pid" 2>/dev/null || { tail -n 2 "$work/serve.log"; return 1; }
     sleep 1
   done
-  echo "no answer on port $port in 120 s"
+  echo "no answer in 120 s (port ${port:-not printed yet})"
   return 1
 }
 step "5 serve --device $dev starts" 150 serve_wait
@@ -492,7 +496,7 @@ bench_in=256 bench_out=64
 [[ $dry == 1 ]] && bench_in=16 bench_out=4
 serve_bench() {  # serve_bench CONCURRENCY
   local out
-  out=$("$cli" bench --base-url "http://127.0.0.1:$port" --endpoint completions --prompt-token-ids --vocab-size 5000 \
+  out=$("$cli" bench --base-url "http://127.0.0.1:$(serve_port)" --endpoint completions --prompt-token-ids --vocab-size 5000 \
     --num-prompts $(($1 * 4)) --max-concurrency "$1" --input-len "$bench_in" --output-len "$bench_out" 2>&1) || { echo "$out" | tail -n 2; return 1; }
   local ok thr
   ok=$(sed -n 's/^Successful requests: *\([0-9]*\).*/\1/p' <<<"$out")
