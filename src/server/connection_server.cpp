@@ -1,54 +1,261 @@
 #include "server/connection_server.h"
 
+#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "server/head_waiter.h"
+#include "server/worker_pool.h"
+
+namespace shardlm::server {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+int ms_until(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
+}
+
+bool wait_for(int sock, short what, int timeout_ms) {
+  pollfd p{sock, what, 0};
+  int n;
+  do n = ::poll(&p, 1, timeout_ms);
+  while (n < 0 && errno == EINTR);
+  return n > 0 && (p.revents & what) != 0;
+}
+
+void address_of(int sock, bool peer, std::string& ip, int& port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  const int rc = peer ? ::getpeername(sock, reinterpret_cast<sockaddr*>(&addr), &len)
+                      : ::getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len);
+  if (rc != 0) return;
+  char host[NI_MAXHOST], service[NI_MAXSERV];
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, service, sizeof service,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return;
+  ip = host;
+  port = std::atoi(service);
+}
+
+// One request's view of its connection, for httplib's request processing.
+// The head (already judged by the gate) is read from the socket at once;
+// after it, reads never go past the request's Content-Length, so the next
+// pipelined request stays in the socket for the gate. Every read and write
+// is bounded by io_timeout, and the body as a whole by body_timeout.
+class ConnectionStream final : public httplib::Stream {
+ public:
+  ConnectionStream(int sock, std::string head, uint64_t body_bytes, const GateLimits& limits, bool http11,
+                   bool sse_probe)
+      : sock_(sock), head_(std::move(head)), body_left_(body_bytes), io_ms_(int(limits.io_timeout.count())),
+        body_deadline_(Clock::now() + limits.body_timeout), http11_(http11), sse_probe_(sse_probe) {}
+
+  bool is_readable() const override {
+    return off_ < head_.size() || wait_for(sock_, POLLIN, std::min(io_ms_, ms_until(body_deadline_)));
+  }
+  bool is_writable() const override { return !failed_ && wait_for(sock_, POLLOUT, io_ms_); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (off_ < head_.size()) {
+      const size_t n = std::min(size, head_.size() - off_);
+      std::memcpy(ptr, head_.data() + off_, n);
+      off_ += n;
+      return static_cast<ssize_t>(n);
+    }
+    size = static_cast<size_t>(std::min<uint64_t>(size, body_left_));
+    if (size == 0) return 0;
+    if (!wait_for(sock_, POLLIN, std::min(io_ms_, ms_until(body_deadline_)))) return fail();
+    ssize_t n;
+    do n = ::recv(sock_, ptr, size, MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) return fail();
+    body_left_ -= static_cast<uint64_t>(n);
+    return n;
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!started_) {
+      // httplib writes the status line and headers in one piece.
+      started_ = true;
+      const std::string_view head(ptr, size);
+      sse_ = head.find("Content-Type: text/event-stream") != std::string_view::npos &&
+             head.find("Transfer-Encoding: chunked") != std::string_view::npos;
+    }
+    return write_all(ptr, size) ? static_cast<ssize_t>(size) : -1;
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { address_of(sock_, true, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { address_of(sock_, false, ip, port); }
+  socket_t socket() const override { return sock_; }
+
+  // After the response: reads and drops what the handler left unread of the
+  // body (an early error skips it); false when it failed to arrive.
+  bool discard_body() {
+    char scratch[16384];
+    while (body_left_ > 0 && !failed_)
+      if (read(scratch, sizeof scratch) <= 0) return false;
+    return !failed_;
+  }
+  bool usable() const { return !failed_; }
+
+  // The client shut its sending side. True while it may still be waiting
+  // for the answer: a probe went out (at most one a second) and no reset
+  // has come back yet (that shows as POLLHUP/POLLERR). False when no probe
+  // fits what was written so far, or the probe failed.
+  bool probe_half_closed_peer() {
+    const auto now = Clock::now();
+    if (probed_ && now - last_probe_ < std::chrono::seconds(1)) return true;
+    std::string_view probe;
+    if (!started_ && http11_) probe = "HTTP/1.1 100 Continue\r\n\r\n";  // any number of 1xx may precede the answer
+    else if (started_ && sse_ && sse_probe_) probe = "8\r\n: ping\n\n\r\n";  // an SSE comment, as one chunk
+    else return false;
+    probed_ = true;
+    last_probe_ = now;
+    return write_all(probe.data(), probe.size());
+  }
+
+ private:
+  ssize_t fail() {
+    failed_ = true;
+    return -1;
+  }
+  bool write_all(const char* ptr, size_t size) {
+    size_t off = 0;
+    while (off < size && !failed_) {
+      ssize_t n = ::send(sock_, ptr + off, size - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!wait_for(sock_, POLLOUT, io_ms_)) fail();
+        continue;
+      }
+      if (n <= 0) return fail(), false;
+      off += static_cast<size_t>(n);
+    }
+    return !failed_;
+  }
+
+  const int sock_;
+  const std::string head_;
+  size_t off_ = 0;
+  uint64_t body_left_;
+  const int io_ms_;
+  const Clock::time_point body_deadline_;
+  const bool http11_;
+  const bool sse_probe_;
+  bool started_ = false;  // a byte of the response was written
+  bool sse_ = false;      // the response is a chunked event stream
+  bool failed_ = false;
+  bool probed_ = false;
+  Clock::time_point last_probe_;
+};
+
 thread_local int t_socket = -1;
-thread_local const shardlm::server::RequestHead* t_head = nullptr;
+thread_local const RequestHead* t_head = nullptr;
+thread_local ConnectionStream* t_stream = nullptr;
+
+// httplib's accept loop hands each accepted socket to its task queue. Ours
+// runs the hand-off on the accept thread: it only gives the socket to the
+// head waiter. Its shutdown (the listen loop's end) stops the waiter and
+// then lets the requests being served finish.
+class HandOffQueue final : public httplib::TaskQueue {
+ public:
+  explicit HandOffQueue(std::function<void()> on_shutdown) : on_shutdown_(std::move(on_shutdown)) {}
+  void enqueue(std::function<void()> fn) override { fn(); }
+  void shutdown() override { on_shutdown_(); }
+
+ private:
+  std::function<void()> on_shutdown_;
+};
 
 }  // namespace
 
-// httplib::Server::process_and_close_socket is a private virtual: a subclass
-// may override it but not name the base version. The library exports it
-// (libcpp-httplib.so, Itanium C++ ABI: `this` is the first argument), so the
-// base implementation is reached through its symbol. Linking fails loudly
-// should a different httplib stop exporting it.
-extern bool httplib_server_process_and_close_socket(httplib::Server* self, socket_t sock) __asm__(
-    "_ZN7httplib6Server24process_and_close_socketEi");
+// httplib::Server::process_request is private; the library exports it
+// (libcpp-httplib.so, Itanium C++ ABI: `this` is the first argument), so it
+// is reached through its symbol. Linking fails loudly should a different
+// httplib stop exporting it.
+extern bool httplib_server_process_request(httplib::Server* self, httplib::Stream& strm, bool close_connection,
+                                           bool& connection_closed,
+                                           const std::function<void(httplib::Request&)>& setup_request) __asm__(
+    "_ZN7httplib6Server15process_requestERNS_6StreamEbRbRKSt8functionIFvRNS_7RequestEEE");
 
-namespace shardlm::server {
+ConnectionServer::ConnectionServer(size_t max_threads) : max_threads_(std::max<size_t>(1, max_threads)) {
+  set_gate_limits(limits_);
+  new_task_queue = [this] {
+    pool_ = std::make_unique<WorkerPool>(max_threads_);
+    waiter_ = std::make_unique<HeadWaiter>(
+        limits_, check_, [this](int sock, GateOutcome outcome, int n_served) { dispatch(sock, std::move(outcome), n_served); });
+    return new HandOffQueue([this] {
+      waiter_->stop();
+      pool_->shutdown();
+    });
+  };
+}
 
-ConnectionServer::ConnectionServer() { set_keep_alive_max_count(1); }
+ConnectionServer::~ConnectionServer() {
+  if (waiter_) waiter_->stop();
+  if (pool_) pool_->shutdown();
+}
+
+void ConnectionServer::set_gate_limits(const GateLimits& limits) {
+  limits_ = limits;
+  // What the Keep-Alive header of each response announces.
+  set_keep_alive_timeout(std::max<time_t>(1, std::chrono::duration_cast<std::chrono::seconds>(limits.keep_alive_timeout).count()));
+  set_keep_alive_max_count(std::max<size_t>(1, limits.max_requests_per_connection));
+}
 
 bool ConnectionServer::process_and_close_socket(socket_t sock) {
-  GateOutcome gate = read_request_head(sock, limits_, check_);
-  switch (gate.result) {
-    case GateResult::kPass:
-      break;
-    case GateResult::kClientGone:
-      ++n_closed_before_request_;
-      ::shutdown(sock, SHUT_RDWR);
-      ::close(sock);
-      return false;
-    case GateResult::kAnswered:
-      ++n_refused_;
-      send_answer_and_close(sock, gate.answer);
-      return false;
+  waiter_->add(sock, 0);
+  return true;
+}
+
+void ConnectionServer::dispatch(int sock, GateOutcome outcome, int n_served) {
+  if (outcome.result == GateResult::kAnswered) {
+    ++n_refused_;
+    pool_->enqueue([sock, answer = std::move(outcome.answer)] { send_answer_and_close(sock, answer); });
+    return;
   }
+  pool_->enqueue([this, sock, head = std::move(outcome.head), n_served] { serve(sock, head, n_served); });
+}
+
+void ConnectionServer::serve(int sock, const RequestHead& head, int n_served) {
+  if (n_served > 0) ++n_reused_;
+  // The head is in the receive buffer (the gate peeked at it): take it.
+  std::string head_bytes(head.n_bytes, '\0');
+  size_t got = 0;
+  while (got < head_bytes.size()) {
+    const ssize_t n = ::recv(sock, head_bytes.data() + got, head_bytes.size() - got, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return close_connection(sock);
+    got += static_cast<size_t>(n);
+  }
+  const uint64_t body_bytes = std::stoull(head.field("content-length").value_or("0"));  // the gate checked it
+  ConnectionStream strm(sock, std::move(head_bytes), body_bytes, limits_, head.version == "HTTP/1.1", sse_probe_);
   struct Scope {
-    Scope(int s, const RequestHead* h) {
+    Scope(int s, const RequestHead* h, ConnectionStream* st) {
       t_socket = s;
       t_head = h;
+      t_stream = st;
     }
     ~Scope() {
       t_socket = -1;
       t_head = nullptr;
+      t_stream = nullptr;
     }
-  } scope(sock, &gate.head);
-  return httplib_server_process_and_close_socket(this, sock);
+  } scope(sock, &head, &strm);
+  const bool last = size_t(n_served) + 1 >= limits_.max_requests_per_connection || !is_running();
+  bool closed_by_request = false;
+  const bool ok = httplib_server_process_request(this, strm, last, closed_by_request, {});
+  if (ok && !last && !closed_by_request && strm.usable() && strm.discard_body()) return waiter_->add(sock, n_served + 1);
+  close_connection(sock);
 }
 
 int ConnectionServer::current_socket() { return t_socket; }
@@ -59,7 +266,15 @@ bool ConnectionServer::current_client_gone() {
   if (t_socket < 0) return false;
   pollfd p{t_socket, POLLRDHUP, 0};
   if (poll(&p, 1, 0) <= 0) return false;
-  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+  if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
+  if (!(p.revents & POLLRDHUP)) return false;
+  return !(t_stream && t_stream->probe_half_closed_peer());
 }
+
+int64_t ConnectionServer::n_closed_before_request() const {
+  return waiter_ ? waiter_->n_closed_before_request() : 0;
+}
+
+size_t ConnectionServer::n_waiting_connections() const { return waiter_ ? waiter_->n_waiting() : 0; }
 
 }  // namespace shardlm::server

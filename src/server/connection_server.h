@@ -1,64 +1,88 @@
-// An httplib::Server that checks each request's head before httplib reads
-// it (server/request_gate.h), and tells a handler which connection it
-// serves.
+// An httplib::Server whose connections are ours between requests: every
+// request's head is checked before httplib reads a byte of it
+// (server/request_gate.h), connections wait for their next request on one
+// epoll thread instead of a worker (server/head_waiter.h), and a handler can
+// tell which connection it serves.
 //
 // cpp-httplib (0.11, Debian 12) serves one connection on one worker thread
-// from accept to close, inside Server::process_and_close_socket(sock), and
-// runs every handler and content provider of that connection on that
-// thread, but hands handlers no socket. This subclass records the socket and
-// the request's raw head in thread-locals while the connection is served, so
-// a handler can poll its own connection for a hang-up (POLLRDHUP) and read
-// header values exactly as sent (httplib URL-decodes them).
+// from accept to close, and its keep-alive loop reads each next request
+// itself: unbounded, and through a socket stream that reads ahead, so a
+// pipelined request could be lost. This subclass takes the connection over
+// in process_and_close_socket: the gate waits for and judges each head, and
+// one request at a time is handed to httplib's request processing over our
+// own stream (ConnectionStream, in the .cpp) that never reads past the
+// request it serves. Connections are kept alive (up to
+// max_requests_per_connection requests), and pipelined requests are
+// answered in order.
 //
-// httplib waited for a connection's first byte with its keep-alive timeout
-// (5 s), polling every millisecond, and closed the connection without a word
-// when nothing came: a client slow to write (a starved process, a busy host)
-// got a bare close after its request was accepted, and every idle connection
-// cost a thousand wake-ups a second. The gate waits in poll(2) instead and
-// answers 408. Each connection carries one request (Connection: close), so
-// that every request passes the gate: httplib's keep-alive loop would read
-// the next request itself, unbounded, and dropped pipelined requests.
+// A handler polls its own connection for a hang-up (current_client_gone):
+// a client that shut only its sending side (a half-close) still waits for
+// its answer, which a write tells apart from one that left (its reset
+// comes back). The probe is a 100 Continue before the response starts, and
+// an SSE comment between the events of a started event stream.
 #pragma once
 
 #include <httplib.h>
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 
 #include "server/request_gate.h"
 
 namespace shardlm::server {
 
+class HeadWaiter;
+class WorkerPool;
+
 class ConnectionServer : public httplib::Server {
  public:
-  ConnectionServer();
+  // max_threads: requests served at once (workers start on demand); more
+  // wait for a worker. Connections between requests hold none.
+  explicit ConnectionServer(size_t max_threads);
+  ~ConnectionServer() override;
 
   // The socket of the connection the calling thread serves; -1 outside a
   // handler (or on a thread that serves no connection).
   static int current_socket();
-  // True once the client of the calling thread's connection closed it or
-  // the socket failed. False when there is no current socket.
+  // True once the client of the calling thread's connection left: it
+  // closed (a half-close is probed, see above) or the socket failed. False
+  // when there is no current socket.
   static bool current_client_gone();
   // The head of the request the calling thread serves, as the client sent
   // it; nullptr outside a handler.
   static const RequestHead* current_head();
 
   // Call before listening.
-  void set_gate_limits(const GateLimits& limits) { limits_ = limits; }
+  void set_gate_limits(const GateLimits& limits);
   void set_head_check(HeadCheck check) { check_ = std::move(check); }
+  // Event streams whose chunks are whole SSE events may be probed with an
+  // SSE comment; a relay of another server's bytes may not (its chunks
+  // can split an event). Default: on.
+  void set_sse_probe(bool on) { sse_probe_ = on; }
 
   // Requests refused from their head alone (any status), and connections
   // closed by their client before a whole head arrived.
   int64_t n_refused_at_gate() const { return n_refused_; }
-  int64_t n_closed_before_request() const { return n_closed_before_request_; }
+  int64_t n_closed_before_request() const;
+  // Connections waiting for a request (new or kept alive).
+  size_t n_waiting_connections() const;
+  // Requests served on a connection after its first.
+  int64_t n_reused() const { return n_reused_; }
 
  private:
   bool process_and_close_socket(socket_t sock) override;
+  void dispatch(int sock, GateOutcome outcome, int n_served);
+  void serve(int sock, const RequestHead& head, int n_served);
 
+  const size_t max_threads_;
   GateLimits limits_;
   HeadCheck check_;
+  bool sse_probe_ = true;
+  std::unique_ptr<WorkerPool> pool_;  // serves requests; made when listening starts
+  std::unique_ptr<HeadWaiter> waiter_;
   std::atomic<int64_t> n_refused_{0};
-  std::atomic<int64_t> n_closed_before_request_{0};
+  std::atomic<int64_t> n_reused_{0};
 };
 
 }  // namespace shardlm::server

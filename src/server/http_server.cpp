@@ -17,7 +17,6 @@
 #include "server/responses_api.h"
 #include "server/listener.h"
 #include "server/web_ui.h"
-#include "server/worker_pool.h"
 
 namespace shardlm::server {
 
@@ -126,14 +125,12 @@ bool sse_write(httplib::DataSink& sink, const std::string& payload) {
 }  // namespace
 
 HttpServer::HttpServer(ServingBackend& backend, ServerOptions options)
-    : backend_(backend), options_(std::move(options)), http_(std::make_unique<ConnectionServer>()) {
+    : backend_(backend), options_(std::move(options)),
+      http_(std::make_unique<ConnectionServer>(static_cast<size_t>(std::max(2, options_.n_http_threads)))) {
   if (options_.served_model_names.empty()) options_.served_model_names.push_back("model");
-  const int n_threads = std::max(2, options_.n_http_threads);
-  http_->new_task_queue = [n_threads] { return new WorkerPool(static_cast<size_t>(n_threads)); };
   http_->set_payload_max_length(options_.max_body_bytes);
   GateLimits gate;
   gate.start_timeout = std::chrono::seconds(options_.request_start_timeout_s);
-  gate.head_timeout = std::chrono::seconds(30);
   gate.max_head_bytes = options_.max_header_bytes;
   gate.max_body_bytes = options_.max_body_bytes;
   http_->set_gate_limits(gate);
@@ -156,8 +153,6 @@ HttpServer::HttpServer(ServingBackend& backend, ServerOptions options)
     }
     return std::nullopt;
   });
-  http_->set_read_timeout(30, 0);
-  http_->set_write_timeout(30, 0);
   http_->set_tcp_nodelay(true);
   listen_fd_ = configure_listener(*http_);
   install_routes();
@@ -190,6 +185,8 @@ size_t HttpServer::active_requests() const {
   std::lock_guard<std::mutex> lock(active_mutex_);
   return active_.size();
 }
+
+size_t HttpServer::waiting_connections() const { return http_->n_waiting_connections(); }
 
 void HttpServer::bind() {
   if (options_.port == 0) {

@@ -58,6 +58,9 @@ class HttpServer {
   // up to `grace`, abort the rest (finish_reason "abort"), then close.
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
   size_t active_requests() const;
+  // Connections waiting for a request (new, or kept alive between
+  // requests): they hold no HTTP thread.
+  size_t waiting_connections() const;
 
  private:
   struct Streams;

@@ -24,18 +24,23 @@ int ms_left(Clock::time_point deadline) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
 }
 
-void set_rcvlowat(int sock, int bytes) { ::setsockopt(sock, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes); }
-
-// Bytes buffered in the kernel for `sock`, peeked (not consumed), at most cap.
-// 0: the client closed; -1: nothing yet (or an error: errno says).
-ssize_t peek(int sock, std::string& buf, size_t cap) {
-  buf.resize(cap);
-  for (;;) {
-    const ssize_t n = ::recv(sock, buf.data(), cap, MSG_PEEK | MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    buf.resize(n > 0 ? static_cast<size_t>(n) : 0);
-    return n;
+// Our FIN first, then read and drop what the client still sends (at most
+// 1 s and 1 MiB), so that it reads our answer instead of a reset.
+void drain_and_close(int sock) {
+  ::shutdown(sock, SHUT_WR);
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  char scratch[16384];
+  size_t drained = 0;
+  while (drained < (1u << 20)) {
+    pollfd p{sock, POLLIN, 0};
+    const int n = ::poll(&p, 1, ms_left(deadline));
+    if (n <= 0) break;
+    const ssize_t got = ::recv(sock, scratch, sizeof scratch, MSG_DONTWAIT);
+    if (got <= 0) break;
+    drained += static_cast<size_t>(got);
   }
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
 }
 
 const char* reason_phrase(int status) {
@@ -156,6 +161,7 @@ std::optional<RequestHead> parse_request_head(const std::string& bytes) {
   if (head.method.empty() || !std::all_of(head.method.begin(), head.method.end(), is_token_char)) return std::nullopt;
   if (head.target.empty() || version.substr(0, 5) != "HTTP/") return std::nullopt;
   head.path = head.target.substr(0, head.target.find('?'));
+  head.version = std::string(version);
   for (;;) {
     auto line = next_line();
     if (!line) return std::nullopt;
@@ -169,71 +175,19 @@ std::optional<RequestHead> parse_request_head(const std::string& bytes) {
   return head;
 }
 
-GateOutcome read_request_head(int sock, const GateLimits& limits, const HeadCheck& check) {
+std::optional<GateOutcome> judge_head(const std::string& bytes, const GateLimits& limits, const HeadCheck& check) {
+  const size_t end = head_end(bytes);
   GateOutcome out;
-  // 1. The first byte: poll(2) sleeps until it comes.
-  const auto start_deadline = Clock::now() + limits.start_timeout;
-  std::string buf;
-  for (;;) {
-    pollfd p{sock, POLLIN, 0};
-    const int n = ::poll(&p, 1, ms_left(start_deadline));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 || (p.revents & (POLLERR | POLLNVAL))) return out;  // kClientGone
-    if (n == 0) {
-      out.result = GateResult::kAnswered;
-      out.answer = error_answer(408,
-                                "no request arrived within " + std::to_string(limits.start_timeout.count()) +
-                                    " ms of connecting; send the request line and headers promptly",
-                                "request_timeout");
-      return out;
-    }
-    const ssize_t got = peek(sock, buf, 1);
-    if (got == 0) return out;  // closed with nothing sent
-    if (got > 0) break;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return out;
-  }
-  // 2. The whole head, bounded in bytes and in time. SO_RCVLOWAT makes poll
-  // wait for more than is buffered, so an incomplete head costs no wake-ups.
-  const auto head_deadline = Clock::now() + limits.head_timeout;
-  const size_t cap = limits.max_head_bytes + 1;
-  size_t end = std::string::npos;
-  for (;;) {
-    const ssize_t got = peek(sock, buf, cap);
-    if (got == 0) return out;
-    if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return out;
-    end = head_end(buf);
-    if (end != std::string::npos && end <= limits.max_head_bytes) break;
-    if (buf.size() > limits.max_head_bytes) {
-      out.result = GateResult::kAnswered;
-      out.answer = error_answer(431,
-                                "the request line and headers exceed " + std::to_string(limits.max_head_bytes) +
-                                    " bytes (--max-header-bytes)",
-                                "header_too_large");
-      set_rcvlowat(sock, 1);
-      return out;
-    }
-    set_rcvlowat(sock, static_cast<int>(buf.size() + 1));
-    pollfd p{sock, POLLIN | POLLRDHUP, 0};
-    int n;
-    do n = ::poll(&p, 1, ms_left(head_deadline));
-    while (n < 0 && errno == EINTR);
-    set_rcvlowat(sock, 1);
-    if (n < 0 || (p.revents & (POLLERR | POLLNVAL))) return out;
-    if (n == 0) {
-      out.result = GateResult::kAnswered;
-      out.answer = error_answer(408,
-                                "the request headers did not arrive within " +
-                                    std::to_string(limits.head_timeout.count()) + " ms",
-                                "request_timeout");
-      return out;
-    }
-    if ((p.revents & POLLRDHUP) && peek(sock, buf, cap) == static_cast<ssize_t>(buf.size()) &&
-        head_end(buf) == std::string::npos)
-      return out;  // the client stopped sending before its head was whole
-  }
-  // 3. Parse, frame, and let the server check the head.
-  auto head = parse_request_head(buf.substr(0, end));
   out.result = GateResult::kAnswered;
+  if (end == std::string::npos || end > limits.max_head_bytes) {
+    if (bytes.size() <= limits.max_head_bytes) return std::nullopt;  // wait for more
+    out.answer = error_answer(431,
+                              "the request line and headers exceed " + std::to_string(limits.max_head_bytes) +
+                                  " bytes (--max-header-bytes)",
+                              "header_too_large");
+    return out;
+  }
+  auto head = parse_request_head(bytes.substr(0, end));
   if (!head) {
     out.answer = error_answer(400, "malformed HTTP request line or header field", "bad_request");
     return out;
@@ -253,6 +207,10 @@ GateOutcome read_request_head(int sock, const GateLimits& limits, const HeadChec
   return out;
 }
 
+EarlyAnswer gate_error(int status, const std::string& message, const std::string& code) {
+  return error_answer(status, message, code);
+}
+
 void send_answer_and_close(int sock, const EarlyAnswer& answer) {
   std::string bytes = "HTTP/1.1 " + std::to_string(answer.status) + " " + reason_phrase(answer.status) +
                       "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
@@ -268,21 +226,13 @@ void send_answer_and_close(int sock, const EarlyAnswer& answer) {
     if (n <= 0) break;
     off += static_cast<size_t>(n);
   }
-  // Closing with unread bytes in the receive buffer sends a reset, which can
-  // destroy the answer before the client reads it: send our FIN, then read
-  // and drop what the client still sends, for at most 1 s and 1 MiB.
-  ::shutdown(sock, SHUT_WR);
-  const auto deadline = Clock::now() + std::chrono::seconds(1);
-  char scratch[16384];
-  size_t drained = 0;
-  while (drained < (1u << 20)) {
-    pollfd p{sock, POLLIN, 0};
-    const int n = ::poll(&p, 1, ms_left(deadline));
-    if (n <= 0) break;
-    const ssize_t got = ::recv(sock, scratch, sizeof scratch, MSG_DONTWAIT);
-    if (got <= 0) break;
-    drained += static_cast<size_t>(got);
-  }
+  // The refused request's body may still be on its way: drain in any case.
+  drain_and_close(sock);
+}
+
+void close_connection(int sock) {
+  char byte;
+  if (::recv(sock, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) return drain_and_close(sock);
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
 }

@@ -14,7 +14,6 @@
 #include "server/connection_server.h"
 #include "server/deployment.h"
 #include "server/listener.h"
-#include "server/worker_pool.h"
 #include "server/openai_protocol.h"
 #include "server/web_ui.h"
 
@@ -104,21 +103,18 @@ struct Router::Relay {
 
 Router::Router(RouterOptions options)
     : options_(std::move(options)), policy_(options_.backends.size(), options_.routing),
-      http_(std::make_unique<ConnectionServer>()) {
+      http_(std::make_unique<ConnectionServer>(static_cast<size_t>(std::max(2, options_.n_http_threads)))) {
   if (options_.backends.empty()) fail(ErrorCode::kInvalidArgument, "router: give at least one --backend URL");
   for (const auto& url : options_.backends) backends_.push_back(parse_backend_url(url));
   requests_ = std::make_unique<std::atomic<int64_t>[]>(backends_.size());
   health_misses_ = std::make_unique<std::atomic<int>[]>(backends_.size());
   for (size_t i = 0; i < backends_.size(); ++i) health_misses_[i] = 0;
   for (size_t i = 0; i < backends_.size(); ++i) requests_[i] = 0;
-  const int n_threads = std::max(2, options_.n_http_threads);
-  http_->new_task_queue = [n_threads] { return new WorkerPool(static_cast<size_t>(n_threads)); };
   http_->set_payload_max_length(options_.max_body_bytes);
   // As serve: a slow client's request is waited for, not closed after
   // httplib's 5 s defaults.
   GateLimits gate;
   gate.start_timeout = std::chrono::seconds(options_.request_start_timeout_s);
-  gate.head_timeout = std::chrono::seconds(30);
   gate.max_head_bytes = options_.max_header_bytes;
   gate.max_body_bytes = options_.max_body_bytes;
   http_->set_gate_limits(gate);
@@ -126,8 +122,7 @@ Router::Router(RouterOptions options)
     if (head.method == "OPTIONS" || authorised(head)) return std::nullopt;
     return EarlyAnswer{401, openai_error_body("Incorrect or missing API key", "authentication_error", "invalid_api_key"), {}};
   });
-  http_->set_read_timeout(30, 0);
-  http_->set_write_timeout(30, 0);
+  http_->set_sse_probe(false);  // relayed chunks can split an event
   listen_fd_ = configure_listener(*http_);
   install_routes();
 }

@@ -537,17 +537,18 @@ TEST_F(SlowClientTest, AnEarlyErrorWithABodyDrainsOrClosesTheConnection) {
   start(options);
   const std::string good_body = chat(2).dump();
   const std::string good = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\n"
-                           "Content-Type: application/json\r\nContent-Length: " +
+                           "Connection: close\r\nContent-Type: application/json\r\nContent-Length: " +
                            std::to_string(good_body.size()) + "\r\n\r\n" + good_body;
   const std::string body(3000, 'x');  // long enough to look like a request line of its own
   struct Case {
     std::string head;
     int status;
+    bool kept_alive;  // answered after the body was read: the next request is served on the same connection
   } cases[] = {
       {"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
-       "Content-Type: application/json\r\n", 401},
-      {"POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\nContent-Type: application/json\r\n", 404},
-      {"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\nContent-Type: text/plain\r\n", 415},
+       "Content-Type: application/json\r\n", 401, false},
+      {"POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\nContent-Type: application/json\r\n", 404, true},
+      {"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer right\r\nContent-Type: text/plain\r\n", 415, true},
   };
   for (const Case& c : cases) {
     const int fd = connect_loopback(server_->port());
@@ -558,6 +559,7 @@ TEST_F(SlowClientTest, AnEarlyErrorWithABodyDrainsOrClosesTheConnection) {
     ::close(fd);
     ASSERT_EQ(answer.rfind("HTTP/1.1 " + std::to_string(c.status), 0), 0u) << answer.substr(0, 300);
     const size_t second = answer.find("HTTP/1.1 ", 1);
+    if (c.kept_alive) EXPECT_NE(second, std::string::npos) << c.status << ": " << answer.substr(0, 600);
     if (second == std::string::npos) {
       std::string head = answer.substr(0, answer.find("\r\n\r\n"));
       std::transform(head.begin(), head.end(), head.begin(), [](unsigned char ch) { return std::tolower(ch); });
@@ -569,6 +571,139 @@ TEST_F(SlowClientTest, AnEarlyErrorWithABodyDrainsOrClosesTheConnection) {
   }
   // And the server serves on.
   EXPECT_EQ(post("/v1/chat/completions", chat(2), {{"Authorization", "Bearer right"}})->status, 200);
+}
+
+// A request on the wire, with a body; `close` adds Connection: close.
+std::string chat_request(const std::string& body, bool close) {
+  return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+         std::string(close ? "Connection: close\r\n" : "") + "Content-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
+}
+
+// The HTTP/1.1 responses in `bytes`, in order: (status, body). Content-Length
+// bodies only (what non-streaming answers use).
+std::vector<std::pair<int, std::string>> split_responses(const std::string& bytes) {
+  std::vector<std::pair<int, std::string>> out;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    if (bytes.compare(at, 9, "HTTP/1.1 ") != 0) break;
+    const size_t end = bytes.find("\r\n\r\n", at);
+    if (end == std::string::npos) break;
+    std::string head = bytes.substr(at, end - at);
+    std::transform(head.begin(), head.end(), head.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    const int status = std::stoi(bytes.substr(at + 9, 3));
+    const size_t cl = head.find("content-length: ");
+    const size_t n = cl == std::string::npos ? 0 : std::stoul(head.substr(cl + 16));
+    if (end + 4 + (status >= 200 ? n : 0) > bytes.size()) break;  // not all here yet
+    if (status >= 200) out.emplace_back(status, bytes.substr(end + 4, n));
+    at = end + 4 + (status >= 200 ? n : 0);
+  }
+  return out;
+}
+
+// Pipelined requests (all sent before any answer is read) are answered in
+// order on the one connection; httplib's own keep-alive loop read ahead and
+// lost them, and with one request per connection only the first was
+// answered.
+TEST_F(SlowClientTest, PipelinedRequestsAreAllAnsweredInOrder) {
+  backend_.script = "ok";
+  start();
+  const int fd = connect_loopback(server_->port());
+  ASSERT_GE(fd, 0);
+  std::string all;
+  for (int i = 1; i <= 3; ++i) all += chat_request(chat(i).dump(), i == 3);
+  ASSERT_EQ(::send(fd, all.data(), all.size(), MSG_NOSIGNAL), static_cast<ssize_t>(all.size()));
+  const auto answers = split_responses(read_to_close(fd));
+  ::close(fd);
+  ASSERT_EQ(answers.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(answers[i].first, 200) << answers[i].second;
+    // max_tokens 1, 2, 3 of "ok": the answers are the requests' own, in order.
+    EXPECT_EQ(json::parse(answers[i].second)["choices"][0]["message"]["content"], std::string("ok").substr(0, i + 1));
+  }
+}
+
+// A kept-alive connection carries request after request, each through the
+// gate: a later request's oversized head is still refused.
+TEST_F(SlowClientTest, KeptAliveConnectionsServeOnAndEachHeadIsJudged) {
+  start();
+  const int fd = connect_loopback(server_->port());
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 3; ++i) {
+    const std::string req = chat_request(chat(2).dump(), false);
+    ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    std::string got;
+    char buf[4096];
+    while (split_responses(got).empty()) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      ASSERT_GT(n, 0) << "the connection closed after " << i << " requests: " << got;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    EXPECT_EQ(split_responses(got)[0].first, 200);
+  }
+  const std::string big = "GET /health HTTP/1.1\r\nHost: x\r\nX-Long: " + std::string(100 * 1024, 'a') + "\r\n\r\n";
+  ::send(fd, big.data(), big.size(), MSG_NOSIGNAL);
+  const std::string answer = read_to_close(fd);
+  ::close(fd);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 431", 0), 0u) << answer.substr(0, 200);
+}
+
+// A client that sends its request and shuts its sending side (a half-close,
+// as `nc -N` or a shell pipe does) still gets its answer, streamed or not;
+// before, the hang-up poll took the half-close for a departure and
+// cancelled the request. A client that really leaves is still noticed (the
+// probe's reset): ManyImpatientClientsLeaveItHealthy and the disconnect tests.
+TEST_F(SlowClientTest, AHalfClosedClientIsAnswered) {
+  backend_.pace = std::chrono::milliseconds(150);  // the request is still running when the half-close arrives
+  backend_.script = "abc";
+  start();
+  for (bool stream : {false, true}) {
+    json req = chat(3);
+    req["stream"] = stream;
+    const int fd = connect_loopback(server_->port());
+    ASSERT_GE(fd, 0);
+    const std::string wire = chat_request(req.dump(), true);
+    ASSERT_EQ(::send(fd, wire.data(), wire.size(), MSG_NOSIGNAL), static_cast<ssize_t>(wire.size()));
+    ::shutdown(fd, SHUT_WR);
+    const std::string answer = read_to_close(fd);
+    ::close(fd);
+    const size_t status_at = answer.find("HTTP/1.1 2");  // after any 100 Continue probe
+    ASSERT_NE(status_at, std::string::npos) << "stream " << stream << ": " << answer.substr(0, 300);
+    EXPECT_EQ(answer.compare(status_at, 12, "HTTP/1.1 200"), 0) << answer.substr(0, 300);
+    if (stream) {
+      EXPECT_NE(answer.find("[DONE]"), std::string::npos) << answer;
+      for (char ch : std::string("abc")) EXPECT_NE(answer.find("\"content\":\"" + std::string(1, ch) + "\""), std::string::npos) << answer;
+    } else {
+      EXPECT_NE(answer.find("\"content\":\"abc\""), std::string::npos) << answer;
+    }
+  }
+  EXPECT_EQ(backend_.cancelled, 0);
+}
+
+// Connections that never finish their head, or trickle their body, wait on
+// the gate's poller and hold no HTTP thread: with two threads and twenty
+// such connections, a normal request is served at once. Before, each held a
+// thread for up to 30 s.
+TEST_F(SlowClientTest, SlowHeadsAndBodiesHoldNoThread) {
+  ServerOptions options;
+  options.n_http_threads = 2;
+  start(options);
+  std::vector<int> slow;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = connect_loopback(server_->port());
+    ASSERT_GE(fd, 0);
+    const std::string whole = chat_request(chat(2).dump(), true);
+    const std::string part = i % 2 == 0 ? whole.substr(0, whole.find("\r\n") + 2)  // half a head
+                                        : whole.substr(0, whole.size() - 10);          // head whole, body cut
+    ::send(fd, part.data(), part.size(), MSG_NOSIGNAL);
+    slow.push_back(fd);
+  }
+  EXPECT_TRUE(shardlm::testing::wait_until([&] { return server_->waiting_connections() >= 20u; }))
+      << server_->waiting_connections();
+  auto r = post("/v1/chat/completions", chat(2));
+  ASSERT_TRUE(r) << "a normal request was not served while slow connections waited";
+  EXPECT_EQ(r->status, 200);
+  for (int fd : slow) ::close(fd);
 }
 
 }  // namespace

@@ -1,0 +1,238 @@
+#include "server/head_waiter.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+
+#include "core/error.h"
+
+namespace shardlm::server {
+namespace {
+
+void set_rcvlowat(int sock, int bytes) { ::setsockopt(sock, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes); }
+
+void close_now(int sock) {
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+}
+
+}  // namespace
+
+HeadWaiter::HeadWaiter(GateLimits limits, HeadCheck check, Ready ready)
+    : limits_(limits), check_(std::move(check)), ready_(std::move(ready)) {
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epoll_fd_ < 0 || wake_fd_ < 0) fail(ErrorCode::kIo, "cannot create the HTTP connection poller (epoll/eventfd)");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wake_fd_;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  thread_ = std::thread([this] { loop(); });
+}
+
+HeadWaiter::~HeadWaiter() {
+  stop();
+  ::close(epoll_fd_);
+  ::close(wake_fd_);
+}
+
+void HeadWaiter::add(int sock, int n_served) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stopped_) {
+      incoming_.emplace_back(sock, n_served);
+      ++n_waiting_;
+      const uint64_t one = 1;
+      (void)!::write(wake_fd_, &one, sizeof one);
+      return;
+    }
+  }
+  close_now(sock);
+}
+
+void HeadWaiter::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return;
+    stopped_ = true;
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof one);
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void HeadWaiter::take_incoming() {
+  uint64_t count;
+  (void)!::read(wake_fd_, &count, sizeof count);
+  std::vector<std::pair<int, int>> incoming;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    incoming.swap(incoming_);
+  }
+  const auto now = Clock::now();
+  for (const auto& [sock, n_served] : incoming) {
+    Waiting w;
+    w.n_served = n_served;
+    w.deadline = now + (n_served == 0 ? limits_.start_timeout : limits_.keep_alive_timeout);
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = sock;
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, sock, &ev) != 0) {
+      --n_waiting_;
+      close_now(sock);
+      continue;
+    }
+    waiting_[sock] = w;
+  }
+}
+
+void HeadWaiter::forget(int sock) {
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, sock, nullptr);
+  set_rcvlowat(sock, 1);
+  waiting_.erase(sock);
+  --n_waiting_;
+}
+
+void HeadWaiter::drop(int sock, const Waiting& w, bool client_closed) {
+  if (client_closed && (w.n_served == 0 || w.started)) ++n_closed_before_request_;
+  forget(sock);
+  close_now(sock);
+}
+
+// Bytes in the receive buffer; -1 on error.
+static int64_t buffered(int sock) {
+  int n = 0;
+  return ::ioctl(sock, FIONREAD, &n) == 0 ? n : -1;
+}
+
+void HeadWaiter::judge(int sock, Waiting& w, uint32_t events) {
+  if (events & EPOLLERR) return drop(sock, w, true);
+  if (w.passed) return wait_for_body(sock, w, events);
+  const size_t cap = limits_.max_head_bytes + 1;
+  std::string buf(cap, '\0');
+  ssize_t got;
+  do got = ::recv(sock, buf.data(), cap, MSG_PEEK | MSG_DONTWAIT);
+  while (got < 0 && errno == EINTR);
+  if (got == 0) return drop(sock, w, true);  // closed with no (further) request
+  if (got < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    return drop(sock, w, true);
+  }
+  buf.resize(static_cast<size_t>(got));
+  if (!w.started) {
+    w.started = true;
+    w.deadline = Clock::now() + limits_.head_timeout;
+  }
+  std::optional<GateOutcome> verdict = judge_head(buf, limits_, check_);
+  if (!verdict) {
+    // Half a head and the client stopped sending: no one to answer.
+    if (events & EPOLLRDHUP) return drop(sock, w, true);
+    set_rcvlowat(sock, static_cast<int>(buf.size() + 1));
+    return;
+  }
+  if (verdict->result == GateResult::kPass) {
+    const uint64_t body = std::stoull(verdict->head.field("content-length").value_or("0"));  // judged valid
+    // A client that sent Expect: 100-continue sends its body only after
+    // httplib's 100 Continue: no waiting for it here.
+    const bool expects_continue = verdict->head.field("expect").has_value();
+    if (body > 0 && body <= kMaxWaitedBody && !expects_continue) {
+      w.need = verdict->head.n_bytes + static_cast<size_t>(body);
+      w.passed = std::move(verdict);
+      w.deadline = Clock::now() + limits_.body_timeout;
+      return wait_for_body(sock, w, events);
+    }
+  }
+  const int n_served = w.n_served;
+  forget(sock);
+  ready_(sock, std::move(*verdict), n_served);
+}
+
+void HeadWaiter::wait_for_body(int sock, Waiting& w, uint32_t events) {
+  const int64_t have = buffered(sock);
+  if (have < 0) return drop(sock, w, true);
+  if (static_cast<size_t>(have) < w.need) {
+    if (events & EPOLLRDHUP) return drop(sock, w, true);  // the body will never be whole
+    set_rcvlowat(sock, static_cast<int>(w.need));
+    return;
+  }
+  const int n_served = w.n_served;
+  GateOutcome outcome = std::move(*w.passed);
+  forget(sock);
+  ready_(sock, std::move(outcome), n_served);
+}
+
+int HeadWaiter::expire(Clock::time_point now) {
+  std::vector<int> late;
+  Clock::time_point next = Clock::time_point::max();
+  for (const auto& [sock, w] : waiting_) {
+    if (w.deadline <= now) late.push_back(sock);
+    else next = std::min(next, w.deadline);
+  }
+  for (int sock : late) {
+    const Waiting w = waiting_[sock];
+    if (!w.started && w.n_served > 0) {  // an idle kept-alive connection
+      drop(sock, w, false);
+      continue;
+    }
+    GateOutcome outcome;
+    outcome.result = GateResult::kAnswered;
+    outcome.answer =
+        w.passed ? gate_error(408,
+                              "the request body did not arrive within " +
+                                  std::to_string(limits_.body_timeout.count()) + " ms of its headers",
+                              "request_timeout")
+        : w.started ? gate_error(408,
+                               "the request headers did not arrive within " +
+                                   std::to_string(limits_.head_timeout.count()) + " ms",
+                               "request_timeout")
+                  : gate_error(408,
+                               "no request arrived within " + std::to_string(limits_.start_timeout.count()) +
+                                   " ms of connecting; send the request line and headers promptly",
+                               "request_timeout");
+    forget(sock);
+    ready_(sock, std::move(outcome), w.n_served);
+  }
+  if (next == Clock::time_point::max()) return -1;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+  return static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
+}
+
+void HeadWaiter::loop() {
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
+  int timeout_ms = -1;
+  for (;;) {
+    const int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
+    if (n < 0 && errno != EINTR) break;
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_fd_) {
+        take_incoming();
+        continue;
+      }
+      auto it = waiting_.find(fd);
+      if (it != waiting_.end()) judge(fd, it->second, events[i].events);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopped_) break;
+    }
+    timeout_ms = expire(Clock::now());
+  }
+  // Stopped: no one will serve what waits (its requests were not started).
+  take_incoming();
+  for (const auto& [sock, w] : waiting_) {
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, sock, nullptr);
+    close_now(sock);
+  }
+  waiting_.clear();
+  n_waiting_ = 0;
+}
+
+}  // namespace shardlm::server
