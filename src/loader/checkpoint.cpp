@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/bounded_json_file.h"
 #include "core/units.h"
 
 namespace shardlm {
@@ -83,7 +84,7 @@ void Checkpoint::scan() {
     json index;
     std::string index_error;
     try {
-      index = json::parse(in);
+      index = parse_json_file(in, (dir_ / kWeightsIndexFile).string());
     } catch (const json::exception& e) {
       index_error = str_cat("is not valid JSON (", e.what(), ")");
     }

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json_file.h"
 #include "core/error.h"
 
 namespace shardlm {
@@ -15,8 +16,8 @@ std::vector<int64_t> load_eos_token_ids(const std::filesystem::path& dir, const 
   std::ifstream in(path);
   nlohmann::json j;
   try {
-    in >> j;
-  } catch (const std::exception& e) {
+    j = parse_json_file(in, path.string());
+  } catch (const nlohmann::json::exception& e) {
     fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON (", e.what(), ")");
   }
   auto it = j.find("eos_token_id");
@@ -49,8 +50,8 @@ GenerationDefaults load_generation_defaults(const std::filesystem::path& dir) {
   std::ifstream in(path);
   nlohmann::json j;
   try {
-    in >> j;
-  } catch (const std::exception& e) {
+    j = parse_json_file(in, path.string());
+  } catch (const nlohmann::json::exception& e) {
     fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON (", e.what(), ")");
   }
   if (!j.is_object()) fail(ErrorCode::kCorruptFile, path.string(), ": must be a JSON object");

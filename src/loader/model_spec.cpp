@@ -5,6 +5,7 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json_file.h"
 #include "core/error.h"
 #include "loader/config_fields.h"
 #include "loader/families/family.h"
@@ -223,7 +224,7 @@ ModelSpec load_model_config(const std::filesystem::path& config_json) {
   if (!in) fail(ErrorCode::kNotFound, config_json.string(), ": cannot open (does the model directory hold a config.json?)");
   json config;
   try {
-    config = json::parse(in);
+    config = parse_json_file(in, config_json.string());
   } catch (const json::parse_error& e) {
     fail(ErrorCode::kCorruptFile, config_json.string(), ": not valid JSON: ", e.what());
   }
@@ -234,7 +235,7 @@ ModelSpec load_model_config(const std::filesystem::path& config_json) {
     std::ifstream qin(separate);
     json q;
     try {
-      q = json::parse(qin);
+      q = parse_json_file(qin, separate.string());
     } catch (const json::parse_error& e) {
       fail(ErrorCode::kCorruptFile, separate.string(), ": not valid JSON: ", e.what());
     }

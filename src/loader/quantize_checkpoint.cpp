@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json_file.h"
 #include "core/error.h"
 #include "loader/checkpoint.h"
 #include "loader/quant_pack.h"
@@ -25,8 +26,8 @@ QuantizeCheckpointResult quantize_checkpoint(const fs::path& src, const fs::path
   if (!in) fail(ErrorCode::kNotFound, "quantize: ", config_path.string(), " does not exist");
   json config;
   try {
-    in >> config;
-  } catch (const std::exception& e) {
+    config = parse_json_file(in, config_path.string());
+  } catch (const nlohmann::json::exception& e) {
     fail(ErrorCode::kCorruptFile, config_path.string(), ": not valid JSON (", e.what(), ")");
   }
   ModelSpec spec = parse_model_config(config, config_path.string());

@@ -6,6 +6,7 @@
 #include <set>
 #include <tuple>
 
+#include "core/bounded_json_file.h"
 #include "core/units.h"
 
 namespace shardlm {
@@ -323,9 +324,17 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> bytes, std::
   std::vector<std::string> duplicates;
   json root;
   size_t n_unplaced = 0;  // entries whose data_offsets are unknown
+  bool too_deep = false;
   try {
     const char* text = reinterpret_cast<const char*>(bytes.data()) + 8;
     root = json::parse(text, text + n, [&](int depth, json::parse_event_t event, json& parsed) {
+      // Deeper than any real header: dropped as it is read, so nothing
+      // recursive (dump, ==) ever walks it; reported below.
+      if (depth >= kMaxFileJsonDepth &&
+          (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start)) {
+        too_deep = true;
+        return false;
+      }
       if (depth == 1 && event == json::parse_event_t::key && parsed.is_string()) {
         if (!seen.insert(parsed.get<std::string>()).second) duplicates.push_back(parsed.get<std::string>());
       }
@@ -340,6 +349,13 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> bytes, std::
   } catch (const json::exception& e) {
     problems.error(ErrorCode::kCorruptFile, "",
                    str_cat("the header is not valid JSON (", parse_error_reason(e.what()), ")"), kFixCorrupt);
+    return header;
+  }
+  if (too_deep) {
+    problems.error(ErrorCode::kCorruptFile, "",
+                   str_cat("the header nests JSON deeper than ", kMaxFileJsonDepth,
+                           " levels; a safetensors header never does"),
+                   kFixCorrupt);
     return header;
   }
   if (!root.is_object()) {

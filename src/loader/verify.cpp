@@ -7,6 +7,7 @@
 #include "loader/checkpoint.h"
 #include "loader/generation_config.h"
 #include "loader/sha256.h"
+#include "core/bounded_json_file.h"
 #include "core/defaults.h"
 
 namespace shardlm {
@@ -28,7 +29,11 @@ std::optional<json> read_json(const fs::path& path, const std::string& name, std
     return std::nullopt;
   }
   try {
-    return json::parse(in);
+    return parse_json_file(in, name);
+  } catch (const Error& e) {  // nested too deep
+    const std::string why = e.what();  // "<name>: JSON nested deeper than ..."
+    problems->push_back(problem(name, why.substr(why.find(": ") + 2), str_cat("download ", name, " again")));
+    return std::nullopt;
   } catch (const json::exception& e) {
     std::string reason = e.what();
     if (auto pos = reason.find("] "); pos != std::string::npos) reason = reason.substr(pos + 2);

@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "core/bounded_json_file.h"
 #include "core/error.h"
 
 namespace shardlm::loadgen {
@@ -161,7 +162,7 @@ std::vector<SampleRequest> parse_jsonl_dataset(const std::string& text, const st
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
+      j = parse_json_file(std::string_view(line), source + ":" + std::to_string(line_no));
     } catch (const nlohmann::json::parse_error& e) {
       fail(ErrorCode::kCorruptFile, source, ":", line_no, ": not valid JSON (", e.what(),
            "); each line must be one JSON object such as {\"prompt\": \"...\"}");

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json_file.h"
 #include "core/error.h"
 #include "loader/checkpoint.h"
 #include "loader/safetensors.h"
@@ -25,8 +26,8 @@ class SafetensorsDirSource final : public WeightSource {
       std::ifstream in(index);
       nlohmann::json j;
       try {
-        in >> j;
-      } catch (const std::exception& e) {
+        j = parse_json_file(in, index.string());
+      } catch (const nlohmann::json::exception& e) {
         fail(ErrorCode::kCorruptFile, index.string(), ": not valid JSON (", e.what(), ")");
       }
       if (!j.contains("weight_map") || !j["weight_map"].is_object())

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json_file.h"
 #include "core/error.h"
 
 namespace shardlm {
@@ -50,7 +51,7 @@ CheckpointHeaders read_checkpoint_headers(const std::filesystem::path& dir) {
       fail(ErrorCode::kCorruptFile, path.string(), ": cannot read the ", n, "-byte header");
     nlohmann::json header;
     try {
-      header = nlohmann::json::parse(text);
+      header = parse_json_file(std::string_view(text), path.string());
     } catch (const nlohmann::json::exception& e) {
       fail(ErrorCode::kCorruptFile, path.string(), ": header is not valid JSON: ", e.what());
     }

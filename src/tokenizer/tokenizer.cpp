@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/bounded_json_file.h"
 #include "core/defaults.h"
 #include "core/error.h"
 #include "tokenizer/added_vocab.h"
@@ -48,7 +49,7 @@ namespace {
 
 nlohmann::json parse_json(std::string_view text, const std::string& source) {
   try {
-    return nlohmann::json::parse(text.begin(), text.end());
+    return parse_json_file(text, source);
   } catch (const nlohmann::json::parse_error& e) {
     fail(ErrorCode::kCorruptFile, source, ": not valid JSON: ", e.what());
   }

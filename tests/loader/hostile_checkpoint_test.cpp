@@ -137,5 +137,27 @@ TEST(HostileCheckpoint, AnOversizedTokenizerJsonIsRefusedByVerifyWithoutReadingI
   EXPECT_TRUE(contains(report, "tokenizer.json: 268435457 bytes, more than the limit of 256 MiB")) << report;
 }
 
+// JSON 100,000 levels deep in any checkpoint file is refused while it is
+// parsed, naming the file: dump() or operator== on it (an error message, a
+// comparison) would otherwise exhaust the stack long after loading.
+TEST(HostileCheckpoint, DeeplyNestedJsonFilesAreRefusedNamingTheFile) {
+  auto nested = [](int depth) { return std::string(size_t(depth), '[') + std::string(size_t(depth), ']'); };
+  auto with_field = [](const std::string& object, const std::string& value) {
+    return "{\"x\": " + value + ", " + object.substr(object.find('{') + 1);
+  };
+  auto dir = testing::fresh_dir("hostile_deep_json");
+  write_tiny_model(dir, kTinyConfig);
+  testing::write_text(dir / "config.json", with_field(kTinyConfig, nested(100000)));
+  std::string why = refusal([&] { load_model_config(dir / "config.json"); });
+  EXPECT_TRUE(contains(why, "config.json: JSON nested deeper than 128 levels")) << why;
+  EXPECT_TRUE(contains(verify_text(dir), "config.json: JSON nested deeper than 128 levels")) << verify_text(dir);
+  testing::write_text(dir / "config.json", with_field(kTinyConfig, nested(100)));  // deep, but within the limit
+  EXPECT_NO_THROW(load_model_config(dir / "config.json"));
+
+  testing::write_text(dir / "generation_config.json", "{\"top_k\": 5, \"x\": " + nested(100000) + "}");
+  why = refusal([&] { load_generation_defaults(dir); });
+  EXPECT_TRUE(contains(why, "generation_config.json: JSON nested deeper than 128 levels")) << why;
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json_file.h"
 #include "core/error.h"
 
 namespace shardlm::chat_template {
@@ -54,7 +55,7 @@ std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem:
     nlohmann::json config = nlohmann::json::object();
     if (std::ifstream cfg(path); cfg) {
       try {
-        config = nlohmann::json::parse(cfg);
+        config = parse_json_file(cfg, path.string());
       } catch (const nlohmann::json::parse_error& e) {
         fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON: ", e.what());
       }
@@ -67,7 +68,7 @@ std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem:
   if (!in) return std::nullopt;
   nlohmann::json config;
   try {
-    config = nlohmann::json::parse(in);
+    config = parse_json_file(in, path.string());
   } catch (const nlohmann::json::parse_error& e) {
     fail(ErrorCode::kCorruptFile, path.string(), ": not valid JSON: ", e.what());
   }
