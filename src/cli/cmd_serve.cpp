@@ -66,7 +66,7 @@ struct ServeOptions {
   std::string debug_fail = "";  // RANK:BATCH (test hook)
   int http_threads = 0;         // 0: sized from max-num-seqs and max-pending-requests
   size_t max_body_bytes = 8u << 20;
-  int max_logprobs = 20;
+  server::RequestLimits limits;  // --max-logprobs, --max-n, --max-stop-strings, ...
   int request_start_timeout_s = 60;
   size_t max_header_bytes = 64 * 1024;
   std::string tool_call_parser;   // "": from the chat template
@@ -209,12 +209,13 @@ int run_serve(const ServeOptions& given) {
   so.served_model_names = names;
   so.api_key = api_key;
   so.max_body_bytes = o.max_body_bytes;
-  so.limits.max_top_logprobs = o.max_logprobs;
+  so.limits = o.limits;
   so.request_start_timeout_s = o.request_start_timeout_s;
   so.max_header_bytes = o.max_header_bytes;
-  // One HTTP thread holds one connection for its whole request, so every
-  // request the engine may hold (running + waiting) needs one, plus a few
-  // for /health, /metrics and the 429s beyond the bound.
+  // An HTTP thread serves one request at a time (connections between
+  // requests wait on the gate's poller), so every request the engine may
+  // hold (running + waiting) needs one, plus a few for /health, /metrics and
+  // the 429s beyond the bound.
   so.n_http_threads = o.http_threads > 0 ? o.http_threads
                                          : static_cast<int>(std::min<int64_t>(bo.max_waiting_requests, 1 << 16) + 16);
   so.version = SHARDLM_VERSION;
@@ -338,9 +339,22 @@ void setup(CLI::App& app) {
   sub->add_option("--debug-fail-rank-at-batch", o->debug_fail, "Test hook: RANK:BATCH makes that rank fail once")
       ->group("");
   sub->add_option("--max-request-body-bytes", o->max_body_bytes, "Larger bodies get 413")->capture_default_str();
-  sub->add_option("--max-logprobs", o->max_logprobs,
+  sub->add_option("--max-logprobs", o->limits.max_top_logprobs,
                   "Most logprobs / top_logprobs a request may ask for (vLLM's flag); more get 400")
       ->capture_default_str()->check(CLI::Range(0, 1 << 16));
+  sub->add_option("--max-n", o->limits.max_n, "Most choices (n) one request may ask for; more get 400")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 12));
+  sub->add_option("--max-stop-strings", o->limits.max_stop_strings,
+                  "Most stop strings (and stop_token_ids) one request may give; more get 400")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 12));
+  sub->add_option("--max-stop-length", o->limits.max_stop_length, "Longest stop string, in bytes; longer get 400")
+      ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 16));
+  sub->add_option("--max-prompts", o->limits.max_prompts,
+                  "Most prompts in one /v1/completions list; more get 400")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--max-logit-bias", o->limits.max_logit_bias, "Most logit_bias entries one request may give; more get 400 "
+                  "(at most 2048: any larger JSON object is refused while the body is parsed)")
+      ->capture_default_str()->check(CLI::Range(0, 2048));
   sub->add_option("--max-header-bytes", o->max_header_bytes, "Request line and headers larger than this get 431")
       ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 24));
   sub->add_option("--responses-store-max-count", o->responses_store_max_count,

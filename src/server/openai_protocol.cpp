@@ -117,7 +117,7 @@ std::vector<std::string> stop_param(const ordered_json& body, const RequestLimit
     out.push_back(v->get<std::string>());
   } else if (v->is_array()) {
     if (static_cast<int>(v->size()) > limits.max_stop_strings)
-      bad_request("stop", str_cat("'stop' may hold at most ", limits.max_stop_strings, " strings, got ", v->size()));
+      bad_request("stop", str_cat("'stop' may hold at most ", limits.max_stop_strings, " strings (--max-stop-strings), got ", v->size()));
     for (const auto& s : *v) {
       if (!s.is_string()) bad_request("stop", "'stop' must be a string or a list of strings");
       out.push_back(s.get<std::string>());
@@ -128,7 +128,7 @@ std::vector<std::string> stop_param(const ordered_json& body, const RequestLimit
   for (const auto& s : out) {
     if (s.empty()) bad_request("stop", "'stop' strings must not be empty");
     if (s.size() > limits.max_stop_length)
-      bad_request("stop", str_cat("'stop' strings may be at most ", limits.max_stop_length, " bytes, got one of ", s.size()));
+      bad_request("stop", str_cat("'stop' strings may be at most ", limits.max_stop_length, " bytes (--max-stop-length), got one of ", s.size()));
   }
   return out;
 }
@@ -157,7 +157,7 @@ std::vector<std::vector<int32_t>> completion_prompts(const ordered_json& body, c
     texts->push_back(backend.detokenize(out.back()));
   } else if (p->is_array() && !p->empty()) {
     if (static_cast<int>(p->size()) > limits.max_prompts)
-      bad_request("prompt", str_cat("'prompt' may hold at most ", limits.max_prompts, " prompts, got ", p->size()));
+      bad_request("prompt", str_cat("'prompt' may hold at most ", limits.max_prompts, " prompts (--max-prompts), got ", p->size()));
     for (const auto& item : *p) {
       if (item.is_string()) {
         out.push_back(backend.tokenize(item.get<std::string>(), true));
@@ -185,7 +185,7 @@ std::vector<std::pair<int32_t, float>> logit_bias_param(const ordered_json& body
   if (!v) return out;
   if (!v->is_object()) bad_request("logit_bias", "'logit_bias' must be an object mapping token ids (as strings) to biases");
   if (static_cast<int>(v->size()) > limits.max_logit_bias)
-    bad_request("logit_bias", str_cat("'logit_bias' may hold at most ", limits.max_logit_bias, " entries, got ", v->size()));
+    bad_request("logit_bias", str_cat("'logit_bias' may hold at most ", limits.max_logit_bias, " entries (--max-logit-bias), got ", v->size()));
   const int64_t vocab = backend.vocab_size();
   for (auto it = v->begin(); it != v->end(); ++it) {
     const std::string& key = it.key();
@@ -252,7 +252,7 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
     forced_tool_call = spec->kind == grammar::GrammarSpec::Kind::kToolCalls;
   }
   if (const ordered_json* nv = find(body, "n"); nv && nv->is_number() && nv->get<double>() > limits.max_n)
-    bad_request("n", str_cat("'n' may be at most ", limits.max_n, " (choices per request, the server's limit), got ", brief_json(*nv)));
+    bad_request("n", str_cat("'n' may be at most ", limits.max_n, " (choices per request, the server's --max-n), got ", brief_json(*nv)));
   base.n = static_cast<int>(int_param(body, "n", 1, 1, limits.max_n));
   // Request values win over generation_config.json's, which win over OpenAI's.
   base.temperature = number_param(body, "temperature", defaults.temperature.value_or(1.0), 0.0, 2.0);
@@ -274,7 +274,7 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
   base.stop = stop_param(body, limits);
   if (const ordered_json* st = find(body, "stop_token_ids")) {
     if (!st->is_array() || static_cast<int>(st->size()) > limits.max_stop_strings)
-      bad_request("stop_token_ids", str_cat("'stop_token_ids' must be a list of at most ", limits.max_stop_strings, " token ids"));
+      bad_request("stop_token_ids", str_cat("'stop_token_ids' must be a list of at most ", limits.max_stop_strings, " token ids (--max-stop-strings)"));
     for (const auto& t : *st) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
         bad_request("stop_token_ids", "'stop_token_ids' must hold non-negative integers");

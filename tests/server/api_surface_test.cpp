@@ -209,6 +209,45 @@ TEST_F(ApiSurfaceTest, MaxLogprobsBoundsTopLogprobs) {
   expect_400({{"model", "tiny"}, {"prompt", "hi"}, {"max_tokens", 2}, {"logprobs", 3}}, "logprobs", "/v1/completions");
 }
 
+// serve's request limits (--max-n, --max-stop-strings, --max-stop-length,
+// --max-prompts, --max-logit-bias): one past each is refused naming the
+// parameter and the flag; at each, the request is served.
+TEST_F(ApiSurfaceTest, RequestLimitsAreTheFlagsAndTheirErrorsNameThem) {
+  ServerOptions o;
+  o.limits.max_n = 2;
+  o.limits.max_stop_strings = 2;
+  o.limits.max_stop_length = 4;
+  o.limits.max_prompts = 2;
+  o.limits.max_logit_bias = 2;
+  start(o);
+  struct Case {
+    const char* param;
+    json at, over;
+    const char* flag;
+    const char* path;
+  } cases[] = {
+      {"n", 2, 3, "--max-n", "/v1/chat/completions"},
+      {"stop", json::array({"ab", "cd"}), json::array({"ab", "cd", "ef"}), "--max-stop-strings", "/v1/chat/completions"},
+      {"stop", json::array({"abcd"}), json::array({"abcde"}), "--max-stop-length", "/v1/chat/completions"},
+      {"logit_bias", {{"1", 1}, {"2", 1}}, {{"1", 1}, {"2", 1}, {"3", 1}}, "--max-logit-bias", "/v1/chat/completions"},
+      {"prompt", json::array({"a", "b"}), json::array({"a", "b", "c"}), "--max-prompts", "/v1/completions"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flag);
+    json body = std::string(c.path) == "/v1/completions" ? json{{"model", "tiny"}, {"max_tokens", 2}} : chat();
+    body[c.param] = c.at;
+    auto good = post(c.path, body);
+    ASSERT_TRUE(good);
+    EXPECT_EQ(good->status, 200) << good->body;
+    body[c.param] = c.over;
+    auto bad = post(c.path, body);
+    ASSERT_TRUE(bad);
+    EXPECT_EQ(bad->status, 400) << bad->body;
+    EXPECT_EQ(json::parse(bad->body)["error"]["param"], c.param) << bad->body;
+    EXPECT_NE(bad->body.find(c.flag), std::string::npos) << bad->body;
+  }
+}
+
 TEST_F(ApiSurfaceTest, ToolCallHistoryRendersLikeVllm) {
   backend_.template_source = kHermesTemplate;
   start();
