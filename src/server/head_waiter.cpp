@@ -106,6 +106,15 @@ void HeadWaiter::drop(int sock, const Waiting& w, bool client_closed) {
 }
 
 // Bytes in the receive buffer; -1 on error.
+// What SO_RCVLOWAT can wait for: half the receive buffer (the kernel's cap).
+// A request larger than the buffer can hold would never wake the poller:
+// the client stops at a zero window first.
+static uint64_t receive_buffer_half(int sock) {
+  int bytes = 0;
+  socklen_t len = sizeof bytes;
+  return ::getsockopt(sock, SOL_SOCKET, SO_RCVBUF, &bytes, &len) == 0 && bytes > 0 ? uint64_t(bytes) / 2 : 0;
+}
+
 static int64_t buffered(int sock) {
   int n = 0;
   return ::ioctl(sock, FIONREAD, &n) == 0 ? n : -1;
@@ -141,7 +150,8 @@ void HeadWaiter::judge(int sock, Waiting& w, uint32_t events) {
     // A client that sent Expect: 100-continue sends its body only after
     // httplib's 100 Continue: no waiting for it here.
     const bool expects_continue = verdict->head.field("expect").has_value();
-    if (body > 0 && body <= kMaxWaitedBody && !expects_continue) {
+    if (body > 0 && body <= kMaxWaitedBody && verdict->head.n_bytes + body <= receive_buffer_half(sock) &&
+        !expects_continue) {
       w.need = verdict->head.n_bytes + static_cast<size_t>(body);
       w.passed = std::move(verdict);
       w.deadline = Clock::now() + limits_.body_timeout;

@@ -14,10 +14,11 @@
 //     to its blank line; either missed gets 408;
 //   - a kept-alive connection: keep_alive_timeout of silence closes it
 //     without a word (HTTP's idle close), a started head then head_timeout;
-//   - a body of up to kMaxWaitedBody bytes is waited for here too, in the
-//     kernel's receive buffer (SO_RCVLOWAT grows it), for body_timeout
-//     after its head: a request reaches a worker whole, so a trickled body
-//     holds no thread either. Larger bodies are read by the worker.
+//   - a body of up to kMaxWaitedBody bytes (and within half the receive
+//     buffer, what SO_RCVLOWAT can wait for) is waited for here too, in the
+//     kernel's receive buffer, for body_timeout after its head: such a
+//     request reaches a worker whole, so a trickled body holds no thread.
+//     Larger bodies are read by the worker, within body_timeout.
 #pragma once
 
 #include <atomic>
@@ -37,7 +38,7 @@ namespace shardlm::server {
 
 class HeadWaiter {
  public:
-  static constexpr size_t kMaxWaitedBody = 1u << 20;
+  static constexpr size_t kMaxWaitedBody = 64u << 10;
 
   // Called on the waiter's thread with a connection it no longer watches:
   // kPass (serve the head) or kAnswered (send the answer and close). It
