@@ -25,7 +25,14 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
       executor_(executor),
       detokenizer_(detokenizer),
       vocab_size_(executor.vocab_size()),
-      sched_(config.scheduler) {
+      sched_(config.scheduler),
+      mask_worker_(
+          [this] {
+            std::lock_guard<std::mutex> lock(mutex_);
+            masks_done_ = true;
+            cv_.notify_one();
+          },
+          config.before_mask_job) {
   if (vocab_size_ < 1) fail(ErrorCode::kInvalidArgument, "engine: model vocab_size must be >= 1, got ", vocab_size_);
   const auto& sc = config.scheduler;
   if ((executor.n_kv_blocks() > 0 && executor.n_kv_blocks() != sc.n_blocks) ||
@@ -143,7 +150,12 @@ void Engine::loop() {
     bool stopping = false, drain = true;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return !queue_.empty() || stop_requested_ || !idle(); });
+      // All runnable sequences held for their masks: sleep until one is done.
+      cv_.wait(lock, [&] {
+        return !queue_.empty() || stop_requested_ || masks_done_ || (!idle() && !waiting_for_masks_);
+      });
+      masks_done_ = false;
+      waiting_for_masks_ = false;
       stopping = stop_requested_;
       drain = drain_;
     }
@@ -176,8 +188,41 @@ bool Engine::run_step() {
 }
 
 void Engine::run_until_idle() {
-  while (run_step()) {
+  for (;;) {
+    if (run_step()) continue;
+    if (idle()) return;
+    wait_for_masks();  // not idle, nothing scheduled: every runnable sequence is held
   }
+}
+
+void Engine::wait_for_masks() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return masks_done_; });
+  masks_done_ = false;
+  waiting_for_masks_ = false;
+}
+
+void Engine::defer_mask_if_new(SeqState& seq) {
+  if (!seq.matcher || seq.matcher->next_mask_cached()) return;
+  seq.pending_mask = mask_worker_.post(seq.request->request.grammar, seq.matcher->state());
+  sched_.set_held(seq.id, true);
+  held_.push_back(seq.id);
+  metrics_.update([](MetricsSnapshot& m) { ++m.grammar_masks_deferred_total; });
+}
+
+void Engine::release_ready_masks() {
+  size_t kept = 0;
+  for (SeqId id : held_) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;  // ended while held
+    const auto& pending = it->second->pending_mask;
+    if (pending && !pending->done) {
+      held_[kept++] = id;
+      continue;
+    }
+    sched_.set_held(id, false);
+  }
+  held_.resize(kept);
 }
 
 void Engine::drain_queue() {
@@ -371,6 +416,7 @@ bool Engine::step_inner() {
   // and takes about its share of the live ones, so that a burst of requests
   // arriving together is split over the micro-batches instead of moving
   // through the stages as one batch with the other stages idle.
+  release_ready_masks();
   while (static_cast<int>(in_flight_.size()) < max_in_flight_) {
     int32_t share = 0;
     if (max_in_flight_ > 1) {
@@ -392,6 +438,10 @@ bool Engine::step_inner() {
     const bool overlapped = !in_flight_.empty();
     in_flight_.push_back(std::move(plan));
     if (overlapped) metrics_.update([](MetricsSnapshot& m) { ++m.pipeline_overlapped_batches_total; });
+  }
+  if (in_flight_.empty() && !held_.empty()) {
+    waiting_for_masks_ = true;
+    return false;
   }
   SHARDLM_CHECK(!in_flight_.empty(), "scheduler made no progress with ", sched_.n_running(), " running and ",
                 sched_.n_waiting(), " waiting sequences");
@@ -446,9 +496,17 @@ bool Engine::step_inner() {
       for (int64_t i = 0; i < n_jobs; ++i) {
         auto& m = *jobs[size_t(i)].seq->matcher;
         const size_t words = size_t(m.grammar().vocabulary().n_mask_words());
+        const std::span<uint32_t> mask(masks_.data() + size_t(i) * n_words, words);
+        const auto& pending = jobs[size_t(i)].seq->pending_mask;
         try {
-          if (!m.fill_next_token_bitmask(std::span<uint32_t>(masks_.data() + size_t(i) * n_words, words)))
-            mask_errors[size_t(i)] = "structured output: the grammar allows no token of this vocabulary here";
+          bool any = false;
+          if (pending && pending->done && pending->state == m.state()) {  // computed while the sequence was held
+            if (!pending->error.empty()) throw std::runtime_error(pending->error);
+            any = m.fill_next_token_bitmask_from(pending->mask, mask);
+          } else {
+            any = m.fill_next_token_bitmask(mask);
+          }
+          if (!any) mask_errors[size_t(i)] = "structured output: the grammar allows no token of this vocabulary here";
         } catch (const std::exception& e) {
           mask_errors[size_t(i)] = std::string("structured output: ") + e.what();
         }
@@ -610,6 +668,8 @@ void Engine::process_token(SeqState& seq, int32_t token, std::optional<TokenLogp
     out.text_delta += seq.stops->flush();
   }
   if (!out.finished()) {
+    seq.pending_mask = nullptr;  // used for this token, if it was there
+    defer_mask_if_new(seq);
     emit(rs, out);
     return;
   }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/detokenizer.h"
+#include "engine/mask_worker.h"
 #include "engine/metrics.h"
 #include "engine/model_executor.h"
 #include "engine/request.h"
@@ -50,6 +51,9 @@ struct EngineConfig {
   // vocab reaches this: a team costs microseconds, a 152K-token row tens to
   // hundreds of them. Tests set 0 to force the parallel path.
   int64_t parallel_sampling_min_work = int64_t(1) << 18;
+  // Tests: runs on the grammar mask worker before each job (engine/mask_worker.h),
+  // so that a test can hold a mask back and watch the other sequences step on.
+  std::function<void()> before_mask_job;
   // Unset: the standard Sampler. Tests substitute one that throws.
   std::function<std::unique_ptr<Sampler>(const SamplingParams& params, std::span<const int32_t> prompt_ids,
                                          int64_t vocab_size)>
@@ -120,8 +124,14 @@ class Engine {
     std::unique_ptr<DetokenizerStream> detok;
     std::unique_ptr<StopStringMatcher> stops;
     std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, else null
+    // The next mask, computed off the engine thread; the sequence is held
+    // out of plans until it is done (engine/mask_worker.h).
+    std::shared_ptr<PendingMask> pending_mask;
     Clock::time_point last_token_time;
     bool finished = false;
+    ~SeqState() {
+      if (pending_mask) pending_mask->cancelled = true;
+    }
   };
   struct RequestState {
     EngineRequest request;
@@ -147,6 +157,13 @@ class Engine {
   void abort_request(const std::string& request_id, const std::string& error);
   void abort_all(const std::string& error);
   bool step_inner();
+  // After a token: a constrained sequence whose next mask is not cached is
+  // held while the mask worker computes it.
+  void defer_mask_if_new(SeqState& seq);
+  // Releases the held sequences whose masks are done.
+  void release_ready_masks();
+  // run_until_idle when every runnable sequence is held: waits for a mask.
+  void wait_for_masks();
   bool idle() const { return sched_.idle() && in_flight_.empty(); }
   // Ends the requests of a plan that failed to run (their KV is in doubt).
   void fail_plan(const StepPlan& plan, const std::exception& e);
@@ -193,6 +210,13 @@ class Engine {
 
   std::thread thread_;
   Metrics metrics_;
+  // Engine-thread state for held sequences; masks_done_ is shared with the
+  // mask worker (under mutex_).
+  std::vector<SeqId> held_;
+  bool waiting_for_masks_ = false;  // the last step could schedule nothing: all held
+  bool masks_done_ = false;
+  // Last: destroyed first, so its thread's on_done never outlives mutex_.
+  MaskWorker mask_worker_;
 };
 
 }  // namespace shardlm

@@ -104,6 +104,9 @@ std::string Metrics::render_prometheus(const std::string& model_name) const {
   w.counter("shardlm:pipeline_overlapped_batches_total",
             "Micro-batches submitted while an earlier one was still in the pipeline (PP stages kept busy).",
             double(m.pipeline_overlapped_batches_total));
+  w.counter("shardlm:grammar_masks_deferred_total",
+            "Structured-output masks of new grammar states computed off the engine thread while their sequence waited.",
+            double(m.grammar_masks_deferred_total));
   w.counter("shardlm:executor_failures_total", "Model executor failures that broke the rank group.",
             double(m.executor_failures_total));
   w.counter("shardlm:executor_restarts_total", "In-place restarts of the model executor after a failure.",

@@ -32,6 +32,7 @@ struct MetricsSnapshot {
   int64_t prefix_cache_queries_total = 0;  // tokens
   int64_t prefix_cache_hits_total = 0;     // tokens
   int64_t pipeline_overlapped_batches_total = 0;  // submitted while an earlier batch was in the pipeline
+  int64_t grammar_masks_deferred_total = 0;  // new grammar states whose masks were computed off the engine thread
   std::map<std::string, int64_t> request_success_total;  // by finished_reason: stop, length, abort
   // The model executor (rank group): failures that broke it, in-place
   // restarts that brought it back, whether it serves now, and the last

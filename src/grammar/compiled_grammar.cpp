@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 #include <numeric>
+#include <thread>
 
 #include "core/error.h"
 
@@ -149,13 +150,9 @@ size_t CompiledGrammar::memory_bytes() const {
 void CompiledGrammar::warm_up(size_t probe_bytes, const std::function<bool()>& cancelled) const {
   std::vector<uint32_t> mask(size_t(vocab_->n_mask_words()));
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    walk_locked(0, mask, cancelled ? &cancelled : nullptr);
-    const size_t bytes = mask.size() * sizeof(uint32_t);
-    if (!masks_.count(0) && mask_bytes_ + bytes <= kMaskCacheBytes) {
-      masks_.emplace(0, mask);
-      mask_bytes_ += bytes;
-    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    walk_locked(0, mask, lock, cancelled ? &cancelled : nullptr);
+    cache_mask_locked(0, mask);
   }
   // Printable bytes first, as text mostly is; then the rest.
   static const std::vector<uint8_t> kOrder = [] {
@@ -183,7 +180,8 @@ size_t CompiledGrammar::n_dfa_states() const {
   return sets_.size();
 }
 
-void CompiledGrammar::walk_locked(int32_t state, std::span<uint32_t> mask, const std::function<bool()>* cancelled) const {
+void CompiledGrammar::walk_locked(int32_t state, std::span<uint32_t> mask, std::unique_lock<std::mutex>& lock,
+                                  const std::function<bool()>* cancelled) const {
   std::fill(mask.begin(), mask.end(), 0u);
   const auto& sorted = vocab_->sorted_;
   const auto& lcp = vocab_->lcp_;
@@ -193,6 +191,14 @@ void CompiledGrammar::walk_locked(int32_t state, std::span<uint32_t> mask, const
   size_t i = 0;
   const size_t n = sorted.size();
   while (i < n) {
+    if ((i & 4095) == 4095) {
+      // A long walk (a new state of a large choice grammar) lets the other
+      // sequences of this grammar step on: what it holds are state ids,
+      // which stay valid while others add states.
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+    }
     if (cancelled && (i & 4095) == 0 && (*cancelled)())
       fail(ErrorCode::kInvalidArgument, "grammar compilation was cancelled (the client has gone)");
     const int32_t id = sorted[i];
@@ -218,10 +224,12 @@ void CompiledGrammar::walk_locked(int32_t state, std::span<uint32_t> mask, const
   }
 }
 
-void CompiledGrammar::fill_mask(int32_t state, std::span<uint32_t> mask) const {
+void CompiledGrammar::fill_mask(int32_t state, std::span<uint32_t> mask) const { fill_mask(state, mask, nullptr); }
+
+void CompiledGrammar::fill_mask(int32_t state, std::span<uint32_t> mask, const std::function<bool()>& cancelled) const {
   SHARDLM_CHECK(mask.size() == size_t(vocab_->n_mask_words()), "mask has ", mask.size(), " words, need ",
                 vocab_->n_mask_words());
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (state < 0) {
     std::fill(mask.begin(), mask.end(), 0u);
     return;
@@ -231,9 +239,20 @@ void CompiledGrammar::fill_mask(int32_t state, std::span<uint32_t> mask) const {
     std::memcpy(mask.data(), it->second.data(), mask.size() * sizeof(uint32_t));
     return;
   }
-  walk_locked(state, mask);
+  walk_locked(state, mask, lock, cancelled ? &cancelled : nullptr);
+  cache_mask_locked(state, mask);
+}
+
+bool CompiledGrammar::mask_cached(int32_t state) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return state < 0 || masks_.count(state) != 0;
+}
+
+void CompiledGrammar::cache_mask_locked(int32_t state, std::span<const uint32_t> mask) const {
   const size_t bytes = mask.size() * sizeof(uint32_t);
-  if (mask_bytes_ + bytes <= kMaskCacheBytes) {
+  // Another thread may have walked the same state meanwhile (the lock is
+  // released during a walk).
+  if (!masks_.count(state) && mask_bytes_ + bytes <= kMaskCacheBytes) {
     masks_.emplace(state, std::vector<uint32_t>(mask.begin(), mask.end()));
     mask_bytes_ += bytes;
   }
@@ -305,6 +324,22 @@ bool GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> mask) const {
     return false;
   }
   grammar_->fill_mask(states_.back(), mask);
+  return finish_mask(mask);
+}
+
+bool GrammarMatcher::fill_next_token_bitmask_from(std::span<const uint32_t> state_mask, std::span<uint32_t> mask) const {
+  if (stopped_.back()) {
+    std::fill(mask.begin(), mask.end(), 0u);
+    return false;
+  }
+  SHARDLM_CHECK(state_mask.size() == mask.size(), "state mask has ", state_mask.size(), " words, need ", mask.size());
+  std::copy(state_mask.begin(), state_mask.end(), mask.begin());
+  return finish_mask(mask);
+}
+
+bool GrammarMatcher::next_mask_cached() const { return stopped_.back() || grammar_->mask_cached(states_.back()); }
+
+bool GrammarMatcher::finish_mask(std::span<uint32_t> mask) const {
   if (is_complete())
     for (int32_t s : grammar_->vocabulary().stop_ids()) mask[size_t(s) >> 5] |= uint32_t(1) << (s & 31);
   for (uint32_t w : mask)

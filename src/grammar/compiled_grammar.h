@@ -87,6 +87,12 @@ class CompiledGrammar {
   // mask: [n_mask_words]; sets exactly the bits of tokens (not stop ids)
   // whose bytes the grammar accepts from state.
   void fill_mask(int32_t state, std::span<uint32_t> mask) const;
+  // The same, polling `cancelled` (when set) every few thousand tokens of
+  // a walk; true throws Error.
+  void fill_mask(int32_t state, std::span<uint32_t> mask, const std::function<bool()>& cancelled) const;
+  // fill_mask(state) would be a copy of a cached mask, not a walk over the
+  // vocabulary (always true for the dead state).
+  bool mask_cached(int32_t state) const;
   // The shortest byte string leading from state to completion.
   std::string shortest_completion(int32_t state) const;
 
@@ -109,7 +115,11 @@ class CompiledGrammar {
   int32_t step_locked(int32_t state, uint8_t byte) const;
   int32_t intern_locked(std::vector<int32_t> set) const;
   void closure(std::vector<int32_t>* set) const;
-  void walk_locked(int32_t state, std::span<uint32_t> mask, const std::function<bool()>* cancelled = nullptr) const;
+  // Walks the sorted vocabulary from state; releases `lock` (on mutex_) for
+  // a moment every few thousand tokens.
+  void walk_locked(int32_t state, std::span<uint32_t> mask, std::unique_lock<std::mutex>& lock,
+                   const std::function<bool()>* cancelled = nullptr) const;
+  void cache_mask_locked(int32_t state, std::span<const uint32_t> mask) const;
 
   Nfa nfa_;
   std::shared_ptr<const TokenVocabulary> vocab_;
@@ -145,6 +155,13 @@ class GrammarMatcher {
   // when token t may come next (stop ids when complete). Returns false when
   // no token at all is allowed (the vocabulary cannot spell what must follow).
   bool fill_next_token_bitmask(std::span<uint32_t> mask) const;
+  // The same from `state_mask`, the mask of state() computed elsewhere
+  // (CompiledGrammar::fill_mask on another thread).
+  bool fill_next_token_bitmask_from(std::span<const uint32_t> state_mask, std::span<uint32_t> mask) const;
+  // The next mask is a copy of a cached one (or the matcher has stopped):
+  // no walk over the vocabulary.
+  bool next_mask_cached() const;
+  int32_t state() const { return states_.back(); }
   bool is_complete() const;    // the text so far matches: a stop token may end it
   bool is_terminated() const;  // a stop token was accepted, or complete and nothing may follow
   // Undoes the last n accepted tokens (n <= n_tokens()).
@@ -157,6 +174,8 @@ class GrammarMatcher {
   std::shared_ptr<const CompiledGrammar> grammar_;
   std::vector<int32_t> states_;   // [n_tokens + 1] DFA state after each token
   std::vector<uint8_t> stopped_;  // [n_tokens + 1] a stop token was accepted
+
+  bool finish_mask(std::span<uint32_t> mask) const;  // adds stop ids when complete; false: nothing allowed
 };
 
 }  // namespace shardlm::grammar

@@ -110,7 +110,7 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
   // (possibly the one being scheduled: it is the last candidate).
   for (size_t i = 0; i < running_.size() && budget > 0 && plan.seqs.size() < seq_cap;) {
     Seq& s = get(running_[i]);
-    if (s.in_flight) {
+    if (s.in_flight || s.held) {
       ++i;
       continue;
     }
@@ -137,7 +137,7 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
     for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 && plan.seqs.size() < seq_cap &&
                                      static_cast<int32_t>(running_.size()) < config_.max_num_seqs;) {
       Seq& s = get(*it);
-      if (blocked_by_sibling(s)) {
+      if (blocked_by_sibling(s) || s.held) {
         ++it;
         continue;
       }
@@ -213,6 +213,10 @@ void Scheduler::finish(SeqId id) {
     free_table(pool_, s.table);
   }
   seqs_.erase(it);
+}
+
+void Scheduler::set_held(SeqId id, bool held) {
+  if (auto it = seqs_.find(id); it != seqs_.end()) it->second->held = held;
 }
 
 int32_t Scheduler::n_in_flight() const {

@@ -86,6 +86,11 @@ class Scheduler {
   // Unknown ids are ignored (already finished).
   void finish(SeqId id);
 
+  // A held sequence is left out of every plan (running or waiting) until
+  // released, keeping its blocks: the engine holds one whose next grammar
+  // mask is still being computed. Unknown ids are ignored.
+  void set_held(SeqId id, bool held);
+
   bool has(SeqId id) const { return seqs_.count(id) != 0; }
   bool in_flight(SeqId id) const;
   bool idle() const { return running_.empty() && waiting_.empty(); }
@@ -115,6 +120,7 @@ class Scheduler {
     int32_t n_prefix_hit = 0;
     int32_t n_preemptions = 0;
     bool in_flight = false;       // in a plan not yet committed
+    bool held = false;            // set_held
   };
   Seq& get(SeqId id);
   const Seq& get(SeqId id) const;

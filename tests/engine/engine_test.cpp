@@ -715,6 +715,62 @@ TEST(EngineGrammar, PreemptionKeepsTheGrammarState) {
   EXPECT_EQ(ref, got);
 }
 
+// A new grammar state's mask (a walk over the vocabulary: seconds for a
+// large choice grammar) is computed off the engine thread while its
+// sequence waits: here the mask worker is held back by the test, and an
+// unconstrained request in the same engine still runs to its end. Computed
+// in the step, as before, the held mask would stop every request. Once let
+// go, the constrained request completes with valid JSON.
+TEST(EngineGrammar, ANewStatesMaskDoesNotStallTheOtherRequests) {
+  std::mutex gate_mutex;
+  std::condition_variable gate_cv;
+  bool open = false;
+  int n_jobs = 0;
+  EngineConfig c = config();
+  c.eos_token_ids = {kToyEos};
+  c.before_mask_job = [&] {
+    std::unique_lock<std::mutex> lock(gate_mutex);
+    ++n_jobs;
+    gate_cv.notify_all();
+    gate_cv.wait(lock, [&] { return open; });
+  };
+  Fixture f(c);
+  auto open_gate = [&] {
+    {
+      std::lock_guard<std::mutex> lock(gate_mutex);
+      open = true;
+    }
+    gate_cv.notify_all();
+  };
+  struct Guard {  // a failed assertion must not leave the worker blocked: the engine's stop joins it
+    std::function<void()> fn;
+    ~Guard() { fn(); }
+  } guard{open_gate};
+  // A schema no other test compiles: its states' masks are not cached yet.
+  const auto g = toy_grammar(R"({"type":"object","properties":{"ok":{"type":"boolean"},"n":{"type":"integer"}},
+                                 "required":["ok","n"],"additionalProperties":false})");
+  f.engine.start();
+  EngineRequest constrained = greedy("c", make_prompt(6, 31), 80);
+  constrained.stop.ignore_eos = false;
+  constrained.grammar = g;
+  f.engine.submit(constrained, f.out.callbacks());
+  {
+    std::unique_lock<std::mutex> lock(gate_mutex);
+    ASSERT_TRUE(gate_cv.wait_for(lock, std::chrono::seconds(60), [&] { return n_jobs > 0; }))
+        << "no mask was deferred to the worker";
+  }
+  f.engine.submit(greedy("free", make_prompt(9, 5), 20), f.out.callbacks());
+  ASSERT_TRUE(f.out.wait_finished(1, std::chrono::seconds(60))) << "the held mask stalled the other request";
+  EXPECT_EQ(f.out.get("free").tokens, reference_greedy(make_prompt(9, 5), 20, kVocab));
+  EXPECT_EQ(f.out.get("c").n_final, 0) << "the constrained request ran on without its mask";
+  open_gate();
+  ASSERT_TRUE(f.out.wait_finished(2, std::chrono::seconds(60)));
+  expect_valid(f.out.get("c"), "c");
+  EXPECT_GT(f.engine.metrics().snapshot().grammar_masks_deferred_total, 0);
+  f.engine.stop();
+  expect_clean(f);
+}
+
 TEST(EngineGrammar, GrammarWiderThanTheModelIsRefused) {
   Fixture f(config());
   std::vector<std::string> wide(size_t(kVocab) + 1, "a");
