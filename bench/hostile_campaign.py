@@ -25,14 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "integration"))
 from load_streams import free_port, get, metric, wait_healthy  # noqa: E402
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return -1
+from soak import rss_kib  # noqa: E402
 
 
 def raw(port, data, *, half_close=False, read=True, timeout=30.0, leave_after=None):
