@@ -193,6 +193,7 @@ ConnectionServer::ConnectionServer(size_t max_threads) : max_threads_(std::max<s
     pool_ = std::make_unique<WorkerPool>(max_threads_);
     waiter_ = std::make_unique<HeadWaiter>(
         limits_, check_, [this](int sock, GateOutcome outcome, int n_served) { dispatch(sock, std::move(outcome), n_served); });
+    waiter_view_ = waiter_.get();
     return new HandOffQueue([this] {
       waiter_->stop();
       pool_->shutdown();
@@ -272,9 +273,13 @@ bool ConnectionServer::current_client_gone() {
 }
 
 int64_t ConnectionServer::n_closed_before_request() const {
-  return waiter_ ? waiter_->n_closed_before_request() : 0;
+  const HeadWaiter* w = waiter_view_;
+  return w ? w->n_closed_before_request() : 0;
 }
 
-size_t ConnectionServer::n_waiting_connections() const { return waiter_ ? waiter_->n_waiting() : 0; }
+size_t ConnectionServer::n_waiting_connections() const {
+  const HeadWaiter* w = waiter_view_;
+  return w ? w->n_waiting() : 0;
+}
 
 }  // namespace shardlm::server

@@ -80,7 +80,8 @@ class ConnectionServer : public httplib::Server {
   HeadCheck check_;
   bool sse_probe_ = true;
   std::unique_ptr<WorkerPool> pool_;  // serves requests; made when listening starts
-  std::unique_ptr<HeadWaiter> waiter_;
+  std::unique_ptr<HeadWaiter> waiter_;  // made when listening starts (serve listens once)
+  std::atomic<HeadWaiter*> waiter_view_{nullptr};  // waiter_, for the counters read from other threads
   std::atomic<int64_t> n_refused_{0};
   std::atomic<int64_t> n_reused_{0};
 };
