@@ -203,7 +203,9 @@ void Engine::wait_for_masks() {
 }
 
 void Engine::defer_mask_if_new(SeqState& seq) {
-  if (!seq.matcher || seq.matcher->next_mask_cached()) return;
+  if (!seq.matcher || seq.matcher->next_mask_cached() ||
+      seq.matcher->grammar().last_walk_ms() < config_.defer_mask_walk_ms)
+    return;
   seq.pending_mask = mask_worker_.post(seq.request->request.grammar, seq.matcher->state());
   sched_.set_held(seq.id, true);
   held_.push_back(seq.id);

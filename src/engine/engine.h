@@ -51,6 +51,12 @@ struct EngineConfig {
   // vocab reaches this: a team costs microseconds, a 152K-token row tens to
   // hundreds of them. Tests set 0 to force the parallel path.
   int64_t parallel_sampling_min_work = int64_t(1) << 18;
+  // A new grammar state's mask goes to the mask worker (its sequence waits)
+  // when the grammar's last walk over the vocabulary took at least this
+  // long; cheaper ones (a JSON schema's: under a millisecond over 152K
+  // tokens) are walked in the step, as waiting a step would cost more.
+  // Tests set 0 to send every new state to the worker.
+  double defer_mask_walk_ms = 5.0;
   // Tests: runs on the grammar mask worker before each job (engine/mask_worker.h),
   // so that a test can hold a mask back and watch the other sequences step on.
   std::function<void()> before_mask_job;

@@ -1,6 +1,7 @@
 #include "grammar/compiled_grammar.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <numeric>
@@ -182,6 +183,15 @@ size_t CompiledGrammar::n_dfa_states() const {
 
 void CompiledGrammar::walk_locked(int32_t state, std::span<uint32_t> mask, std::unique_lock<std::mutex>& lock,
                                   const std::function<bool()>* cancelled) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Timed {  // also when the walk throws (cancelled): the time spent says what a walk costs
+    std::chrono::steady_clock::time_point t0;
+    std::atomic<double>& out;
+    ~Timed() {
+      out.store(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                std::memory_order_relaxed);
+    }
+  } timed{t0, last_walk_ms_};
   std::fill(mask.begin(), mask.end(), 0u);
   const auto& sorted = vocab_->sorted_;
   const auto& lcp = vocab_->lcp_;

@@ -17,6 +17,7 @@
 // guarded by a mutex). A GrammarMatcher belongs to one sequence.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -93,6 +94,9 @@ class CompiledGrammar {
   // fill_mask(state) would be a copy of a cached mask, not a walk over the
   // vocabulary (always true for the dead state).
   bool mask_cached(int32_t state) const;
+  // How long the latest walk over the vocabulary took (the start state's,
+  // at compile, until another is walked): what a new state's mask costs.
+  double last_walk_ms() const { return last_walk_ms_.load(std::memory_order_relaxed); }
   // The shortest byte string leading from state to completion.
   std::string shortest_completion(int32_t state) const;
 
@@ -138,6 +142,7 @@ class CompiledGrammar {
   mutable std::map<std::vector<int32_t>, int32_t> index_;
   mutable std::unordered_map<int32_t, std::vector<uint32_t>> masks_;  // state -> [n_mask_words]
   mutable size_t mask_bytes_ = 0;
+  mutable std::atomic<double> last_walk_ms_{0.0};
   mutable size_t table_bytes_ = 0;  // sets_, index_ and trans_, as intern_locked counts them
 };
 

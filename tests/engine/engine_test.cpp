@@ -687,6 +687,7 @@ TEST(EngineGrammar, PreemptionKeepsTheGrammarState) {
   auto run = [](int32_t n_blocks, int64_t* n_preempt) {
     EngineConfig c = config(n_blocks, 64);
     c.eos_token_ids = {kToyEos};
+    c.defer_mask_walk_ms = 0;  // new states' masks on the worker: held sequences are preempted too
     Fixture f(c);
     const auto g = toy_grammar(R"({"type":"array","items":{"type":"integer","minimum":0,"maximum":99},"minItems":6,"maxItems":6})");
     for (int i = 0; i < 8; ++i) {
@@ -728,6 +729,7 @@ TEST(EngineGrammar, ANewStatesMaskDoesNotStallTheOtherRequests) {
   int n_jobs = 0;
   EngineConfig c = config();
   c.eos_token_ids = {kToyEos};
+  c.defer_mask_walk_ms = 0;  // the toy vocabulary's walks take microseconds
   c.before_mask_job = [&] {
     std::unique_lock<std::mutex> lock(gate_mutex);
     ++n_jobs;
