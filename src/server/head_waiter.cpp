@@ -124,16 +124,16 @@ void HeadWaiter::judge(int sock, Waiting& w, uint32_t events) {
   if (events & EPOLLERR) return drop(sock, w, true);
   if (w.passed) return wait_for_body(sock, w, events);
   const size_t cap = limits_.max_head_bytes + 1;
-  std::string buf(cap, '\0');
+  peek_buf_.resize(cap);  // allocated once: every wake-up of every connection peeks into it
   ssize_t got;
-  do got = ::recv(sock, buf.data(), cap, MSG_PEEK | MSG_DONTWAIT);
+  do got = ::recv(sock, peek_buf_.data(), cap, MSG_PEEK | MSG_DONTWAIT);
   while (got < 0 && errno == EINTR);
   if (got == 0) return drop(sock, w, true);  // closed with no (further) request
   if (got < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
     return drop(sock, w, true);
   }
-  buf.resize(static_cast<size_t>(got));
+  const std::string buf = peek_buf_.substr(0, static_cast<size_t>(got));
   if (!w.started) {
     w.started = true;
     w.deadline = Clock::now() + limits_.head_timeout;

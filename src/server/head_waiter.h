@@ -27,6 +27,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -90,6 +91,7 @@ class HeadWaiter {
   std::vector<std::pair<int, int>> incoming_;  // (sock, n_served), under mutex_
   bool stopped_ = false;                       // under mutex_
   std::unordered_map<int, Waiting> waiting_;   // the loop's thread only
+  std::string peek_buf_;                       // the loop's thread only: [max_head_bytes + 1]
   std::atomic<size_t> n_waiting_{0};
   std::atomic<int64_t> n_closed_before_request_{0};
   std::thread thread_;
