@@ -67,6 +67,10 @@ struct ServeOptions {
   int http_threads = 0;         // 0: sized from max-num-seqs and max-pending-requests
   size_t max_body_bytes = 8u << 20;
   server::RequestLimits limits;  // --max-logprobs, --max-n, --max-stop-strings, ...
+  std::string grammar_table_memory = "64MiB";
+  std::string grammar_cache_memory = "256MiB";
+  double grammar_compile_timeout_s = 10.0;
+  chat_template::Limits chat_template_limits;  // --chat-template-max-*
   int request_start_timeout_s = 60;
   size_t max_header_bytes = 64 * 1024;
   std::string tool_call_parser;   // "": from the chat template
@@ -174,6 +178,13 @@ int run_serve(const ServeOptions& given) {
     fail(ErrorCode::kUnsupported, "--kv-cache-dtype fp8_e5m2: shardlm's FP8 KV cache is E4M3; use fp8 (or fp8_e4m3)");
   if (!o.kv_cache_memory.empty()) bo.kv_cache_memory_bytes = parse_bytes(o.kv_cache_memory, "--kv-cache-memory");
   bo.memory_utilization = o.gpu_memory_utilization;
+  bo.grammar.max_table_bytes = size_t(parse_bytes(o.grammar_table_memory, "--grammar-table-memory"));
+  bo.grammar.max_cache_bytes = size_t(parse_bytes(o.grammar_cache_memory, "--grammar-cache-memory"));
+  if (bo.grammar.max_table_bytes < (size_t(64) << 10))
+    fail(ErrorCode::kInvalidArgument, "--grammar-table-memory ", o.grammar_table_memory,
+         ": give at least 64KiB");
+  bo.grammar_compile_timeout_s = o.grammar_compile_timeout_s;
+  bo.chat_template_limits = o.chat_template_limits;
   bo.max_waiting_requests = o.max_waiting_requests >= 0 ? o.max_num_seqs + o.max_waiting_requests : o.max_pending_requests;
   bo.max_executor_restarts = o.max_executor_restarts;
   if (!o.debug_fail.empty()) {
@@ -355,6 +366,28 @@ void setup(CLI::App& app) {
   sub->add_option("--max-logit-bias", o->limits.max_logit_bias, "Most logit_bias entries one request may give; more get 400 "
                   "(at most 2048: any larger JSON object is refused while the body is parsed)")
       ->capture_default_str()->check(CLI::Range(0, 2048));
+  sub->add_option("--grammar-table-memory", o->grammar_table_memory,
+                  "Automaton tables one structured-output grammar may build (compiling and while it is used); "
+                  "a grammar past it gets 400")
+      ->capture_default_str();
+  sub->add_option("--grammar-cache-memory", o->grammar_cache_memory,
+                  "Compiled grammars kept for reuse, by the bytes they hold; the least recently used go first")
+      ->capture_default_str();
+  sub->add_option("--grammar-compile-timeout", o->grammar_compile_timeout_s,
+                  "Seconds one grammar (json_schema, regex, choice, tools) may take to compile; longer gets 400")
+      ->capture_default_str()->check(CLI::Range(0.001, 3600.0));
+  sub->add_option("--chat-template-max-steps", o->chat_template_limits.max_steps,
+                  "Evaluation steps one chat template render may take (about 0.5 s per 10 M); more gets 400")
+      ->capture_default_str()->check(CLI::Range(size_t{1000}, size_t{1} << 40));
+  sub->add_option("--chat-template-max-loop-iterations", o->chat_template_limits.max_loop_iterations,
+                  "Loop iterations in one render; more gets 400")
+      ->capture_default_str()->check(CLI::Range(size_t{100}, size_t{1} << 40));
+  sub->add_option("--chat-template-max-list-items", o->chat_template_limits.max_list_items,
+                  "Items of any one list a render builds; more gets 400")
+      ->capture_default_str()->check(CLI::Range(size_t{100}, size_t{1} << 32));
+  sub->add_option("--chat-template-max-bytes", o->chat_template_limits.max_output_bytes,
+                  "Bytes of the rendered prompt, and of any one string a render builds; more gets 400")
+      ->capture_default_str()->check(CLI::Range(size_t{4096}, size_t{1} << 32));
   sub->add_option("--max-header-bytes", o->max_header_bytes, "Request line and headers larger than this get 431")
       ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 24));
   sub->add_option("--responses-store-max-count", o->responses_store_max_count,

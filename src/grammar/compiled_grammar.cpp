@@ -87,8 +87,9 @@ int32_t CompiledGrammar::intern_locked(std::vector<int32_t> set) const {
   // transition row of 256 ids.
   const size_t cost = 2 * set.size() * sizeof(int32_t) + 256 * sizeof(int32_t) + 128;
   if (table_bytes_ + cost > max_table_bytes_)
-    fail(ErrorCode::kUnsupported, "grammar (", description_, ") needs more than ", max_table_bytes_ >> 20,
-         " MiB of automaton tables (the grammar table budget): ", sets_.size(), " states so far, the last tracking ",
+    fail(ErrorCode::kUnsupported, "grammar (", description_, ") needs more than ",
+         max_table_bytes_ >= (size_t(1) << 20) ? str_cat(max_table_bytes_ >> 20, " MiB") : str_cat(max_table_bytes_, " bytes"),
+         " of automaton tables (the grammar table budget, serve --grammar-table-memory): ", sets_.size(), " states so far, the last tracking ",
          set.size(), " positions at once; simplify it (nested or stacked bounded repetitions such as (.{1,50}){30,80} "
          "grow with every byte)");
   table_bytes_ += cost;

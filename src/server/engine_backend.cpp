@@ -161,7 +161,7 @@ void EngineBackend::load() {
   // Quantized checkpoints store scales in F16, BF16 or F32: size with what this one holds, as plan does.
   adopt_checkpoint_scales_dtype(spec, *weights);
   tokenizer_.emplace(Tokenizer::load(dir));
-  chat_template_ = chat_template::load_model_chat_template(dir);
+  chat_template_ = chat_template::load_model_chat_template(dir, options_.chat_template_limits);
   {
     GenerationDefaults g = load_generation_defaults(dir);
     sampling_defaults_ = {g.temperature, g.top_p, g.top_k, g.min_p, g.repetition_penalty, g.max_new_tokens};
@@ -296,13 +296,13 @@ void EngineBackend::load() {
   for (int32_t id : ec.eos_token_ids)
     if (id >= 0 && id < model_vocab) stops.push_back(id);
   grammar_compiler_ = std::make_unique<grammar::GrammarCompiler>(
-      std::make_shared<grammar::TokenVocabulary>(std::move(token_bytes), std::move(stops)));
+      std::make_shared<grammar::TokenVocabulary>(std::move(token_bytes), std::move(stops)), options_.grammar);
   ready_ = true;
 }
 
 std::shared_ptr<const grammar::CompiledGrammar> EngineBackend::compile_grammar(const grammar::GrammarSpec& spec) const {
   if (!ready_) throw ApiException({503, "the model is still loading", "service_unavailable", "", "model_loading"});
-  return compile_grammar_or_400(*grammar_compiler_, spec);
+  return compile_grammar_or_400(*grammar_compiler_, spec, options_.grammar_compile_timeout_s);
 }
 
 std::vector<int32_t> EngineBackend::tokenize(const std::string& text, bool add_special_tokens) const {
@@ -584,6 +584,16 @@ std::string EngineBackend::rank_metrics() const {
            [&](size_t d, size_t) { return snaps[d].kv_blocks_in_use; });
   per_rank("shardlm:kv_blocks_in_use_peak", "The most KV blocks in use on the rank in any step since start.",
            [&](size_t d, size_t) { return snaps[d].kv_blocks_in_use_peak; });
+  // The compiled-grammar cache (bounded by --grammar-cache-memory): its
+  // tables grow while grammars are used, so this is the bytes they hold now.
+  if (grammar_compiler_) {
+    const std::string l = str_cat("{model_name=\"", escaped, "\"} ");
+    out << "# HELP shardlm:grammar_cache_bytes Bytes held by the compiled grammars cached for reuse.\n"
+           "# TYPE shardlm:grammar_cache_bytes gauge\nshardlm:grammar_cache_bytes" << l << grammar_compiler_->cached_bytes()
+        << "\n# HELP shardlm:grammar_cache_entries Compiled grammars cached for reuse.\n"
+           "# TYPE shardlm:grammar_cache_entries gauge\nshardlm:grammar_cache_entries" << l << grammar_compiler_->n_cached()
+        << "\n";
+  }
   return out.str();
 }
 

@@ -49,6 +49,13 @@ struct EngineBackendOptions {
   // (LocalGroupOptions::batch_invariant), so a request's tokens and logprobs
   // do not depend on what else runs or how its prefill is chunked.
   bool batch_invariant = false;
+  // Per-request budgets (issue 21; serve's flags): a grammar's automaton
+  // tables (--grammar-table-memory), the compiled-grammar cache
+  // (--grammar-cache-memory), a compile's wall time (--grammar-compile-timeout),
+  // and what one chat template render may cost (--chat-template-max-*).
+  grammar::GrammarCompilerOptions grammar;
+  double grammar_compile_timeout_s = 10.0;
+  chat_template::Limits chat_template_limits;
   int64_t max_waiting_requests = 1024;   // more live requests than this: 429
   int32_t max_executor_restarts = 3;     // per replica; then fatal() (serve exits non-zero)
   // Test hook (--debug-fail-rank-at-batch): rank fail_rank of replica 0
@@ -108,7 +115,7 @@ class EngineBackend final : public ServingBackend {
 
  private:
   struct Replica;
-  std::string rank_metrics() const;  // shardlm:rank_memory_bytes, shardlm:kv_blocks* per rank
+  std::string rank_metrics() const;  // shardlm:rank_memory_bytes, shardlm:kv_blocks* per rank, the grammar cache
   EngineBackendOptions options_;
   LoadReport report_;
   std::optional<Tokenizer> tokenizer_;

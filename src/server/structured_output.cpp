@@ -1,5 +1,6 @@
 #include "server/structured_output.h"
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -164,13 +165,26 @@ std::optional<GrammarSpec> parse_structured_output(const json& body, std::string
 }
 
 std::shared_ptr<const grammar::CompiledGrammar> compile_grammar_or_400(grammar::GrammarCompiler& compiler,
-                                                                       const grammar::GrammarSpec& spec) {
+                                                                       const grammar::GrammarSpec& spec,
+                                                                       double timeout_s) {
+  const char* param = spec.kind == GrammarSpec::Kind::kToolCalls ? "tools" : "response_format";
+  using Clock = std::chrono::steady_clock;
+  const auto deadline =
+      timeout_s > 0 ? Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))
+                    : Clock::time_point::max();
+  bool timed_out = false;
   try {
     // Compilation runs on the HTTP thread of the request: it stops when that
-    // client hangs up (polled every few ms of work).
-    return compiler.compile(spec, [] { return ConnectionServer::current_client_gone(); });
+    // client hangs up, or at the deadline (both polled every few ms of work).
+    return compiler.compile(spec, [&] {
+      if (Clock::now() >= deadline) timed_out = true;
+      return timed_out || ConnectionServer::current_client_gone();
+    });
   } catch (const Error& e) {
-    const char* param = spec.kind == GrammarSpec::Kind::kToolCalls ? "tools" : "response_format";
+    if (timed_out)
+      throw ApiException({400, str_cat("structured output (", spec.kind_name(), "): compiling the grammar took more than ",
+                                       timeout_s, " s (serve --grammar-compile-timeout); simplify it"),
+                          "invalid_request_error", param, ""});
     throw ApiException({400, std::string("structured output (") + spec.kind_name() + "): " + e.what(),
                         "invalid_request_error", param, ""});
   }

@@ -25,10 +25,12 @@ std::optional<grammar::GrammarSpec> parse_structured_output(const nlohmann::orde
                                                             std::string* param = nullptr);
 
 // compiler.compile(spec), stopped when the calling handler's client hangs
-// up, with the grammar engine's errors (an unsupported keyword, a malformed
-// regex, a budget) turned into ApiException(400) naming the request
-// parameter that carried the grammar.
+// up or after `timeout_s` seconds (> 0; serve's --grammar-compile-timeout),
+// with the grammar engine's errors (an unsupported keyword, a malformed
+// regex, a budget, the timeout) turned into ApiException(400) naming the
+// request parameter that carried the grammar.
 std::shared_ptr<const grammar::CompiledGrammar> compile_grammar_or_400(grammar::GrammarCompiler& compiler,
-                                                                       const grammar::GrammarSpec& spec);
+                                                                       const grammar::GrammarSpec& spec,
+                                                                       double timeout_s = 0.0);
 
 }  // namespace shardlm::server

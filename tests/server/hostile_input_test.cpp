@@ -39,23 +39,27 @@ std::string deep_array(int n) { return std::string(size_t(n), '[') + std::string
 // json_schema constraints are compiled as serve compiles them.
 class GrammarBackend : public testing::FakeBackend {
  public:
-  GrammarBackend() {
+  // A small table budget by default, so that an exploding grammar is refused
+  // in milliseconds (serve's default is 64 MiB).
+  GrammarBackend() { configure(size_t(1) << 20, 0.0); }
+  // Not while a request compiles.
+  void configure(size_t max_table_bytes, double compile_timeout_s) {
     std::vector<std::string> bytes;
     for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
     bytes.push_back("");  // 256: the stop token
-    // A small table budget, so that an exploding grammar is refused in
-    // milliseconds (serve's default is 64 MiB).
     grammar::GrammarCompilerOptions options;
-    options.max_table_bytes = size_t(1) << 20;
+    options.max_table_bytes = max_table_bytes;
     compiler_ = std::make_unique<grammar::GrammarCompiler>(
         std::make_shared<grammar::TokenVocabulary>(std::move(bytes), std::vector<int32_t>{256}), options);
+    compile_timeout_s_ = compile_timeout_s;
   }
   std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const grammar::GrammarSpec& spec) const override {
-    return compile_grammar_or_400(*compiler_, spec);
+    return compile_grammar_or_400(*compiler_, spec, compile_timeout_s_);
   }
 
  private:
   std::unique_ptr<grammar::GrammarCompiler> compiler_;
+  double compile_timeout_s_ = 0.0;
 };
 
 class HostileInputTest : public ::testing::Test {
@@ -312,11 +316,18 @@ TEST_F(HostileInputTest, ExplodingGrammarsAreRefusedNamingTheBudget) {
   // Expands to a DFA whose states each track thousands of NFA states: minutes
   // of compile and 150 MiB per grammar before the table budget.
   expect_refused(post_raw(chat_with("guided_regex", json("^(.{1,50}){30,80}$").dump())), 400,
-                 "MiB of automaton tables (the grammar table budget)", "guided_regex");
+                 "MiB of automaton tables (the grammar table budget, serve --grammar-table-memory)", "guided_regex");
   expect_healthy();
   json rf = {{"type", "json_schema"},
              {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^(.{1,20}){10,30}$"}}}}}};
   expect_refused(post_raw(chat_with("response_format", rf.dump())), 400, "the grammar table budget", "response_format");
+  expect_healthy();
+}
+
+TEST_F(HostileInputTest, AGrammarPastItsCompileTimeIsRefusedNamingTheFlag) {
+  backend_.configure(size_t(1) << 40, 0.001);  // no table budget in reach: only the deadline stops it
+  expect_refused(post_raw(chat_with("guided_regex", json("^(.{1,50}){30,80}$").dump())), 400,
+                 "took more than 0.001 s (serve --grammar-compile-timeout)", "guided_regex");
   expect_healthy();
 }
 
@@ -472,11 +483,11 @@ TEST_F(HostileTemplateTest, RenderBudgetsAre400sNamingTheLimit) {
   limits.max_list_items = 10'000;
   limits.max_output_bytes = 64 << 10;
   start(limits);
-  expect_400("exponential", "evaluation steps (Limits::max_steps)");
+  expect_400("exponential", "evaluation steps (serve --chat-template-max-steps)");
   expect_healthy();
-  expect_400("doubling", "more than 10000 items (Limits::max_list_items)");
+  expect_400("doubling", "more than 10000 items (serve --chat-template-max-list-items)");
   expect_healthy();
-  expect_400("format", "exceeds the limit of 65536 bytes (Limits::max_output_bytes)");
+  expect_400("format", "exceeds the limit of 65536 bytes (serve --chat-template-max-bytes)");
   expect_healthy();
 }
 

@@ -299,6 +299,44 @@ TEST_F(ServeFaults, AnEmptyApiKeyIsRefusedAtStart) {
   EXPECT_NE(r.out.find("an empty key would turn authentication off"), std::string::npos) << r.out;
 }
 
+// Issue 21: the per-request work budgets are serve's flags; a request past
+// one gets a 400 naming its flag, and the same server then serves normally.
+TEST_F(ServeFaults, TheWorkBudgetsAreFlagsAndTheir400sNameThem) {
+  auto s = start({"--chat-template-max-steps", "1000", "--grammar-table-memory", "64KiB", "--grammar-cache-memory", "1"});
+  ASSERT_GT(s->pid, 0);
+  httplib::Client c("127.0.0.1", s->port);
+  c.set_read_timeout(30, 0);
+  const auto chat = [&](const std::string& content, const json& extra) {
+    json req = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", content}}}}, {"max_tokens", 2}};
+    req.update(extra);
+    return c.Post("/v1/chat/completions", req.dump(), "application/json");
+  };
+  const auto expect_400_naming = [](const httplib::Result& r, const std::string& flag) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find(flag), std::string::npos) << r->body;
+  };
+  const auto expect_200 = [](const httplib::Result& r) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+  };
+  // A render charges a step per 64 bytes it copies: 256 KiB of content is past 1,000 steps.
+  expect_200(chat("hi", json::object()));
+  expect_400_naming(chat(std::string(256 << 10, 'x'), json::object()), "--chat-template-max-steps");
+  expect_200(chat("hi", json::object()));
+  // Stacked bounded repetitions grow the automaton with every byte: this one
+  // compiles in 0.1 s within the default 64 MiB, and is past 64 KiB at once.
+  expect_400_naming(chat("hi", {{"guided_regex", "(.{1,10}){3,6}"}}), "--grammar-table-memory");
+  // Two small grammars fit the table budget; a 1-byte cache keeps only the newest.
+  expect_200(chat("hi", {{"guided_regex", "[ab]{1,3}"}}));
+  expect_200(chat("hi", {{"guided_choice", {"yes", "no"}}}));
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(gauge(m->body, "shardlm:grammar_cache_entries"), 1) << m->body;
+  EXPECT_GT(gauge(m->body, "shardlm:grammar_cache_bytes"), 1) << m->body;
+  EXPECT_EQ(s->stop(), 0) << s->log();
+}
+
 TEST_F(ServeFaults, ABadHookValueIsRefused) {
   auto r = shardlm::testing::run_command(cli_ + " serve " + dir_ + " --debug-fail-rank-at-batch x1", true);
   EXPECT_EQ(r.rc, 1);

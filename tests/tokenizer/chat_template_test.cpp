@@ -658,19 +658,19 @@ TEST(ChatTemplate, StepBudgetStopsExponentialAndQuadraticWork) {
   std::string e = error_of([&] {
     render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}", json::object(), small);
   });
-  EXPECT_NE(e.find("more than 100000 evaluation steps (Limits::max_steps)"), std::string::npos) << e;
+  EXPECT_NE(e.find("more than 100000 evaluation steps (serve --chat-template-max-steps)"), std::string::npos) << e;
   // Nested loops under the iteration limit whose bodies walk a large list.
   e = error_of([&] {
     render("{% set l = range(50000)|list %}{% for i in range(100) %}{{ 7 in l }}{% endfor %}", json::object(), small);
   });
-  EXPECT_NE(e.find("Limits::max_steps"), std::string::npos) << e;
+  EXPECT_NE(e.find("--chat-template-max-steps"), std::string::npos) << e;
   e = error_of([&] { render("{{ (range(20000)|list)|unique|length }}", json::object(), small); });
-  EXPECT_NE(e.find("Limits::max_steps"), std::string::npos) << e;
+  EXPECT_NE(e.find("--chat-template-max-steps"), std::string::npos) << e;
   // Nested range() loops stop at the loop-iteration limit.
   Limits loops;
   loops.max_loop_iterations = 20'000;
   e = error_of([&] { render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", json::object(), loops); });
-  EXPECT_NE(e.find("Limits::max_loop_iterations"), std::string::npos) << e;
+  EXPECT_NE(e.find("--chat-template-max-loop-iterations"), std::string::npos) << e;
   // Under the budget, the same macro renders.
   EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% else %}x{% endif %}{% endmacro %}{{ f(4) }}",
                    json::object(), small),
@@ -711,7 +711,7 @@ TEST(ChatTemplate, ListSizeLimitHoldsForEveryListBuilder) {
         "{% for c in 'x' * 2000 %}{% endfor %}"}) {
     SCOPED_TRACE(t);
     std::string e = error_of([&] { render(t, json::object(), small); });
-    EXPECT_NE(e.find("more than 1000 items (Limits::max_list_items)"), std::string::npos) << e;
+    EXPECT_NE(e.find("more than 1000 items (serve --chat-template-max-list-items)"), std::string::npos) << e;
   }
   EXPECT_EQ(render("{{ ([1] * 1000)|length }}{{ ('a,' * 999).split(',')|length }}", json::object(), small), "10001000");
   // The default: x + x doubling stops at a million items, not 4 M.
@@ -735,12 +735,12 @@ TEST(ChatTemplate, StringLimitHoldsForEveryStringBuilder) {
         "{% set s = (['x' * 900] * 2)|map('upper')|join %}"}) {
     SCOPED_TRACE(t);
     std::string e = error_of([&] { render(t, json::object(), small); });
-    EXPECT_NE(e.find("exceeds the limit of 1000 bytes (Limits::max_output_bytes)"), std::string::npos) << e;
+    EXPECT_NE(e.find("exceeds the limit of 1000 bytes (serve --chat-template-max-bytes)"), std::string::npos) << e;
   }
   // Shared strings are cheap to list (a million 16 MiB ones cost 24 MB), and
   // refused when printed: with the default limit, 16 MiB.
   std::string e = error_of([] { render("{% set s = 'x' * 4000000 %}{% set l = [s] * 1000 %}{{ l }}"); });
-  EXPECT_NE(e.find("Limits::max_output_bytes"), std::string::npos) << e;
+  EXPECT_NE(e.find("--chat-template-max-bytes"), std::string::npos) << e;
   // Error messages quote at most a few hundred bytes of a template's value.
   e = error_of([] { render("{{ raise_exception('x' * 100000) }}"); });
   EXPECT_LT(e.size(), 600u) << e.substr(0, 600);

@@ -52,7 +52,7 @@ void Interpreter::error(const std::string& message) const {
 void Interpreter::count_steps(size_t n) {
   n_steps_ += n;
   if (n_steps_ > limits_.max_steps)
-    error(str_cat("the render took more than ", limits_.max_steps, " evaluation steps (Limits::max_steps)"));
+    error(str_cat("the render took more than ", limits_.max_steps, " evaluation steps (serve --chat-template-max-steps)"));
   if (n_steps_ >= next_cancel_poll_) {
     next_cancel_poll_ = n_steps_ + kCancelPollSteps;
     if (cancelled_ && cancelled_()) error("the render was cancelled (the client has gone)");
@@ -61,7 +61,7 @@ void Interpreter::count_steps(size_t n) {
 
 void Interpreter::check_items(size_t n) const {
   if (n > limits_.max_list_items)
-    error(str_cat("a list would hold more than ", limits_.max_list_items, " items (Limits::max_list_items)"));
+    error(str_cat("a list would hold more than ", limits_.max_list_items, " items (serve --chat-template-max-list-items)"));
 }
 
 void Interpreter::check_defined(const Value& v) const {
@@ -71,14 +71,14 @@ void Interpreter::check_defined(const Value& v) const {
 void Interpreter::check_size(size_t n_bytes) const {
   if (n_bytes > limits_.max_output_bytes)
     error(str_cat("output or string exceeds the limit of ", limits_.max_output_bytes,
-                  " bytes (Limits::max_output_bytes)"));
+                  " bytes (serve --chat-template-max-bytes)"));
 }
 
 void Interpreter::count_iterations(size_t n) {
   n_iterations_ += n;
   if (n_iterations_ > limits_.max_loop_iterations)
     error(str_cat("more than ", limits_.max_loop_iterations,
-                  " loop iterations in one render (Limits::max_loop_iterations)"));
+                  " loop iterations in one render (serve --chat-template-max-loop-iterations)"));
 }
 
 void Interpreter::emit(std::string_view text) {

@@ -20,9 +20,9 @@ std::string special_token(const nlohmann::json& config, const char* key) {
 }
 
 // The template's source compiled, its errors naming the file it came from.
-ChatTemplate compile_from(const std::string& source, const std::filesystem::path& path) {
+ChatTemplate compile_from(const std::string& source, const std::filesystem::path& path, const Limits& limits) {
   try {
-    return ChatTemplate::compile(source);
+    return ChatTemplate::compile(source, limits);
   } catch (const Error& e) {
     fail(e.code(), path.string(), ": ", e.what());
   }
@@ -37,7 +37,7 @@ std::string ModelChatTemplate::render(const ChatInputs& inputs, const RenderOpti
   return render_chat(tmpl, in, options);
 }
 
-std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem::path& model_dir) {
+std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem::path& model_dir, const Limits& limits) {
   const auto path = model_dir / "tokenizer_config.json";
   const auto jinja = model_dir / "chat_template.jinja";
   std::error_code ec;
@@ -61,7 +61,7 @@ std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem:
       }
     }
     if (!config.is_object()) fail(ErrorCode::kCorruptFile, path.string(), ": expected a JSON object");
-    return ModelChatTemplate{compile_from(source, jinja), special_token(config, "bos_token"),
+    return ModelChatTemplate{compile_from(source, jinja, limits), special_token(config, "bos_token"),
                              special_token(config, "eos_token"), source};
   }
   std::ifstream in(path);
@@ -90,7 +90,7 @@ std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem:
   if (source.size() > kMaxChatTemplateBytes)
     fail(ErrorCode::kCorruptFile, path.string(), ": chat_template is ", source.size(),
          " bytes, more than a chat template may have (", kMaxChatTemplateBytes, ")");
-  ModelChatTemplate out{compile_from(source, path), special_token(config, "bos_token"), special_token(config, "eos_token"), source};
+  ModelChatTemplate out{compile_from(source, path, limits), special_token(config, "bos_token"), special_token(config, "eos_token"), source};
   return out;
 }
 

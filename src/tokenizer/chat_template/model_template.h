@@ -25,6 +25,8 @@ struct ModelChatTemplate {
 // too large (kMaxChatTemplateBytes), or its template does not parse (a syntax
 // error, or nesting past Limits::max_nesting).
 constexpr size_t kMaxChatTemplateBytes = size_t{4} << 20;
-std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem::path& model_dir);
+// `limits`: what one render may cost (serve's --chat-template-max-* flags).
+std::optional<ModelChatTemplate> load_model_chat_template(const std::filesystem::path& model_dir,
+                                                          const Limits& limits = {});
 
 }  // namespace shardlm::chat_template

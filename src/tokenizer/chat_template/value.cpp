@@ -32,7 +32,7 @@ StringLimit::~StringLimit() { t_max_string_bytes = saved_; }
 void StringLimit::check(size_t n_bytes) {
   if (n_bytes > t_max_string_bytes)
     fail(ErrorCode::kInvalidArgument, "chat template: output or string exceeds the limit of ", t_max_string_bytes,
-         " bytes (Limits::max_output_bytes)");
+         " bytes (serve --chat-template-max-bytes)");
 }
 
 namespace {
