@@ -113,6 +113,7 @@ def cases():
         "/v1/chat/completions", chat()), lambda a: (a.count(b"HTTP/1.1 200") == 3, f"{a.count(b'HTTP/1.1 200')} of 3 answered")
     yield "conn: half-closed client", ("half", request("/v1/chat/completions", chat())), expect(200)
     yield "conn: 64 slow heads, then a normal request", ("slow", None), None
+    yield "conn: 24 trickled 1 MiB bodies, then normal", ("slowbody", None), None
 
 
 def run_case(port, name, data, check):
@@ -134,6 +135,30 @@ def run_case(port, name, data, check):
         for s in socks:
             s.close()
         return status == 200, f"normal request {status} in {took:.2f} s beside 64 slow heads"
+    if isinstance(data, tuple) and data[0] == "slowbody":
+        # Three times --threads-http: each stops 100 bytes short of its body.
+        body = chat().encode() + b" " * (1 << 20)
+        whole = request("/v1/chat/completions", body)
+        socks = []
+        for _ in range(24):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(whole[:-100])
+            socks.append(s)
+        t0 = time.time()
+        status = status_of(raw(port, request("/v1/chat/completions", chat())))
+        took = time.time() - t0
+        finished = 0
+        for s in socks[:4]:  # a few finish their bodies and are answered
+            s.sendall(whole[-100:])
+            s.settimeout(30)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+            finished += status_of(answer) == 200
+        for s in socks:
+            s.close()
+        return status == 200 and finished == 4, (f"normal request {status} in {took:.2f} s beside 24 trickled bodies; "
+                                                f"{finished} of 4 finished bodies answered 200")
     return check(raw(port, data))
 
 

@@ -54,10 +54,14 @@ void address_of(int sock, bool peer, std::string& ip, int& port) {
 // is bounded by io_timeout, and the body as a whole by body_timeout.
 class ConnectionStream final : public httplib::Stream {
  public:
+  // `head`: the bytes already taken from the socket (the head, and the body
+  // too when the head waiter read it); body_bytes: what is left to read.
+  // sent_continue: the head waiter answered Expect: 100-continue already.
   ConnectionStream(int sock, std::string head, uint64_t body_bytes, const GateLimits& limits, bool http11,
-                   bool sse_probe)
+                   bool sse_probe, bool sent_continue)
       : sock_(sock), head_(std::move(head)), body_left_(body_bytes), io_ms_(int(limits.io_timeout.count())),
-        body_deadline_(Clock::now() + limits.body_timeout), http11_(http11), sse_probe_(sse_probe) {}
+        body_deadline_(Clock::now() + limits.body_timeout), http11_(http11), sse_probe_(sse_probe),
+        sent_continue_(sent_continue) {}
 
   bool is_readable() const override {
     return off_ < head_.size() || wait_for(sock_, POLLIN, std::min(io_ms_, ms_until(body_deadline_)));
@@ -83,6 +87,8 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, size_t size) override {
+    // httplib's own 100 Continue for a body that has already arrived.
+    if (!started_ && sent_continue_ && std::string_view(ptr, size).starts_with("HTTP/1.1 100 ")) return ssize_t(size);
     if (!started_) {
       // httplib writes the status line and headers in one piece.
       started_ = true;
@@ -151,6 +157,7 @@ class ConnectionStream final : public httplib::Stream {
   const Clock::time_point body_deadline_;
   const bool http11_;
   const bool sse_probe_;
+  const bool sent_continue_;
   bool started_ = false;  // a byte of the response was written
   bool sse_ = false;      // the response is a chunked event stream
   bool failed_ = false;
@@ -192,7 +199,9 @@ ConnectionServer::ConnectionServer(size_t max_threads) : max_threads_(std::max<s
   new_task_queue = [this] {
     pool_ = std::make_unique<WorkerPool>(max_threads_);
     waiter_ = std::make_unique<HeadWaiter>(
-        limits_, check_, [this](int sock, GateOutcome outcome, int n_served) { dispatch(sock, std::move(outcome), n_served); });
+        limits_, check_, [this](int sock, GateOutcome outcome, int n_served, HeadWaiter::Received received) {
+          dispatch(sock, std::move(outcome), n_served, std::move(received));
+        });
     waiter_view_ = waiter_.get();
     return new HandOffQueue([this] {
       waiter_->stop();
@@ -218,28 +227,36 @@ bool ConnectionServer::process_and_close_socket(socket_t sock) {
   return true;
 }
 
-void ConnectionServer::dispatch(int sock, GateOutcome outcome, int n_served) {
+void ConnectionServer::dispatch(int sock, GateOutcome outcome, int n_served, HeadWaiter::Received received) {
   if (outcome.result == GateResult::kAnswered) {
     ++n_refused_;
     pool_->enqueue([sock, answer = std::move(outcome.answer)] { send_answer_and_close(sock, answer); });
     return;
   }
-  pool_->enqueue([this, sock, head = std::move(outcome.head), n_served] { serve(sock, head, n_served); });
+  pool_->enqueue([this, sock, head = std::move(outcome.head), n_served, received = std::move(received)]() mutable {
+    serve(sock, head, n_served, std::move(received));
+  });
 }
 
-void ConnectionServer::serve(int sock, const RequestHead& head, int n_served) {
+void ConnectionServer::serve(int sock, const RequestHead& head, int n_served, HeadWaiter::Received received) {
   if (n_served > 0) ++n_reused_;
-  // The head is in the receive buffer (the gate peeked at it): take it.
-  std::string head_bytes(head.n_bytes, '\0');
-  size_t got = 0;
-  while (got < head_bytes.size()) {
-    const ssize_t n = ::recv(sock, head_bytes.data() + got, head_bytes.size() - got, MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return close_connection(sock);
-    got += static_cast<size_t>(n);
+  uint64_t body_bytes = std::stoull(head.field("content-length").value_or("0"));  // the gate checked it
+  std::string head_bytes = std::move(received.bytes);
+  if (!head_bytes.empty()) {
+    body_bytes = 0;  // the head waiter read head and body
+  } else {
+    // The head is in the receive buffer (the gate peeked at it): take it.
+    head_bytes.assign(head.n_bytes, '\0');
+    size_t got = 0;
+    while (got < head_bytes.size()) {
+      const ssize_t n = ::recv(sock, head_bytes.data() + got, head_bytes.size() - got, MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return close_connection(sock);
+      got += static_cast<size_t>(n);
+    }
   }
-  const uint64_t body_bytes = std::stoull(head.field("content-length").value_or("0"));  // the gate checked it
-  ConnectionStream strm(sock, std::move(head_bytes), body_bytes, limits_, head.version == "HTTP/1.1", sse_probe_);
+  ConnectionStream strm(sock, std::move(head_bytes), body_bytes, limits_, head.version == "HTTP/1.1", sse_probe_,
+                        received.sent_continue);
   struct Scope {
     Scope(int s, const RequestHead* h, ConnectionStream* st) {
       t_socket = s;
@@ -280,6 +297,11 @@ int64_t ConnectionServer::n_closed_before_request() const {
 size_t ConnectionServer::n_waiting_connections() const {
   const HeadWaiter* w = waiter_view_;
   return w ? w->n_waiting() : 0;
+}
+
+size_t ConnectionServer::n_buffered_body_bytes() const {
+  const HeadWaiter* w = waiter_view_;
+  return w ? w->n_buffered_body_bytes() : 0;
 }
 
 }  // namespace shardlm::server

@@ -20,6 +20,11 @@
 // its answer, which a write tells apart from one that left (its reset
 // comes back). The probe is a 100 Continue before the response starts, and
 // an SSE comment between the events of a started event stream.
+//
+// A request reaches a worker with its body whole (the head waiter waits for
+// it, in the kernel's buffer or in memory), so a client that trickles its
+// body holds no thread; only a body larger than max_buffered_body_bytes is
+// read by the worker.
 #pragma once
 
 #include <httplib.h>
@@ -28,11 +33,11 @@
 #include <cstdint>
 #include <memory>
 
+#include "server/head_waiter.h"
 #include "server/request_gate.h"
 
 namespace shardlm::server {
 
-class HeadWaiter;
 class WorkerPool;
 
 class ConnectionServer : public httplib::Server {
@@ -65,15 +70,17 @@ class ConnectionServer : public httplib::Server {
   // closed by their client before a whole head arrived.
   int64_t n_refused_at_gate() const { return n_refused_; }
   int64_t n_closed_before_request() const;
-  // Connections waiting for a request (new or kept alive).
+  // Connections waiting for a request (new or kept alive), or for its body.
   size_t n_waiting_connections() const;
+  // Bytes of request bodies the head waiter holds now (GateLimits::max_buffered_body_bytes).
+  size_t n_buffered_body_bytes() const;
   // Requests served on a connection after its first.
   int64_t n_reused() const { return n_reused_; }
 
  private:
   bool process_and_close_socket(socket_t sock) override;
-  void dispatch(int sock, GateOutcome outcome, int n_served);
-  void serve(int sock, const RequestHead& head, int n_served);
+  void dispatch(int sock, GateOutcome outcome, int n_served, HeadWaiter::Received received);
+  void serve(int sock, const RequestHead& head, int n_served, HeadWaiter::Received received);
 
   const size_t max_threads_;
   GateLimits limits_;

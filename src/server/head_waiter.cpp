@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <string>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -101,8 +102,17 @@ void HeadWaiter::forget(int sock) {
 
 void HeadWaiter::drop(int sock, const Waiting& w, bool client_closed) {
   if (client_closed && (w.n_served == 0 || w.started)) ++n_closed_before_request_;
+  unreserve(sock, w);
   forget(sock);
   close_now(sock);
+}
+
+void HeadWaiter::unreserve(int sock, const Waiting& w) {
+  if (w.reading) {
+    reserved_bytes_ -= w.need;
+    n_buffered_bytes_ -= w.received.bytes.size();
+  }
+  if (w.parked) parked_.erase(std::find(parked_.begin(), parked_.end(), sock));
 }
 
 // Bytes in the receive buffer; -1 on error.
@@ -122,6 +132,11 @@ static int64_t buffered(int sock) {
 
 void HeadWaiter::judge(int sock, Waiting& w, uint32_t events) {
   if (events & EPOLLERR) return drop(sock, w, true);
+  if (w.parked) {
+    if (events & (EPOLLRDHUP | EPOLLHUP)) return drop(sock, w, true);  // gone before its turn
+    return;
+  }
+  if (w.reading) return read_body(sock, w, events);
   if (w.passed) return wait_for_body(sock, w, events);
   const size_t cap = limits_.max_head_bytes + 1;
   peek_buf_.resize(cap);  // allocated once: every wake-up of every connection peeks into it
@@ -147,20 +162,91 @@ void HeadWaiter::judge(int sock, Waiting& w, uint32_t events) {
   }
   if (verdict->result == GateResult::kPass) {
     const uint64_t body = std::stoull(verdict->head.field("content-length").value_or("0"));  // judged valid
-    // A client that sent Expect: 100-continue sends its body only after
-    // httplib's 100 Continue: no waiting for it here.
-    const bool expects_continue = verdict->head.field("expect").has_value();
-    if (body > 0 && body <= kMaxWaitedBody && verdict->head.n_bytes + body <= receive_buffer_half(sock) &&
-        !expects_continue) {
-      w.need = verdict->head.n_bytes + static_cast<size_t>(body);
+    const size_t need = verdict->head.n_bytes + static_cast<size_t>(body);
+    // A client that sent Expect: 100-continue sends its body only after a
+    // 100 Continue: the waiter sends it when it starts reading the body.
+    const bool expects_continue = verdict->head.field("expect").has_value() && verdict->head.version == "HTTP/1.1";
+    const bool in_kernel = body <= kMaxWaitedBody && need <= receive_buffer_half(sock) && !expects_continue;
+    if (body > 0 && (in_kernel || need <= limits_.max_buffered_body_bytes)) {
+      w.need = need;
+      w.expects_continue = expects_continue;
       w.passed = std::move(verdict);
       w.deadline = Clock::now() + limits_.body_timeout;
-      return wait_for_body(sock, w, events);
+      if (in_kernel) return wait_for_body(sock, w, events);
+      if (reserved_bytes_ + need > limits_.max_buffered_body_bytes) {
+        // No room now: leave its bytes in the socket, and stop watching for
+        // them (level-triggered EPOLLIN would wake the loop in vain).
+        w.parked = true;
+        parked_.push_back(sock);
+        epoll_event ev{};
+        ev.events = EPOLLRDHUP;
+        ev.data.fd = sock;
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, sock, &ev);
+        return;
+      }
+      if (start_reading(sock, w)) read_body(sock, w, events);
+      return;
     }
+    // A body larger than the whole budget: the worker reads it, within body_timeout.
   }
   const int n_served = w.n_served;
   forget(sock);
-  ready_(sock, std::move(*verdict), n_served);
+  ready_(sock, std::move(*verdict), n_served, {});
+}
+
+bool HeadWaiter::start_reading(int sock, Waiting& w) {
+  reserved_bytes_ += w.need;
+  w.reading = true;
+  w.parked = false;
+  w.received.bytes.reserve(w.need);  // address space only: pages are touched as bytes arrive
+  set_rcvlowat(sock, 1);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.fd = sock;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, sock, &ev);
+  if (w.expects_continue) {
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    const ssize_t n = ::send(sock, kContinue.data(), kContinue.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n != static_cast<ssize_t>(kContinue.size())) {  // 25 bytes into an idle connection's empty send buffer
+      drop(sock, w, true);
+      return false;
+    }
+    w.received.sent_continue = true;
+  }
+  return true;
+}
+
+void HeadWaiter::read_body(int sock, Waiting& w, uint32_t events) {
+  std::string& bytes = w.received.bytes;
+  char chunk[64 << 10];  // not resize(need) per wake-up: a trickle would zero megabytes per byte
+  while (bytes.size() < w.need) {
+    ssize_t n;
+    do n = ::recv(sock, chunk, std::min(sizeof chunk, w.need - bytes.size()), MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) {
+      bytes.append(chunk, static_cast<size_t>(n));
+      n_buffered_bytes_ += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !(events & EPOLLRDHUP)) return;
+    return drop(sock, w, true);  // closed, or failed, before the body was whole
+  }
+  unreserve(sock, w);
+  const int n_served = w.n_served;
+  GateOutcome outcome = std::move(*w.passed);
+  Received received = std::move(w.received);
+  forget(sock);
+  ready_(sock, std::move(outcome), n_served, std::move(received));
+}
+
+void HeadWaiter::admit_parked() {
+  while (!parked_.empty()) {
+    const int sock = parked_.front();
+    Waiting& w = waiting_.at(sock);
+    if (reserved_bytes_ + w.need > limits_.max_buffered_body_bytes) return;
+    parked_.erase(parked_.begin());
+    start_reading(sock, w);  // its bytes wake the loop on the next wait
+  }
 }
 
 void HeadWaiter::wait_for_body(int sock, Waiting& w, uint32_t events) {
@@ -174,7 +260,7 @@ void HeadWaiter::wait_for_body(int sock, Waiting& w, uint32_t events) {
   const int n_served = w.n_served;
   GateOutcome outcome = std::move(*w.passed);
   forget(sock);
-  ready_(sock, std::move(outcome), n_served);
+  ready_(sock, std::move(outcome), n_served, {});
 }
 
 int HeadWaiter::expire(Clock::time_point now) {
@@ -205,8 +291,9 @@ int HeadWaiter::expire(Clock::time_point now) {
                                "no request arrived within " + std::to_string(limits_.start_timeout.count()) +
                                    " ms of connecting; send the request line and headers promptly",
                                "request_timeout");
+    unreserve(sock, w);
     forget(sock);
-    ready_(sock, std::move(outcome), w.n_served);
+    ready_(sock, std::move(outcome), w.n_served, {});
   }
   if (next == Clock::time_point::max()) return -1;
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
@@ -234,6 +321,7 @@ void HeadWaiter::loop() {
       if (stopped_) break;
     }
     timeout_ms = expire(Clock::now());
+    admit_parked();  // after what this round freed
   }
   // Stopped: no one will serve what waits (its requests were not started).
   take_incoming();
@@ -242,6 +330,9 @@ void HeadWaiter::loop() {
     close_now(sock);
   }
   waiting_.clear();
+  parked_.clear();
+  reserved_bytes_ = 0;
+  n_buffered_bytes_ = 0;
   n_waiting_ = 0;
 }
 

@@ -14,11 +14,14 @@
 //     to its blank line; either missed gets 408;
 //   - a kept-alive connection: keep_alive_timeout of silence closes it
 //     without a word (HTTP's idle close), a started head then head_timeout;
-//   - a body of up to kMaxWaitedBody bytes (and within half the receive
-//     buffer, what SO_RCVLOWAT can wait for) is waited for here too, in the
-//     kernel's receive buffer, for body_timeout after its head: such a
-//     request reaches a worker whole, so a trickled body holds no thread.
-//     Larger bodies are read by the worker, within body_timeout.
+//   - a body is waited for here too, for body_timeout after its head, so
+//     that a request reaches a worker whole and a trickled body holds no
+//     thread. One of up to kMaxWaitedBody bytes (and within half the receive
+//     buffer, what SO_RCVLOWAT can wait for) waits in the kernel's receive
+//     buffer. A larger one (or one sent after `Expect: 100-continue`, which
+//     the waiter answers) is read, head and body, into memory: at most
+//     max_buffered_body_bytes over all connections, past which a connection
+//     is left unread (TCP's window holds its client back) until bytes free.
 #pragma once
 
 #include <atomic>
@@ -43,8 +46,14 @@ class HeadWaiter {
 
   // Called on the waiter's thread with a connection it no longer watches:
   // kPass (serve the head) or kAnswered (send the answer and close). It
-  // must not block: hand the work to a worker.
-  using Ready = std::function<void(int sock, GateOutcome outcome, int n_served)>;
+  // must not block: hand the work to a worker. `received`: the request's
+  // head and body when the waiter read them from the socket (empty: the
+  // head is still there, and the body, if any, after it).
+  struct Received {
+    std::string bytes;
+    bool sent_continue = false;  // the waiter answered Expect: 100-continue
+  };
+  using Ready = std::function<void(int sock, GateOutcome outcome, int n_served, Received received)>;
 
   HeadWaiter(GateLimits limits, HeadCheck check, Ready ready);
   ~HeadWaiter();
@@ -59,6 +68,8 @@ class HeadWaiter {
   void stop();
 
   size_t n_waiting() const { return n_waiting_; }
+  // Bytes of bodies being read into memory now (within max_buffered_body_bytes).
+  size_t n_buffered_body_bytes() const { return n_buffered_bytes_; }
   // New connections closed by their client before a whole head arrived.
   int64_t n_closed_before_request() const { return n_closed_before_request_; }
 
@@ -72,12 +83,22 @@ class HeadWaiter {
     // buffer (bodies up to kMaxWaitedBody): `need` bytes in all.
     std::optional<GateOutcome> passed;
     size_t need = 0;
+    // Larger bodies: read, head first, into `received` (need bytes reserved
+    // of the budget), or parked until the budget has room.
+    bool reading = false;
+    bool parked = false;
+    bool expects_continue = false;
+    Received received;
   };
 
   void loop();
   void take_incoming();
   void judge(int sock, Waiting& w, uint32_t events);
   void wait_for_body(int sock, Waiting& w, uint32_t events);
+  void read_body(int sock, Waiting& w, uint32_t events);
+  bool start_reading(int sock, Waiting& w);  // false: dropped
+  void unreserve(int sock, const Waiting& w);  // frees w's share of the body budget
+  void admit_parked();                         // starts reading parked bodies that now fit
   int expire(Clock::time_point now);  // -> ms to the next deadline, -1: none
   void forget(int sock);              // stops watching; the socket stays open
   void drop(int sock, const Waiting& w, bool client_closed);
@@ -92,6 +113,9 @@ class HeadWaiter {
   bool stopped_ = false;                       // under mutex_
   std::unordered_map<int, Waiting> waiting_;   // the loop's thread only
   std::string peek_buf_;                       // the loop's thread only: [max_head_bytes + 1]
+  std::vector<int> parked_;                    // the loop's thread only: in arrival order
+  size_t reserved_bytes_ = 0;                  // the loop's thread only
+  std::atomic<size_t> n_buffered_bytes_{0};
   std::atomic<size_t> n_waiting_{0};
   std::atomic<int64_t> n_closed_before_request_{0};
   std::thread thread_;

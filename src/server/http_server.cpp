@@ -133,6 +133,7 @@ HttpServer::HttpServer(ServingBackend& backend, ServerOptions options)
   gate.start_timeout = std::chrono::seconds(options_.request_start_timeout_s);
   gate.max_head_bytes = options_.max_header_bytes;
   gate.max_body_bytes = options_.max_body_bytes;
+  gate.max_buffered_body_bytes = options_.max_buffered_body_bytes;
   http_->set_gate_limits(gate);
   // Refused from the head alone, before a byte of the body is read.
   http_->set_head_check([this](const RequestHead& head) -> std::optional<EarlyAnswer> {
@@ -187,6 +188,8 @@ size_t HttpServer::active_requests() const {
 }
 
 size_t HttpServer::waiting_connections() const { return http_->n_waiting_connections(); }
+
+size_t HttpServer::buffered_body_bytes() const { return http_->n_buffered_body_bytes(); }
 
 void HttpServer::bind() {
   if (options_.port == 0) {

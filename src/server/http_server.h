@@ -28,6 +28,7 @@ struct ServerOptions {
   std::vector<std::string> served_model_names;  // first is reported by /v1/models
   std::string api_key;             // empty: no authentication
   size_t max_body_bytes = 8u << 20;  // larger bodies get 413
+  size_t max_buffered_body_bytes = 64u << 20;  // bodies read before a worker takes them, all connections (GateLimits)
   int request_start_timeout_s = 60;  // a new connection silent this long gets 408
   size_t max_header_bytes = 64 * 1024;  // request line and header fields; more gets 431
   int n_http_threads = 1040;       // open connections served at once (threads start on demand); more wait in the accept queue
@@ -61,6 +62,7 @@ class HttpServer {
   // Connections waiting for a request (new, or kept alive between
   // requests): they hold no HTTP thread.
   size_t waiting_connections() const;
+  size_t buffered_body_bytes() const;  // bodies read, not yet handed to a worker
 
  private:
   struct Streams;

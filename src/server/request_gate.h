@@ -54,6 +54,11 @@ struct GateLimits {
   size_t max_head_bytes = 64 * 1024;                                  // request line and fields
   size_t max_body_bytes = 8u << 20;                                   // Content-Length
   size_t max_requests_per_connection = 100;                           // then Connection: close
+  // Bodies too large to wait for in the kernel's receive buffer are read by
+  // the head waiter into memory before a worker takes the request, up to
+  // this many bytes over all connections at once; past it a connection waits
+  // (unread, so TCP holds its client back) for the bytes to be freed.
+  size_t max_buffered_body_bytes = 64u << 20;
 };
 
 // The server's own checks on a head that passed the framing checks: draining,

@@ -24,11 +24,11 @@ using json = nlohmann::json;
 
 class HttpServerTest : public ::testing::Test {
  protected:
-  void start(ServerOptions options = {}) {
+  void start(ServerOptions options = {}, size_t max_body_bytes = 64 * 1024) {
     options.port = 0;
     if (options.served_model_names.empty()) options.served_model_names = {"tiny"};
     options.version = "9.9.9";
-    options.max_body_bytes = 64 * 1024;
+    options.max_body_bytes = max_body_bytes;
     server_ = std::make_unique<HttpServer>(backend_, options);
     server_->bind();
     thread_ = std::thread([this] { server_->run(); });
@@ -704,6 +704,104 @@ TEST_F(SlowClientTest, SlowHeadsAndBodiesHoldNoThread) {
   ASSERT_TRUE(r) << "a normal request was not served while slow connections waited";
   EXPECT_EQ(r->status, 200);
   for (int fd : slow) ::close(fd);
+}
+
+// A chat request whose body is padded with whitespace to `n_bytes` and more.
+std::string large_chat_request(size_t n_bytes, const std::string& extra_headers = "") {
+  json body = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}};
+  const std::string text = body.dump() + std::string(n_bytes, ' ');
+  return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n" +
+         extra_headers + "Content-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text;
+}
+
+bool send_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    bytes.remove_prefix(size_t(n));
+  }
+  return true;
+}
+
+// Bodies too large to wait for in the kernel's buffer (200 KB, past the
+// 64 KiB that SO_RCVLOWAT waits for) are read into memory by the head waiter:
+// four clients that stop ten bytes short hold no thread of two, a normal
+// request is served beside them, and each is answered once its body ends.
+TEST_F(SlowClientTest, LargeTrickledBodiesHoldNoThread) {
+  ServerOptions options;
+  options.n_http_threads = 2;
+  start(options, 1 << 20);
+  const std::string whole = large_chat_request(200'000);
+  std::vector<int> slow;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = connect_loopback(server_->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(send_all(fd, std::string_view(whole).substr(0, whole.size() - 10)));
+    slow.push_back(fd);
+  }
+  EXPECT_TRUE(shardlm::testing::wait_until([&] { return server_->buffered_body_bytes() == 4 * (whole.size() - 10); }))
+      << server_->buffered_body_bytes();
+  auto r = post("/v1/chat/completions", chat(2));
+  ASSERT_TRUE(r) << "a normal request was not served while large bodies trickled in";
+  EXPECT_EQ(r->status, 200);
+  for (int fd : slow) {
+    ASSERT_TRUE(send_all(fd, std::string_view(whole).substr(whole.size() - 10)));
+    const std::string answer = read_to_close(fd);
+    ::close(fd);
+    EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer.substr(0, 300);
+  }
+  EXPECT_EQ(server_->buffered_body_bytes(), 0u);
+}
+
+// Past max_buffered_body_bytes a connection's body is left in the socket
+// until the bytes of another are handed on; then it is read and served.
+TEST_F(SlowClientTest, BodiesPastTheBufferBudgetWaitTheirTurn) {
+  ServerOptions options;
+  options.n_http_threads = 2;
+  options.max_buffered_body_bytes = 300'000;  // one 200 KB body at a time
+  start(options, 1 << 20);
+  const std::string whole = large_chat_request(200'000);
+  const size_t first_part = whole.size() - 10;
+  int fds[2];
+  for (int& fd : fds) {
+    fd = connect_loopback(server_->port());
+    ASSERT_GE(fd, 0);
+  }
+  ASSERT_TRUE(send_all(fds[0], std::string_view(whole).substr(0, first_part)));
+  ASSERT_TRUE(shardlm::testing::wait_until([&] { return server_->buffered_body_bytes() == first_part; }));
+  // The second's head arrives and is parked: its bytes stay in the kernel.
+  ASSERT_TRUE(send_all(fds[1], std::string_view(whole).substr(0, 60'000)));
+  ASSERT_TRUE(shardlm::testing::wait_until([&] { return server_->waiting_connections() == 2u; }));
+  EXPECT_EQ(server_->buffered_body_bytes(), first_part);
+  ASSERT_TRUE(send_all(fds[0], std::string_view(whole).substr(first_part)));
+  std::string answer = read_to_close(fds[0]);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer.substr(0, 300);
+  ASSERT_TRUE(send_all(fds[1], std::string_view(whole).substr(60'000)));
+  answer = read_to_close(fds[1]);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer.substr(0, 300);
+  for (int fd : fds) ::close(fd);
+}
+
+// Expect: 100-continue: the head waiter sends the 100 Continue and reads the
+// body itself; the client sees one 100 Continue, then the answer.
+TEST_F(SlowClientTest, AnExpectContinueBodyIsReadByTheWaiter) {
+  ServerOptions options;
+  options.n_http_threads = 2;
+  start(options, 1 << 20);
+  const std::string whole = large_chat_request(100'000, "Expect: 100-continue\r\n");
+  const size_t head_end = whole.find("\r\n\r\n") + 4;
+  const int fd = connect_loopback(server_->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(send_all(fd, std::string_view(whole).substr(0, head_end)));
+  const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+  std::string got(kContinue.size(), '\0');
+  ASSERT_EQ(::recv(fd, got.data(), got.size(), MSG_WAITALL), static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got, kContinue);
+  ASSERT_TRUE(send_all(fd, std::string_view(whole).substr(head_end)));
+  const std::string answer = read_to_close(fd);
+  ::close(fd);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer.substr(0, 300);
+  EXPECT_NE(answer.find("chat.completion"), std::string::npos) << answer.substr(0, 300);
 }
 
 }  // namespace
