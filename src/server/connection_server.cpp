@@ -58,10 +58,9 @@ class ConnectionStream final : public httplib::Stream {
   // too when the head waiter read it); body_bytes: what is left to read.
   // sent_continue: the head waiter answered Expect: 100-continue already.
   ConnectionStream(int sock, std::string head, uint64_t body_bytes, const GateLimits& limits, bool http11,
-                   bool sse_probe, bool sent_continue)
+                   bool sent_continue)
       : sock_(sock), head_(std::move(head)), body_left_(body_bytes), io_ms_(int(limits.io_timeout.count())),
-        body_deadline_(Clock::now() + limits.body_timeout), http11_(http11), sse_probe_(sse_probe),
-        sent_continue_(sent_continue) {}
+        body_deadline_(Clock::now() + limits.body_timeout), http11_(http11), sent_continue_(sent_continue) {}
 
   bool is_readable() const override {
     return off_ < head_.size() || wait_for(sock_, POLLIN, std::min(io_ms_, ms_until(body_deadline_)));
@@ -95,6 +94,12 @@ class ConnectionStream final : public httplib::Stream {
       const std::string_view head(ptr, size);
       sse_ = head.find("Content-Type: text/event-stream") != std::string_view::npos &&
              head.find("Transfer-Encoding: chunked") != std::string_view::npos;
+      at_event_end_ = true;  // no event started yet
+    } else {
+      // A chunk whose payload ends with a blank line ends an SSE event: only
+      // there may a probe go in. Our own streams write whole events per
+      // chunk; a relay (the router) ends its chunks where the upstream's did.
+      at_event_end_ = std::string_view(ptr, size).ends_with("\n\n\r\n");
     }
     return write_all(ptr, size) ? static_cast<ssize_t>(size) : -1;
   }
@@ -122,7 +127,7 @@ class ConnectionStream final : public httplib::Stream {
     if (probed_ && now - last_probe_ < std::chrono::seconds(1)) return true;
     std::string_view probe;
     if (!started_ && http11_) probe = "HTTP/1.1 100 Continue\r\n\r\n";  // any number of 1xx may precede the answer
-    else if (started_ && sse_ && sse_probe_) probe = "8\r\n: ping\n\n\r\n";  // an SSE comment, as one chunk
+    else if (started_ && sse_ && at_event_end_) probe = "8\r\n: ping\n\n\r\n";  // an SSE comment, as one chunk
     else return false;
     probed_ = true;
     last_probe_ = now;
@@ -156,10 +161,10 @@ class ConnectionStream final : public httplib::Stream {
   const int io_ms_;
   const Clock::time_point body_deadline_;
   const bool http11_;
-  const bool sse_probe_;
   const bool sent_continue_;
   bool started_ = false;  // a byte of the response was written
   bool sse_ = false;      // the response is a chunked event stream
+  bool at_event_end_ = false;  // what was written last ends an SSE event
   bool failed_ = false;
   bool probed_ = false;
   Clock::time_point last_probe_;
@@ -255,7 +260,7 @@ void ConnectionServer::serve(int sock, const RequestHead& head, int n_served, He
       got += static_cast<size_t>(n);
     }
   }
-  ConnectionStream strm(sock, std::move(head_bytes), body_bytes, limits_, head.version == "HTTP/1.1", sse_probe_,
+  ConnectionStream strm(sock, std::move(head_bytes), body_bytes, limits_, head.version == "HTTP/1.1",
                         received.sent_continue);
   struct Scope {
     Scope(int s, const RequestHead* h, ConnectionStream* st) {

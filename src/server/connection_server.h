@@ -19,7 +19,8 @@
 // a client that shut only its sending side (a half-close) still waits for
 // its answer, which a write tells apart from one that left (its reset
 // comes back). The probe is a 100 Continue before the response starts, and
-// an SSE comment between the events of a started event stream.
+// an SSE comment between the events of a started event stream (after a
+// chunk that ended an event: a relay's chunks may split one).
 //
 // A request reaches a worker with its body whole (the head waiter waits for
 // it, in the kernel's buffer or in memory), so a client that trickles its
@@ -61,10 +62,6 @@ class ConnectionServer : public httplib::Server {
   // Call before listening.
   void set_gate_limits(const GateLimits& limits);
   void set_head_check(HeadCheck check) { check_ = std::move(check); }
-  // Event streams whose chunks are whole SSE events may be probed with an
-  // SSE comment; a relay of another server's bytes may not (its chunks
-  // can split an event). Default: on.
-  void set_sse_probe(bool on) { sse_probe_ = on; }
 
   // Requests refused from their head alone (any status), and connections
   // closed by their client before a whole head arrived.
@@ -85,7 +82,6 @@ class ConnectionServer : public httplib::Server {
   const size_t max_threads_;
   GateLimits limits_;
   HeadCheck check_;
-  bool sse_probe_ = true;
   std::unique_ptr<WorkerPool> pool_;  // serves requests; made when listening starts
   std::unique_ptr<HeadWaiter> waiter_;  // made when listening starts (serve listens once)
   std::atomic<HeadWaiter*> waiter_view_{nullptr};  // waiter_, for the counters read from other threads

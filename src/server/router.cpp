@@ -122,7 +122,6 @@ Router::Router(RouterOptions options)
     if (head.method == "OPTIONS" || authorised(head)) return std::nullopt;
     return EarlyAnswer{401, openai_error_body("Incorrect or missing API key", "authentication_error", "invalid_api_key"), {}};
   });
-  http_->set_sse_probe(false);  // relayed chunks can split an event
   listen_fd_ = configure_listener(*http_);
   install_routes();
 }

@@ -223,6 +223,32 @@ TEST_F(RouterTest, ANonStreamingClientsHangUpReachesTheBackend) {
   EXPECT_EQ(backends_[0].cancelled + backends_[1].cancelled, 1);
 }
 
+// A client that half-closes (shuts its sending side) in the middle of a
+// relayed stream still waits for the rest: the router probes it with an SSE
+// comment between events, as serve does, rather than cut the stream.
+TEST_F(RouterTest, AHalfClosedStreamingClientGetsTheWholeStream) {
+  for (auto& b : backends_) {
+    b.pace = std::chrono::milliseconds(100);  // events 100 ms apart: the half-close lands between two
+    b.script = "abc";
+  }
+  json req = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 3}, {"stream", true}};
+  const int fd = send_and_hold(router_->port(), req.dump());
+  ASSERT_GE(fd, 0);
+  std::string answer;
+  char buf[4096];
+  while (answer.find("\"content\":\"a\"") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << answer;
+    answer.append(buf, size_t(n));
+  }
+  shutdown(fd, SHUT_WR);
+  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) answer.append(buf, size_t(n));
+  close(fd);
+  EXPECT_NE(answer.find("\"content\":\"c\""), std::string::npos) << answer;
+  EXPECT_NE(answer.find("[DONE]"), std::string::npos) << answer;
+  EXPECT_EQ(backends_[0].cancelled + backends_[1].cancelled, 0);
+}
+
 // stop() cuts the upstream readers instead of leaving them running: it
 // returns promptly with a long request in flight, and the backend cancels it.
 TEST_F(RouterTest, StopLeavesNoUpstreamReaderBehind) {
