@@ -421,6 +421,7 @@ TEST_F(ApiSurfaceTest, CorsPreflightAndAllowedOrigins) {
 // is answered as if it were not sent, never with a 400.
 TEST_F(ApiSurfaceTest, NullOptionalFieldsMeanAbsent) {
   backend_.template_source = kHermesTemplate;
+  backend_.accept_grammars = true;
   start();
   const char* common[] = {"stream", "stream_options", "n", "temperature", "top_p", "top_k", "min_p",
                           "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
@@ -448,6 +449,31 @@ TEST_F(ApiSurfaceTest, NullOptionalFieldsMeanAbsent) {
   const json completion = {{"prompt", "hi"}, {"max_tokens", 2}};
   for (const char* f : common) expect_null_ok(completion, f, "/v1/completions");
   for (const char* f : completions_only) expect_null_ok(completion, f, "/v1/completions");
+  // Nested optional fields, as SDKs and agents fill them in.
+  const json call = {{"id", "c1"}, {"index", nullptr}, {"type", "function"},
+                     {"function", {{"name", "get_weather"}, {"arguments", "{}"}}}};
+  const json nested[] = {
+      {{"stream", true}, {"stream_options", {{"include_usage", nullptr}, {"continuous_usage_stats", nullptr}}}},
+      {{"messages", {{{"role", "user"}, {"content", "hi"}, {"name", nullptr}},
+                     {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}, {"refusal", nullptr},
+                      {"reasoning_content", nullptr}, {"audio", nullptr}, {"function_call", nullptr}},
+                     {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}, {"name", nullptr}},
+                     {{"role", "assistant"}, {"content", "x"}, {"tool_calls", nullptr}},
+                     {{"role", "user"}, {"content", "y"}}}}},
+      {{"tools", {{{"type", "function"},
+                   {"function", {{"name", "f"}, {"description", nullptr}, {"strict", nullptr}, {"parameters", nullptr}}}}}}},
+      {{"response_format", {{"type", "json_schema"},
+                            {"json_schema", {{"name", "x"}, {"strict", nullptr}, {"description", nullptr},
+                                             {"schema", {{"type", "object"}}}}}}}},
+      {{"structured_outputs", {{"regex", nullptr}, {"choice", {"a", "b"}}}}},
+  };
+  for (const json& patch : nested) {
+    json body = chat();
+    body.update(patch);
+    auto r = post("/v1/chat/completions", body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << patch.dump() << " -> " << r->body;
+  }
   // A null required field is still missing.
   expect_400({{"prompt", nullptr}}, "prompt", "/v1/completions");
   expect_400({{"messages", nullptr}}, "messages");
