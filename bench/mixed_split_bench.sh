@@ -86,7 +86,13 @@ decode_rate_split() {
 fast=$(SLOW=0 decode_rate "$wrap" "$cli")
 slow=$(SLOW=1 decode_rate "$wrap" "$cli")
 echo "rank speeds alone (TP 1 decode tok/s): rank 0 on cores $cores0: $fast; rank 1 on cores $cores1 at $quota_pct% quota: $slow"
-even=$(decode_rate_split "" $mpirun -np 2 "$wrap" "$cli")
-weighted=$(decode_rate_split "--tensor-split $fast,$slow" $mpirun -np 2 "$wrap" "$cli")
-echo "TP 2 decode tok/s: even split $even; --tensor-split $fast,$slow: $weighted"
-echo "$even $weighted" | awk '{ printf "proportional / even: %.2fx\n", $2 / $1 }'
+# Both ways a rank can wait in a collective (SHARDLM_COLLECTIVE_WAIT): OpenMPI's
+# polling spends the throttled rank's quota while it waits for the other;
+# passive waits give it back, as a slower device's idle time costs nothing.
+for wait in spin passive; do
+  export SHARDLM_COLLECTIVE_WAIT=$wait
+  even=$(decode_rate_split "" $mpirun -x SHARDLM_COLLECTIVE_WAIT -np 2 "$wrap" "$cli")
+  weighted=$(decode_rate_split "--tensor-split $fast,$slow" $mpirun -x SHARDLM_COLLECTIVE_WAIT -np 2 "$wrap" "$cli")
+  echo "TP 2 decode tok/s, $wait waits: even split $even; --tensor-split $fast,$slow: $weighted"
+  echo "$even $weighted" | awk -v w=$wait '{ printf "proportional / even (%s waits): %.2fx\n", w, $2 / $1 }'
+done

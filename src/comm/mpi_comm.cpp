@@ -3,8 +3,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -31,6 +34,41 @@ void check_mpi(int rc, const char* what, int rank) {
 
 // MPI counts are int: move large buffers in pieces of at most 1 GiB.
 constexpr size_t kMaxPiece = size_t{1} << 30;
+
+// How a rank waits for a collective (SHARDLM_COLLECTIVE_WAIT): OpenMPI's
+// blocking calls poll without pause ("spin", the default: the lowest latency
+// when every rank has its own cores); "passive" polls a nonblocking call for
+// a few microseconds, then sleeps between polls, so a rank that waits for a
+// slower one gives its CPU back. That matters where CPU time is shared or
+// rationed: ranks oversubscribing cores, or one held to a CPU quota (a
+// cgroup), whose spinning would spend its quota waiting.
+bool passive_collective_wait() {
+  static const bool passive = [] {
+    const char* v = std::getenv("SHARDLM_COLLECTIVE_WAIT");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "spin") == 0) return false;
+    if (std::strcmp(v, "passive") == 0) return true;
+    fail(ErrorCode::kInvalidArgument, "SHARDLM_COLLECTIVE_WAIT='", v, "': use spin or passive");
+  }();
+  return passive;
+}
+
+// Completes `request`: polled for ~20 us, then with sleeps growing from 5 us
+// to 100 us between polls (passive), or by MPI_Wait (spin). In spin mode the
+// collectives keep OpenMPI's blocking (tuned) calls; receives wait here.
+void wait_for(MPI_Request* request, MPI_Status* status, const char* what, int rank) {
+  if (!passive_collective_wait()) return check_mpi(MPI_Wait(request, status), what, rank);
+  using namespace std::chrono_literals;
+  const auto spin_until = std::chrono::steady_clock::now() + 20us;
+  auto pause = 5us;
+  for (;;) {
+    int done = 0;
+    check_mpi(MPI_Test(request, &done, status), what, rank);
+    if (done) return;
+    if (std::chrono::steady_clock::now() < spin_until) continue;
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, 100us);
+  }
+}
 
 class MpiComm final : public Communicator {
  public:
@@ -68,7 +106,13 @@ class MpiComm final : public Communicator {
     float* f = static_cast<float*>(data);
     for (size_t off = 0; off < count; off += kMaxPiece / sizeof(float)) {
       int n = static_cast<int>(std::min(count - off, kMaxPiece / sizeof(float)));
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, f + off, n, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce", rank_);
+      if (!passive_collective_wait()) {
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, f + off, n, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce", rank_);
+        continue;
+      }
+      MPI_Request request;
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, f + off, n, MPI_FLOAT, MPI_SUM, comm_, &request), "MPI_Iallreduce", rank_);
+      wait_for(&request, MPI_STATUS_IGNORE, "MPI_Iallreduce", rank_);
     }
   }
 
@@ -85,16 +129,30 @@ class MpiComm final : public Communicator {
       offset += counts[r] * esize;
     }
     const void* send = in == static_cast<char*>(out) + displs[rank_] ? MPI_IN_PLACE : in;
-    check_mpi(MPI_Allgatherv(send, recv_counts[rank_], MPI_BYTE, out, recv_counts.data(), displs.data(), MPI_BYTE,
-                             comm_),
-              "MPI_Allgatherv", rank_);
+    if (!passive_collective_wait()) {
+      check_mpi(MPI_Allgatherv(send, recv_counts[rank_], MPI_BYTE, out, recv_counts.data(), displs.data(), MPI_BYTE,
+                               comm_),
+                "MPI_Allgatherv", rank_);
+      return;
+    }
+    MPI_Request request;
+    check_mpi(MPI_Iallgatherv(send, recv_counts[rank_], MPI_BYTE, out, recv_counts.data(), displs.data(), MPI_BYTE,
+                              comm_, &request),
+              "MPI_Iallgatherv", rank_);
+    wait_for(&request, MPI_STATUS_IGNORE, "MPI_Iallgatherv", rank_);
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
     auto* p = static_cast<uint8_t*>(data);
     for (size_t off = 0; off < bytes; off += kMaxPiece) {
       int n = static_cast<int>(std::min(bytes - off, kMaxPiece));
-      check_mpi(MPI_Bcast(p + off, n, MPI_BYTE, root, comm_), "MPI_Bcast", rank_);
+      if (!passive_collective_wait()) {
+        check_mpi(MPI_Bcast(p + off, n, MPI_BYTE, root, comm_), "MPI_Bcast", rank_);
+        continue;
+      }
+      MPI_Request request;
+      check_mpi(MPI_Ibcast(p + off, n, MPI_BYTE, root, comm_, &request), "MPI_Ibcast", rank_);
+      wait_for(&request, MPI_STATUS_IGNORE, "MPI_Ibcast", rank_);
     }
   }
 
@@ -127,7 +185,9 @@ class MpiComm final : public Communicator {
     for (size_t off = 0; off < bytes || off == 0; off += kMaxPiece) {
       int n = static_cast<int>(std::min(bytes - off, kMaxPiece));
       MPI_Status status;
-      check_mpi(MPI_Recv(p + off, n, MPI_BYTE, src, 0, comm_, &status), "MPI_Recv", rank_);
+      MPI_Request request;
+      check_mpi(MPI_Irecv(p + off, n, MPI_BYTE, src, 0, comm_, &request), "MPI_Irecv", rank_);
+      wait_for(&request, &status, "MPI_Irecv", rank_);
       int got = 0;
       MPI_Get_count(&status, MPI_BYTE, &got);
       if (got != n) fail(ErrorCode::kDistributed, "rank ", rank_, " expected ", n, " bytes from rank ", src, ", got ", got);
@@ -135,7 +195,12 @@ class MpiComm final : public Communicator {
     }
   }
 
-  void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier", rank_); }
+  void barrier() override {
+    if (!passive_collective_wait()) return check_mpi(MPI_Barrier(comm_), "MPI_Barrier", rank_);
+    MPI_Request request;
+    check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier", rank_);
+    wait_for(&request, MPI_STATUS_IGNORE, "MPI_Ibarrier", rank_);
+  }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub;

@@ -108,14 +108,18 @@ class MpiGenerate : public ::testing::Test {
   }
 
   // The mpirun run of tp x pp equals the single-process TP=1 run.
-  void expect_same_as_tp1(const std::string& dir, int tp, int pp, bool ep = false) {
+  // env: variables for every rank, e.g. "SHARDLM_COLLECTIVE_WAIT=passive".
+  void expect_same_as_tp1(const std::string& dir, int tp, int pp, bool ep = false, const std::string& env = "") {
     const std::string name = std::filesystem::path(dir).filename().string();
     Proc one = run_command(generate(dir, name + "_tp1"));
     ASSERT_EQ(one.rc, 0) << one.out << one.err;
     const auto j1 = nlohmann::json::parse(one.out);
     ASSERT_EQ(j1["token_ids"].size(), 6u);
     const std::string tag = name + "_tp" + std::to_string(tp) + "pp" + std::to_string(pp) + (ep ? "ep" : "");
-    Proc r = run_command(mpirun(tp * pp) + generate(dir, tag) + " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp) +
+    const std::string exported = env.empty() ? "" : env + " ";
+    const std::string forwarded = env.empty() ? "" : "-x " + env.substr(0, env.find('=')) + " ";
+    Proc r = run_command(exported + mpirun(tp * pp) + forwarded + generate(dir, tag) + " --tp " + std::to_string(tp) +
+                         " --pp " + std::to_string(pp) +
                          (ep ? " --enable-expert-parallel" : ""));
     ASSERT_EQ(r.rc, 0) << r.out << r.err;
     // Only rank 0 prints: exactly one JSON object.
@@ -161,6 +165,10 @@ TEST_F(MpiGenerate, Tp5Heads40) { expect_same_as_tp1(m14_, 5, 1); }
 TEST_F(MpiGenerate, Pp2Of5Layers) { expect_same_as_tp1(m14_, 1, 2); }
 TEST_F(MpiGenerate, Pp3Of5Layers) { expect_same_as_tp1(m14_, 1, 3); }
 TEST_F(MpiGenerate, Tp2Pp3) { expect_same_as_tp1(m14_, 2, 3); }
+// Collectives and stage hand-offs waited for by polling with sleeps.
+TEST_F(MpiGenerate, Tp2Pp2WithPassiveCollectiveWaits) {
+  expect_same_as_tp1(m14_, 2, 2, false, "SHARDLM_COLLECTIVE_WAIT=passive");
+}
 // Experts whole over the processes (128 over 3 = 43, 43, 42; 8 over 4 = 2 each),
 // with PP; and without EP, every expert's columns split over 3 processes.
 TEST_F(MpiGenerate, Qwen3MoeEp3) { expect_same_as_tp1(moe_, 3, 1, true); }
