@@ -471,7 +471,10 @@ bool Engine::step_inner() {
   // sequence's row is its chunk's last.
   int64_t n_logits = 0;
   bool any_prompt_logits = false;
-  std::vector<int64_t> first_row(plan.seqs.size()), sample_row(plan.seqs.size(), -1);
+  std::vector<int64_t>& first_row = first_row_;
+  std::vector<int64_t>& sample_row = sample_row_;
+  first_row.assign(plan.seqs.size(), 0);
+  sample_row.assign(plan.seqs.size(), -1);
   for (size_t k = 0; k < plan.seqs.size(); ++k) {
     const ScheduledSeq& sc = plan.seqs[k];
     first_row[k] = n_logits;

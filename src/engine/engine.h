@@ -213,6 +213,9 @@ class Engine {
     std::exception_ptr error;  // what its sampler threw
   };
   std::vector<SampleJob> sample_jobs_;
+  // Per sequence of the step's plan: its first row in logits_, and the row it
+  // samples from (its chunk's last; -1: none). Reused across steps.
+  std::vector<int64_t> first_row_, sample_row_;
   std::deque<StepPlan> in_flight_;  // submitted to the executor, oldest first
   int max_in_flight_ = 1;
 
