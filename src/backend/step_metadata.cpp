@@ -19,11 +19,13 @@ void StepMetadata::add_padding_rows(int64_t n) {
 }
 
 void StepMetadata::add_seq(std::span<const int32_t> ids, int32_t n_past, std::span<const int32_t> block_table,
-                           bool need_logits) {
+                           int32_t n_logit_rows) {
   if (ids.empty() || n_past < 0)
     fail(ErrorCode::kInvalidArgument, "forward batch: a sequence chunk needs at least one new token and n_past >= 0");
+  if (n_logit_rows < 0 || n_logit_rows > static_cast<int64_t>(ids.size()))
+    fail(ErrorCode::kInvalidArgument, "forward batch: ", n_logit_rows, " logit rows for a chunk of ", ids.size(), " tokens");
   pending_.push_back({static_cast<int32_t>(ids.size()), n_past, static_cast<int32_t>(tables_.size()),
-                      static_cast<int32_t>(block_table.size()), need_logits});
+                      static_cast<int32_t>(block_table.size()), n_logit_rows});
   ids_.insert(ids_.end(), ids.begin(), ids.end());
   tables_.insert(tables_.end(), block_table.begin(), block_table.end());
 }
@@ -33,7 +35,7 @@ void StepMetadata::finish() {
   const int64_t n_real_tokens = static_cast<int64_t>(ids_.size());
   n_tokens_ = n_real_tokens + n_padding_;
   n_logits_ = n_padding_;
-  for (const Pending& p : pending_) n_logits_ += p.need_logits ? 1 : 0;
+  for (const Pending& p : pending_) n_logits_ += p.n_logit_rows;
   const int64_t n_real_seqs = static_cast<int64_t>(pending_.size());
   const int64_t n_seqs = n_real_seqs + n_padding_;
   packed_.resize(static_cast<size_t>(2 * n_tokens_ + n_logits_ + kSeqRecord * n_seqs) + tables_.size());
@@ -49,7 +51,7 @@ void StepMetadata::finish() {
   for (int64_t s = 0; s < n_real_seqs; ++s) {
     const Pending& p = pending_[static_cast<size_t>(s)];
     for (int32_t t = 0; t < p.n_tokens; ++t) pos[begin + t] = p.n_past + t;
-    if (p.need_logits) logit_rows[n_rows++] = begin + p.n_tokens - 1;
+    for (int32_t t = p.n_tokens - p.n_logit_rows; t < p.n_tokens; ++t) logit_rows[n_rows++] = begin + t;
     int32_t* r = records + kSeqRecord * s;
     r[0] = begin, r[1] = p.n_tokens, r[2] = p.n_past, r[3] = p.table_offset, r[4] = p.n_table;
     seqs_[static_cast<size_t>(s)] = {begin, p.n_tokens, p.n_past, tables + p.table_offset, p.n_table};

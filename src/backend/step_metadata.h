@@ -28,9 +28,11 @@ class StepMetadata {
   // Starts a new step.
   void clear();
   // Appends one sequence's chunk: token ids at positions n_past .. n_past +
-  // ids.size() - 1, with the block table covering them; need_logits asks for
-  // the logits of its last new token.
-  void add_seq(std::span<const int32_t> ids, int32_t n_past, std::span<const int32_t> block_table, bool need_logits);
+  // ids.size() - 1, with the block table covering them; n_logit_rows asks
+  // for the logits of its last n_logit_rows new tokens (1: the one sampled;
+  // ids.size(): every position, for prompt logprobs; a bool converts).
+  void add_seq(std::span<const int32_t> ids, int32_t n_past, std::span<const int32_t> block_table,
+               int32_t n_logit_rows);
   // Appends n padding rows after the sequences (a CUDA-graph bucket's spare
   // rows): each is one token (id 0, position 0) with its own logit row and a
   // sequence record of n_tokens = 0, n_past = 0 and no block table, which
@@ -57,7 +59,7 @@ class StepMetadata {
  private:
   struct Pending {
     int32_t n_tokens, n_past, table_offset, n_table;
-    bool need_logits;
+    int32_t n_logit_rows;  // the last n_logit_rows tokens
   };
   std::vector<int32_t> ids_, tables_;  // staging of add_seq
   std::vector<Pending> pending_;

@@ -351,7 +351,7 @@ void setup(CLI::App& app) {
       ->group("");
   sub->add_option("--max-request-body-bytes", o->max_body_bytes, "Larger bodies get 413")->capture_default_str();
   sub->add_option("--max-logprobs", o->limits.max_top_logprobs,
-                  "Most logprobs / top_logprobs a request may ask for (vLLM's flag); more get 400")
+                  "Most logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's flag); more get 400")
       ->capture_default_str()->check(CLI::Range(0, 1 << 16));
   sub->add_option("--max-n", o->limits.max_n, "Most choices (n) one request may ask for; more get 400")
       ->capture_default_str()->check(CLI::Range(1, 1 << 12));

@@ -13,6 +13,7 @@ ForwardBatch make_forward_batch(const StepPlan& plan) {
     c.n_past = s.n_past;
     c.block_table = s.block_table;
     c.need_logits = s.need_logits;
+    c.all_logits = s.all_logits;
     batch.seqs.push_back(std::move(c));
   }
   return batch;

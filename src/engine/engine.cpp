@@ -10,6 +10,19 @@
 
 namespace shardlm {
 
+namespace {
+
+SchedulerConfig scheduler_config_for(const EngineConfig& config, int64_t vocab_size) {
+  SchedulerConfig sc = config.scheduler;
+  if (config.prompt_logits_bytes > 0 && vocab_size > 0) {
+    const int64_t rows = config.prompt_logits_bytes / (vocab_size * int64_t(sizeof(float)));
+    sc.max_prompt_logit_rows = static_cast<int32_t>(std::clamp<int64_t>(rows, 1, std::max(1, sc.max_num_batched_tokens)));
+  }
+  return sc;
+}
+
+}  // namespace
+
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
     case FinishReason::kNone: return "";
@@ -25,7 +38,7 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
       executor_(executor),
       detokenizer_(detokenizer),
       vocab_size_(executor.vocab_size()),
-      sched_(config.scheduler),
+      sched_(scheduler_config_for(config, executor.vocab_size())),
       mask_worker_(
           [this] {
             std::lock_guard<std::mutex> lock(mutex_);
@@ -65,6 +78,9 @@ void Engine::validate(const EngineRequest& r) const {
            ", outside the vocabulary [0, ", vocab_size_, ")");
   Scheduler::check_fits(config_.scheduler, static_cast<int32_t>(r.prompt_token_ids.size()), r.stop.max_tokens);
   r.sampling.validate();
+  if (r.prompt_logprobs < -1 || r.prompt_logprobs > vocab_size_)
+    fail(ErrorCode::kInvalidArgument, "prompt_logprobs must be between 0 and the vocabulary size (", vocab_size_,
+         "), or -1 for none; got ", r.prompt_logprobs);
   if (r.stop.min_tokens < 0 || r.stop.min_tokens > r.stop.max_tokens)
     fail(ErrorCode::kInvalidArgument, "min_tokens must be between 0 and max_tokens (", r.stop.max_tokens,
          "), got ", r.stop.min_tokens);
@@ -264,12 +280,14 @@ void Engine::add_request(Command&& cmd) {
     if (detokenizer_) s->detok = detokenizer_->stream(r.prompt_token_ids, r.skip_special_tokens);
     s->stops = std::make_unique<StopStringMatcher>(r.stop.stop, r.stop.include_stop_str_in_output);
     if (r.grammar) s->matcher = std::make_unique<grammar::GrammarMatcher>(r.grammar);
-    sched_.add(s->id, r.prompt_token_ids, r.stop.max_tokens, lead, root);
+    // Sequence 0 computes the prompt logprobs; its siblings share its blocks.
+    sched_.add(s->id, r.prompt_token_ids, r.stop.max_tokens, lead, root, i == 0 && r.prompt_logprobs >= 0);
     if (i == 0) lead = s->id;
     rs->seq_ids.push_back(s->id);
     seqs_.emplace(s->id, std::move(s));
   }
   rs->n_unfinished = r.n;
+  if (r.prompt_logprobs >= 0) rs->prompt_logprobs.resize(r.prompt_token_ids.size() - 1);
   std::string id = r.request_id;
   requests_.emplace(std::move(id), std::move(rs));
 }
@@ -449,8 +467,21 @@ bool Engine::step_inner() {
                 sched_.n_waiting(), " waiting sequences");
   const StepPlan plan = std::move(in_flight_.front());
   in_flight_.pop_front();
+  // Rows of logits_: each chunk's n_logit_rows() in plan order; a sampled
+  // sequence's row is its chunk's last.
   int64_t n_logits = 0;
-  for (const auto& sc : plan.seqs) n_logits += sc.need_logits ? 1 : 0;
+  bool any_prompt_logits = false;
+  std::vector<int64_t>& first_row = first_row_;
+  std::vector<int64_t>& sample_row = sample_row_;
+  first_row.assign(plan.seqs.size(), 0);
+  sample_row.assign(plan.seqs.size(), -1);
+  for (size_t k = 0; k < plan.seqs.size(); ++k) {
+    const ScheduledSeq& sc = plan.seqs[k];
+    first_row[k] = n_logits;
+    n_logits += sc.n_logit_rows();
+    if (sc.need_logits) sample_row[k] = n_logits - 1;
+    any_prompt_logits = any_prompt_logits || sc.all_logits;
+  }
   logits_.resize(size_t(n_logits * vocab_size_));  // collect writes every entry: no zero fill
   try {
     executor_.collect(logits_.data());
@@ -466,6 +497,7 @@ bool Engine::step_inner() {
   // The plan is off in_flight_ and not committed: whatever throws before
   // commit must release it, or its sequences' blocks would never return.
   try {
+    if (any_prompt_logits) record_prompt_logprobs(plan, first_row);
     std::vector<int32_t> banned;
 
     // Structured output: the grammar bitmask of every constrained sequence
@@ -477,14 +509,10 @@ bool Engine::step_inner() {
       SeqState* seq;
     };
     std::vector<MaskJob> jobs;
-    {
-      int64_t r = 0;
-      for (size_t k = 0; k < plan.seqs.size(); ++k) {
-        if (!plan.seqs[k].need_logits) continue;
-        auto live = seqs_.find(plan.seqs[k].seq_id);
-        if (live != seqs_.end() && live->second->matcher) jobs.push_back({k, r, live->second.get()});
-        ++r;
-      }
+    for (size_t k = 0; k < plan.seqs.size(); ++k) {
+      if (!plan.seqs[k].need_logits) continue;
+      auto live = seqs_.find(plan.seqs[k].seq_id);
+      if (live != seqs_.end() && live->second->matcher) jobs.push_back({k, sample_row[k], live->second.get()});
     }
     size_t n_words = 0;
     std::vector<std::string> mask_errors(jobs.size());
@@ -519,23 +547,18 @@ bool Engine::step_inner() {
     // Rows to sample, after masks and bans; each sequence's sampler has its
     // own RNG and the scratch is per thread, so rows sample in parallel.
     sample_jobs_.clear();
-    int64_t row = 0;
     for (size_t k = 0; k < plan.seqs.size(); ++k) {
       if (!plan.seqs[k].need_logits) continue;
       auto live = seqs_.find(plan.seqs[k].seq_id);
-      if (live == seqs_.end()) {  // aborted while its batch was in flight
-        ++row;
-        continue;
-      }
+      if (live == seqs_.end()) continue;  // aborted while its batch was in flight
       SeqState& seq = *live->second;
       const EngineRequest& r = seq.request->request;
-      float* row_logits = logits_.data() + row * vocab_size_;
+      float* row_logits = logits_.data() + sample_row[k] * vocab_size_;
       if (seq.matcher) {
         const size_t j = next_job++;
         SHARDLM_CHECK(j < jobs.size() && jobs[j].k == k);
         if (!mask_errors[j].empty()) {
           failed_requests.push_back(r.request_id + "\n" + mask_errors[j]);
-          ++row;
           continue;
         }
         apply_token_bitmask(std::span<float>(row_logits, size_t(vocab_size_)),
@@ -548,7 +571,6 @@ bool Engine::step_inner() {
       }
       for (int32_t t : banned) row_logits[t] = -std::numeric_limits<float>::infinity();
       sample_jobs_.push_back({k, row_logits, &seq, nullptr});
-      ++row;
     }
     const int64_t n_sample = static_cast<int64_t>(sample_jobs_.size());
     // Only batches of real work go parallel (EngineConfig).
@@ -564,8 +586,7 @@ bool Engine::step_inner() {
           TokenLogprobs lp;
           lp.token_id = res.token;
           lp.logprob = res.logprob;
-          lp.rank = 1;
-          for (int64_t v = 0; v < vocab_size_; ++v) lp.rank += job.logits[v] > job.logits[res.token] ? 1 : 0;
+          lp.rank = vocab_rank(std::span<const float>(job.logits, size_t(vocab_size_)), res.token);
           lp.top = std::move(res.top_logprobs);
           logprobs[k] = std::move(lp);
         }
@@ -575,7 +596,6 @@ bool Engine::step_inner() {
     }
     for (const SampleJob& job : sample_jobs_)
       if (job.error) std::rethrow_exception(job.error);  // the first failing row, in batch order
-    SHARDLM_CHECK(row == n_logits);
   } catch (const std::exception& e) {
     fail_plan(plan, e);
     return true;
@@ -612,6 +632,49 @@ bool Engine::step_inner() {
   return true;
 }
 
+void Engine::record_prompt_logprobs(const StepPlan& plan, const std::vector<int64_t>& first_row) {
+  // One job per prompt position whose next token is a prompt token: row
+  // n_past + i of the chunk predicts prompt token n_past + i + 1.
+  struct Job {
+    const float* row;       // [vocab]
+    int32_t token;          // the prompt token that followed
+    int32_t n_top;
+    TokenLogprobs* out;
+  };
+  std::vector<Job> jobs;
+  for (size_t k = 0; k < plan.seqs.size(); ++k) {
+    const ScheduledSeq& sc = plan.seqs[k];
+    if (!sc.all_logits) continue;
+    auto live = seqs_.find(sc.seq_id);
+    if (live == seqs_.end()) continue;  // aborted while its batch was in flight
+    RequestState& rs = *live->second->request;
+    const std::vector<int32_t>& prompt = rs.request.prompt_token_ids;
+    for (int32_t i = 0; i < sc.n_tokens; ++i) {
+      const size_t next = size_t(sc.n_past) + size_t(i) + 1;
+      if (next >= prompt.size()) break;  // the last prompt position: sampled, not a prompt logprob
+      jobs.push_back({logits_.data() + (first_row[k] + i) * vocab_size_, prompt[next], rs.request.prompt_logprobs,
+                      &rs.prompt_logprobs.at(next - 1)});
+    }
+  }
+  const int64_t n_jobs = static_cast<int64_t>(jobs.size());
+  const bool parallel = n_jobs > 1 && n_jobs * vocab_size_ >= config_.parallel_sampling_min_work;
+#pragma omp parallel if (parallel)
+  {
+    std::vector<std::pair<float, int32_t>> heap;
+    std::vector<int32_t> top_ids;
+#pragma omp for schedule(static)
+    for (int64_t j = 0; j < n_jobs; ++j) {
+      const Job& job = jobs[size_t(j)];
+      RowLogprobs lp = row_logprobs(std::span<const float>(job.row, size_t(vocab_size_)), job.token,
+                                    size_t(job.n_top), heap, top_ids);
+      job.out->token_id = job.token;
+      job.out->logprob = lp.logprob;
+      job.out->rank = lp.rank;
+      job.out->top = std::move(lp.top);
+    }
+  }
+}
+
 void Engine::process_token(SeqState& seq, int32_t token, std::optional<TokenLogprobs> logprobs, Clock::time_point now) {
   RequestState& rs = *seq.request;
   const EngineRequest& r = rs.request;
@@ -625,6 +688,7 @@ void Engine::process_token(SeqState& seq, int32_t token, std::optional<TokenLogp
 
   SequenceOutput out = make_output(seq);
   out.new_token_ids.push_back(token);
+  if (n_out == 1 && seq.index == 0 && r.prompt_logprobs >= 0) out.prompt_logprobs = std::move(rs.prompt_logprobs);
   if (logprobs) out.logprobs.push_back(std::move(*logprobs));
   const bool has_prev = n_out > 1;
   const double itl = has_prev ? std::chrono::duration<double>(now - seq.last_token_time).count() : 0.0;

@@ -51,6 +51,10 @@ struct EngineConfig {
   // vocab reaches this: a team costs microseconds, a 152K-token row tens to
   // hundreds of them. Tests set 0 to force the parallel path.
   int64_t parallel_sampling_min_work = int64_t(1) << 18;
+  // > 0: SchedulerConfig::max_prompt_logit_rows becomes this many bytes of
+  // f32 logit rows (at least 1 row, at most max_num_batched_tokens): 64 MiB
+  // is 110 positions of a 152K vocabulary per step. 0: the scheduler's value.
+  int64_t prompt_logits_bytes = int64_t(64) << 20;
   // A new grammar state's mask goes to the mask worker (its sequence waits)
   // when the grammar's last walk over the vocabulary took at least this
   // long; cheaper ones (a JSON schema's: under a millisecond over 152K
@@ -147,6 +151,10 @@ class Engine {
     double ttft_s = -1.0;
     int32_t n_unfinished = 0;
     std::vector<SeqId> seq_ids;
+    // [n_prompt - 1] when request.prompt_logprobs >= 0: filled as prefill
+    // chunks land (a recomputed chunk writes the same values again), moved
+    // into sequence 0's first output.
+    std::vector<TokenLogprobs> prompt_logprobs;
   };
   struct Command {
     enum class Kind { kSubmit, kAbort } kind = Kind::kSubmit;
@@ -163,6 +171,9 @@ class Engine {
   void abort_request(const std::string& request_id, const std::string& error);
   void abort_all(const std::string& error);
   bool step_inner();
+  // The prompt logprobs of plan's all_logits chunks, from their logit rows
+  // (first_row[k]: plan.seqs[k]'s first row in logits_) into their requests.
+  void record_prompt_logprobs(const StepPlan& plan, const std::vector<int64_t>& first_row);
   // After a token: a constrained sequence whose next mask is not cached is
   // held while the mask worker computes it.
   void defer_mask_if_new(SeqState& seq);
@@ -202,6 +213,9 @@ class Engine {
     std::exception_ptr error;  // what its sampler threw
   };
   std::vector<SampleJob> sample_jobs_;
+  // Per sequence of the step's plan: its first row in logits_, and the row it
+  // samples from (its chunk's last; -1: none). Reused across steps.
+  std::vector<int64_t> first_row_, sample_row_;
   std::deque<StepPlan> in_flight_;  // submitted to the executor, oldest first
   int max_in_flight_ = 1;
 

@@ -43,7 +43,7 @@ std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch) {
   for (const auto& s : batch.seqs) {
     m.push_back(s.n_tokens);
     m.push_back(s.n_past);
-    m.push_back(s.need_logits ? 1 : 0);
+    m.push_back((s.need_logits ? 1 : 0) | (s.all_logits ? 2 : 0));
     m.push_back(static_cast<int32_t>(s.block_table.size()));
     m.insert(m.end(), s.block_table.begin(), s.block_table.end());
   }
@@ -71,7 +71,9 @@ bool decode_forward_batch(const std::vector<int32_t>& m, ForwardBatch* batch) {
     if (at + 4 > m.size()) bad("sequence header past the end");
     s.n_tokens = m[at];
     s.n_past = m[at + 1];
-    s.need_logits = m[at + 2] != 0;
+    if (m[at + 2] & ~3) bad("unknown logits flags");
+    s.need_logits = (m[at + 2] & 1) != 0;
+    s.all_logits = (m[at + 2] & 2) != 0;
     const int32_t n_blocks = m[at + 3];
     at += 4;
     if (n_blocks < 0 || at + static_cast<size_t>(n_blocks) > m.size()) bad("block table past the end");

@@ -133,7 +133,7 @@ class MpiGroupExecutor final : public ModelExecutor {
 
 // The wire format of one message from the driver, all int32 little-endian:
 //   [kind, n_seqs, n_tokens, token_ids[n_tokens],
-//    per seq: n_tokens, n_past, need_logits, n_blocks, block_table[n_blocks]]
+//    per seq: n_tokens, n_past, logits flags (1: need_logits, 2: all_logits), n_blocks, block_table[n_blocks]]
 // kind 0 = shutdown (nothing follows), 1 = batch.
 std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch);
 std::vector<int32_t> encode_shutdown();

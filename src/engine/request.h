@@ -29,6 +29,10 @@ struct EngineRequest {
   std::vector<int32_t> prompt_token_ids;     // [n_prompt]
   SamplingParams sampling;                   // validated at submit; seed + i for sequence i of n
   bool logprobs = false;                     // return each token's logprob (+ sampling.logprobs alternatives)
+  // >= 0: each prompt token's logprob and rank under the model, with this
+  // many most likely alternatives (vLLM's prompt_logprobs; at most the
+  // vocabulary). Its prompt is computed in full (no prefix-cache hit).
+  int32_t prompt_logprobs = -1;
   StopOptions stop;
   int32_t n = 1;                             // sequences sharing this prompt (its cached KV blocks)
   bool skip_special_tokens = true;           // passed to the detokenizer
@@ -61,6 +65,10 @@ struct SequenceOutput {
   std::vector<int32_t> new_token_ids;        // tokens generated since the previous callback
   std::string text_delta;                    // final text since the previous callback
   std::vector<TokenLogprobs> logprobs;       // [new_token_ids.size()] if request.logprobs
+  // [n_prompt - 1] when request.prompt_logprobs >= 0, on the first output of
+  // sequence 0 only: entry i is prompt token i + 1 given tokens 0..i (token 0
+  // has no logprob: nothing precedes it), with request.prompt_logprobs top.
+  std::vector<TokenLogprobs> prompt_logprobs;
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<std::string> stop_string;    // the stop string that ended it
   std::optional<int32_t> stop_token_id;      // or the stop/EOS token that ended it

@@ -339,7 +339,7 @@ void CausalLM::pack_step(const ForwardBatch& batch, const KvCache& cache, int64_
       fail(ErrorCode::kInvalidArgument, "forward batch: a block table has ", c.block_table.size(), " blocks; ",
            c.n_past + c.n_tokens, " positions need ", need);
     meta_.add_seq(std::span<const int32_t>(batch.token_ids).subspan(static_cast<size_t>(begin), static_cast<size_t>(c.n_tokens)),
-                  c.n_past, c.block_table, c.need_logits);
+                  c.n_past, c.block_table, c.n_logit_rows());
     begin += c.n_tokens;
   }
   if (begin != batch.n_tokens())
@@ -456,7 +456,7 @@ bool CausalLM::run_graph_step(const ForwardBatch& batch, KvCache& cache, float* 
   bool all_decode = n_seqs > 0 && batch.n_tokens() == n_seqs;
   int64_t max_context = 0;
   for (const SequenceChunk& c : batch.seqs) {
-    all_decode = all_decode && c.n_tokens == 1 && c.need_logits;
+    all_decode = all_decode && c.n_tokens == 1 && c.need_logits && !c.all_logits;
     max_context = std::max<int64_t>(max_context, static_cast<int64_t>(c.n_past) + c.n_tokens);
   }
   const int bucket = graphs_->bucket_for(n_seqs, all_decode, max_context);

@@ -16,6 +16,12 @@ struct SequenceChunk {
   // KV blocks holding positions [0, n_past + n_tokens): block_table[p / block_size].
   std::vector<int32_t> block_table;
   bool need_logits = false;  // return logits for the last new token
+  // Prompt logprobs: logits for EVERY new token of the chunk, in position
+  // order (rows n_past .. n_past+n_tokens-1), not only the last. The engine
+  // bounds how many such rows a step holds (SchedulerConfig::max_prompt_logit_rows).
+  bool all_logits = false;
+  // Logit rows this chunk asks for: n_tokens (all_logits), 1 (need_logits) or 0.
+  int32_t n_logit_rows() const { return all_logits ? n_tokens : need_logits ? 1 : 0; }
 };
 
 struct ForwardBatch {
@@ -24,7 +30,7 @@ struct ForwardBatch {
   int64_t n_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int64_t n_logits() const {
     int64_t n = 0;
-    for (const auto& s : seqs) n += s.need_logits ? 1 : 0;
+    for (const auto& s : seqs) n += s.n_logit_rows();
     return n;
   }
 };

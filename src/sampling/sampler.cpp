@@ -342,4 +342,33 @@ SampleResult Sampler::sample(std::span<const float> logits) {
   return result;
 }
 
+int32_t vocab_rank(std::span<const float> logits, int32_t token) {
+  const float x = logits[static_cast<size_t>(token)];
+  int32_t n = 0;
+  for (float v : logits) n += v >= x ? 1 : 0;  // false for NaN on either side
+  return std::max(n, 1);
+}
+
+RowLogprobs row_logprobs(std::span<const float> logits, int32_t token, size_t n_top,
+                         std::vector<std::pair<float, int32_t>>& heap, std::vector<int32_t>& top_ids) {
+  SHARDLM_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size(), "row_logprobs: token ", token,
+                " outside a row of ", logits.size());
+  float max_l = -INFINITY;
+  for (float x : logits)
+    if (x > max_l) max_l = x;
+  double sum = 0.0;
+  for (float x : logits)
+    if (!std::isnan(x)) sum += std::exp(x - max_l);
+  const double log_z = max_l + std::log(sum);
+  RowLogprobs out;
+  out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
+  out.rank = vocab_rank(logits, token);
+  if (n_top > 0) {
+    top_n(logits, n_top, heap, top_ids);
+    out.top.reserve(top_ids.size());
+    for (int32_t id : top_ids) out.top.push_back({id, static_cast<float>(logits[static_cast<size_t>(id)] - log_z)});
+  }
+  return out;
+}
+
 }  // namespace shardlm

@@ -108,6 +108,23 @@ size_t filter_tokens(const SamplingParams& params, std::span<const float> logits
 void top_n(std::span<const float> logits, size_t n, std::vector<std::pair<float, int32_t>>& heap,
            std::vector<int32_t>& out);
 
+// vLLM's rank of `token` in one row of logits: how many tokens are at least
+// as likely (ties count against it, as vLLM's batched_count_greater_than
+// does), so 1 = the one most likely token. NaN entries never count.
+int32_t vocab_rank(std::span<const float> logits, int32_t token);
+
+// One row's raw log_softmax at `token` (the same arithmetic as sample()'s
+// logprobs: f32 max, f64 sum), its vocab_rank, and its n_top most likely
+// alternatives (top_n's order). A prompt position reports this for the
+// prompt token that follows it.
+struct RowLogprobs {
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<TokenLogprob> top;  // [n_top] most likely first
+};
+RowLogprobs row_logprobs(std::span<const float> logits, int32_t token, size_t n_top,
+                         std::vector<std::pair<float, int32_t>>& heap, std::vector<int32_t>& top_ids);
+
 // Index of the largest value, lowest index on ties; NaN never wins.
 int32_t argmax(std::span<const float> logits);
 

@@ -13,6 +13,8 @@ Scheduler::Scheduler(const SchedulerConfig& config)
   if (config.max_num_batched_tokens < 1)
     fail(ErrorCode::kInvalidArgument, "--max-num-batched-tokens must be >= 1, got ",
          config.max_num_batched_tokens);
+  if (config.max_prompt_logit_rows < 1)
+    fail(ErrorCode::kInvalidArgument, "max_prompt_logit_rows must be >= 1, got ", config.max_prompt_logit_rows);
   if (config.max_model_len < 1)
     fail(ErrorCode::kInvalidArgument, "--max-model-len must be >= 1, got ", config.max_model_len);
   if (!config.enable_chunked_prefill && config.max_num_batched_tokens < config.max_model_len)
@@ -39,7 +41,8 @@ void Scheduler::check_fits(const SchedulerConfig& config, int32_t n_prompt, int3
          " tokens); shorten the request or give the KV cache more memory");
 }
 
-void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after, BlockHash cache_root) {
+void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after, BlockHash cache_root,
+                    bool prompt_logits) {
   check_fits(config_, static_cast<int32_t>(prompt.size()), max_new_tokens);
   if (seqs_.count(id)) fail(ErrorCode::kInvalidArgument, "sequence id ", id, " is already scheduled");
   auto s = std::make_unique<Seq>();
@@ -49,6 +52,7 @@ void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_token
   s->max_new_tokens = max_new_tokens;
   s->after = after;
   s->cache_root = cache_root;
+  s->prompt_logits = prompt_logits;
   seqs_.emplace(id, std::move(s));
   waiting_.push_back(id);
 }
@@ -81,7 +85,15 @@ ScheduledSeq Scheduler::make_scheduled(const Seq& s, int32_t n_new, bool first) 
   sc.block_table = s.table.blocks;
   sc.need_logits = s.n_computed + n_new == static_cast<int32_t>(s.tokens.size());
   sc.first_chunk = first;
+  sc.all_logits = s.prompt_logits;
   return sc;
+}
+
+int32_t Scheduler::cap_logit_rows(const Seq& s, int32_t n_new, int32_t* rows_left) {
+  if (!s.prompt_logits) return n_new;
+  n_new = std::min(n_new, *rows_left);
+  *rows_left -= n_new;
+  return n_new;
 }
 
 void Scheduler::preempt(Seq& s, StepPlan& plan) {
@@ -103,6 +115,7 @@ void Scheduler::preempt(Seq& s, StepPlan& plan) {
 StepPlan Scheduler::schedule(int32_t max_seqs) {
   StepPlan plan;
   int32_t budget = config_.max_num_batched_tokens;
+  int32_t logit_rows_left = config_.max_prompt_logit_rows;
   const size_t seq_cap = static_cast<size_t>(max_seqs > 0 ? max_seqs : config_.max_num_seqs);
 
   // Running sequences first, oldest first, skipping those in flight; when
@@ -116,7 +129,12 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
     }
     const int32_t n_left = static_cast<int32_t>(s.tokens.size()) - s.n_computed;
     SHARDLM_CHECK(n_left > 0, "running sequence ", s.id, " has nothing to compute");
-    const int32_t n_new = std::min(n_left, budget);
+    const int32_t n_rows_before = logit_rows_left;
+    const int32_t n_new = cap_logit_rows(s, std::min(n_left, budget), &logit_rows_left);
+    if (n_new == 0) {  // this step's prompt-logit rows are taken
+      ++i;
+      continue;
+    }
     bool ok = false;
     while (!(ok = allocate_slots(pool_, s.table, s.n_computed + n_new))) {
       size_t v = running_.size() - 1;
@@ -125,7 +143,10 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
       preempt(get(victim), plan);
       if (victim == s.id) break;
     }
-    if (!ok) break;  // s was the newest candidate: nothing after it can run
+    if (!ok) {
+      logit_rows_left = n_rows_before;
+      break;  // s was the newest candidate: nothing after it can run
+    }
     plan.seqs.push_back(make_scheduled(s, n_new, false));
     s.in_flight = true;
     budget -= n_new;
@@ -142,12 +163,22 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
         continue;
       }
       PrefixMatch match;
-      if (s.n_computed == 0) match = find_cached_prefix(pool_, s.tokens, s.cache_root);
+      // A sequence that wants its prompt's logits computes every position.
+      if (s.n_computed == 0 && !s.prompt_logits) match = find_cached_prefix(pool_, s.tokens, s.cache_root);
       const int32_t n_total = static_cast<int32_t>(s.tokens.size());
       int32_t n_new = n_total - match.n_tokens;
-      if (!config_.enable_chunked_prefill && n_new > budget) break;
-      n_new = std::min(n_new, budget);
-      if (!allocate_slots(pool_, s.table, match.n_tokens + n_new, &match)) break;
+      // Prompt logprobs are chunked by their row cap even without chunked prefill.
+      if (!config_.enable_chunked_prefill && n_new > budget && !s.prompt_logits) break;
+      const int32_t n_rows_before = logit_rows_left;
+      n_new = cap_logit_rows(s, std::min(n_new, budget), &logit_rows_left);
+      if (n_new == 0) {  // this step's prompt-logit rows are taken: admit it later
+        ++it;
+        continue;
+      }
+      if (!allocate_slots(pool_, s.table, match.n_tokens + n_new, &match)) {
+        logit_rows_left = n_rows_before;
+        break;
+      }
       if (!s.admitted_once) {
         pool_.record_lookup(n_total, match.n_tokens);
         s.n_prefix_hit = match.n_tokens;
@@ -176,6 +207,7 @@ void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled) {
     Seq& s = *it->second;
     SHARDLM_CHECK(s.n_computed == sc.n_past, "seq ", s.id, " computed ", s.n_computed, " plan n_past ", sc.n_past);
     s.n_computed += sc.n_tokens;
+    if (s.n_computed >= s.n_prompt) s.prompt_logits = false;  // every prompt position's logits came back
     register_computed(pool_, s.table, s.tokens, s.n_computed, s.cache_root);
     if (sampled[k] >= 0) {
       SHARDLM_CHECK(sc.need_logits, "token sampled for seq ", s.id, " without logits");

@@ -38,6 +38,12 @@ struct SchedulerConfig {
   int32_t max_model_len = 4096;             // prompt + generated tokens per sequence (--max-model-len)
   bool enable_chunked_prefill = true;       // split prompts longer than the remaining budget
   bool enable_prefix_caching = true;
+  // Logit rows [vocab] f32 a step may hold for prompt logprobs, over all
+  // sequences: a sequence that wants them is prefilled in chunks of at most
+  // this many tokens, so its logits never take vocab x prompt floats at once
+  // (2,048 positions x 152K vocab would be 1.2 GB). The engine derives it
+  // from the vocabulary (EngineConfig::prompt_logits_bytes).
+  int32_t max_prompt_logit_rows = 256;
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
@@ -67,8 +73,13 @@ class Scheduler {
   // that sequence has computed its whole prompt, so it can reuse the prompt's
   // cached blocks (n > 1 siblings). Runs check_fits.
   // `cache_root`: the prefix-cache chain it may share (kv's cache_root of its salt).
+  // `prompt_logits`: its chunks return logits at every prompt position
+  // (ScheduledSeq::all_logits) until the whole prompt was computed once; until
+  // then it takes no prefix-cache hit, since a cached block's positions are
+  // never computed (vLLM does the same). After that (a preempted sequence
+  // recomputing its prompt) it is an ordinary sequence again.
   void add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after = -1,
-           BlockHash cache_root = kRootBlockHash);
+           BlockHash cache_root = kRootBlockHash, bool prompt_logits = false);
 
   // max_seqs > 0 caps the sequences of this plan below max_num_seqs: the
   // engine splits the live sequences over the micro-batches of a pipeline.
@@ -121,6 +132,7 @@ class Scheduler {
     int32_t n_preemptions = 0;
     bool in_flight = false;       // in a plan not yet committed
     bool held = false;            // set_held
+    bool prompt_logits = false;   // logits at every prompt position still wanted (add's prompt_logits)
   };
   Seq& get(SeqId id);
   const Seq& get(SeqId id) const;
@@ -129,6 +141,9 @@ class Scheduler {
   // Finished while in flight: held in finishing_ until its plan ends.
   void end_flight(const ScheduledSeq& sc);
   ScheduledSeq make_scheduled(const Seq& s, int32_t n_new, bool first) const;
+  // n_new capped by the prompt-logit rows left in this step (s.prompt_logits);
+  // 0: s waits for a later step.
+  static int32_t cap_logit_rows(const Seq& s, int32_t n_new, int32_t* rows_left);
 
   SchedulerConfig config_;
   BlockPool pool_;

@@ -18,6 +18,11 @@ struct ScheduledSeq {
   std::vector<int32_t> block_table;    // covers positions [0, n_past + n_tokens)
   bool need_logits = false;            // the chunk reaches the sequence's last token: sample after it
   bool first_chunk = false;            // first compute of this sequence since it was (re)admitted
+  // Prompt logprobs: logits for every position of this chunk (all prompt
+  // positions), not only the last; at most max_prompt_logit_rows such rows
+  // per step, over all sequences.
+  bool all_logits = false;
+  int32_t n_logit_rows() const { return all_logits ? n_tokens : need_logits ? 1 : 0; }
 };
 
 struct StepPlan {

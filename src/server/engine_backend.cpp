@@ -374,6 +374,7 @@ std::unique_ptr<RequestStream> EngineBackend::submit(const GenerateParams& p) {
   req.sampling.logit_bias = p.logit_bias;
   req.logprobs = p.logprobs >= 0;
   req.sampling.logprobs = std::max(0, p.logprobs);
+  req.prompt_logprobs = p.prompt_logprobs;
   req.stop.max_tokens = static_cast<int32_t>(std::min<int64_t>(p.max_tokens, INT32_MAX));
   req.stop.min_tokens = static_cast<int32_t>(std::min<int64_t>(p.min_tokens, INT32_MAX));
   req.stop.ignore_eos = p.ignore_eos;
@@ -409,8 +410,31 @@ std::unique_ptr<RequestStream> EngineBackend::submit(const GenerateParams& p) {
   state->on_finish = [routing, replica, cost] { routing->release(replica, cost); };
   const Tokenizer* tok = &*tokenizer_;
   RequestCallbacks callbacks;
-  callbacks.on_output = [state, tok](const SequenceOutput& o) {
+  std::vector<int32_t> prompt_ids;  // for the prompt logprobs' first token, which has none
+  if (p.prompt_logprobs >= 0) prompt_ids = p.prompt_ids;
+  // The engine thread calls it, one output at a time: `prompt_sent` needs no lock.
+  callbacks.on_output = [state, tok, prompt_ids = std::move(prompt_ids), prompt_sent = false](const SequenceOutput& o) mutable {
     GenerateEvent e;
+    // The engine sends the prompt logprobs with sequence 0's first token.
+    if (!prompt_ids.empty() && !prompt_sent && o.index == 0 && !o.new_token_ids.empty()) {
+      prompt_sent = true;
+      auto decode = [tok](int32_t id) { return tok->decode(std::vector<int32_t>{id}); };
+      e.prompt_logprobs.reserve(prompt_ids.size());
+      PromptTokenLogprob first;
+      first.token_id = prompt_ids.at(0);
+      first.token = decode(first.token_id);
+      e.prompt_logprobs.push_back(std::move(first));
+      for (const TokenLogprobs& lp : o.prompt_logprobs) {
+        PromptTokenLogprob x;
+        x.token_id = lp.token_id;
+        x.token = decode(lp.token_id);
+        x.scored = true;
+        x.logprob = lp.logprob;
+        x.rank = lp.rank;
+        for (const auto& t : lp.top) x.top.push_back({t.token, decode(t.token), t.logprob});
+        e.prompt_logprobs.push_back(std::move(x));
+      }
+    }
     e.index = o.index;
     e.text = o.text_delta;
     e.token_ids = o.new_token_ids;

@@ -453,6 +453,7 @@ void HttpServer::install_routes() {
               c.logprobs.insert(c.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
               c.top_logprobs.insert(c.top_logprobs.end(), e.top_logprobs.begin(), e.top_logprobs.end());
               c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+              if (!e.prompt_logprobs.empty()) c.prompt_logprobs = std::move(e.prompt_logprobs);
               if (e.finish_reason) c.finish_reason = *e.finish_reason;
             }
           }

@@ -292,13 +292,19 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
   } else {
     base.logprobs = find(body, "logprobs") ? static_cast<int>(logprobs_param(body, "logprobs", 0, limits.max_top_logprobs)) : -1;
     req.echo = bool_param(body, "echo", false);
-    // The prompt tokens' logprobs need logits at every prompt position; the
-    // engine's prefill keeps only the last one's, so refuse rather than
-    // return logprobs that leave the echoed prompt out.
-    if (req.echo && base.logprobs >= 0)
-      bad_request("echo", "'echo' together with 'logprobs' is not supported: shardlm does not compute the prompt "
-                          "tokens' logprobs (prefill keeps only the last position's logits)");
+    // With echo, the legacy logprobs object covers the prompt's tokens first:
+    // their logprobs come from the prefill (prompt_logprobs below).
+    if (req.echo && base.logprobs >= 0 && req.stream)
+      bad_request("echo", "'echo' together with 'logprobs' is not supported when streaming; send \"stream\": false");
   }
+  // vLLM's prompt_logprobs: an integer in [0, --max-logprobs].
+  if (find(body, "prompt_logprobs")) {
+    req.prompt_logprobs = static_cast<int>(logprobs_param(body, "prompt_logprobs", -1, limits.max_top_logprobs));
+    if (req.stream)
+      bad_request("prompt_logprobs", "'prompt_logprobs' is not available when streaming (as in vLLM); send \"stream\": false");
+  }
+  base.prompt_logprobs = req.prompt_logprobs;
+  if (req.echo && base.logprobs >= 0) base.prompt_logprobs = std::max(base.prompt_logprobs, base.logprobs);
 
   // Prompts.
   std::vector<std::vector<int32_t>> prompts;
@@ -433,31 +439,85 @@ ordered_json chat_logprobs(const std::vector<std::string>& tokens, const std::ve
   return ordered_json{{"content", content}};
 }
 
-// Completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
-ordered_json completion_logprobs(const std::vector<std::string>& tokens, const std::vector<float>& logprobs,
-                                 const std::vector<std::vector<TopLogprob>>& tops, size_t text_offset) {
-  ordered_json out;
-  ordered_json toks = ordered_json::array(), lps = ordered_json::array(), top = ordered_json::array(),
-               offs = ordered_json::array();
-  for (size_t i = 0; i < logprobs.size(); ++i) {
-    std::string tok = i < tokens.size() ? tokens[i] : "";
-    toks.push_back(tok);
-    lps.push_back(logprobs[i]);
+// Completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"},
+// one entry per token, appended in order; text_offset counts bytes of the
+// tokens' texts from `text_offset` (the echoed prompt's length, or 0 when the
+// prompt's own tokens come first).
+class LegacyLogprobs {
+ public:
+  explicit LegacyLogprobs(size_t text_offset) : offset_(text_offset) {}
+  // A token without a logprob (the prompt's first): null logprob and top.
+  void add_unscored(const std::string& tok) { add(tok, ordered_json(), ordered_json()); }
+  // top: the n most likely (most likely first); the legacy API always
+  // includes the token itself (so logprobs: 0 gives it alone, and N up to
+  // N + 1 entries), as OpenAI and vLLM do.
+  void add_scored(const std::string& tok, float logprob, const std::vector<TopLogprob>& top, size_t n) {
     ordered_json t = ordered_json::object();
-    if (i < tops.size())
-      for (const auto& x : tops[i]) t[x.token] = x.logprob;
-    // The legacy API always includes the sampled token (so logprobs: 0 gives
-    // it alone, and N gives up to N + 1 entries), as OpenAI and vLLM do.
-    if (!t.contains(tok)) t[tok] = logprobs[i];
-    top.push_back(t);
-    offs.push_back(text_offset);
-    text_offset += tok.size();
+    for (size_t i = 0; i < top.size() && i < n; ++i) t[top[i].token] = top[i].logprob;
+    if (!t.contains(tok)) t[tok] = logprob;
+    add(tok, logprob, t);
   }
-  out["tokens"] = toks;
-  out["token_logprobs"] = lps;
-  out["top_logprobs"] = top;
-  out["text_offset"] = offs;
-  return out;
+  ordered_json json() const {
+    return ordered_json{{"tokens", tokens_}, {"token_logprobs", logprobs_}, {"top_logprobs", top_}, {"text_offset", offsets_}};
+  }
+
+ private:
+  void add(const std::string& tok, ordered_json logprob, ordered_json top) {
+    tokens_.push_back(tok);
+    logprobs_.push_back(std::move(logprob));
+    top_.push_back(std::move(top));
+    offsets_.push_back(offset_);
+    offset_ += tok.size();
+  }
+  ordered_json tokens_ = ordered_json::array(), logprobs_ = ordered_json::array(), top_ = ordered_json::array(),
+               offsets_ = ordered_json::array();
+  size_t offset_;
+};
+
+ordered_json completion_logprobs(const std::vector<std::string>& tokens, const std::vector<float>& logprobs,
+                                 const std::vector<std::vector<TopLogprob>>& tops, size_t text_offset,
+                                 LegacyLogprobs* prefix = nullptr) {
+  LegacyLogprobs out = prefix ? *prefix : LegacyLogprobs(text_offset);
+  static const std::vector<TopLogprob> kNone;
+  for (size_t i = 0; i < logprobs.size(); ++i)
+    out.add_scored(i < tokens.size() ? tokens[i] : "", logprobs[i], i < tops.size() ? tops[i] : kNone, SIZE_MAX);
+  return out.json();
+}
+
+// echo with logprobs: the prompt's tokens (the first unscored), then the
+// generated ones, text offsets counted from the start of the prompt.
+ordered_json echo_completion_logprobs(const std::vector<PromptTokenLogprob>& prompt, const ChoiceResult& c, int n_top) {
+  LegacyLogprobs out(0);
+  for (const PromptTokenLogprob& p : prompt) {
+    if (p.scored) {
+      out.add_scored(p.token, p.logprob, p.top, static_cast<size_t>(std::max(0, n_top)));
+    } else {
+      out.add_unscored(p.token);
+    }
+  }
+  return completion_logprobs(c.tokens, c.logprobs, c.top_logprobs, 0, &out);
+}
+
+// vLLM's prompt_logprobs: [null, {"<token id>": {"logprob", "rank",
+// "decoded_token"}, ...}, ...]: the prompt token itself first, then the
+// n_top most likely at that position (ranks 1..n_top).
+ordered_json prompt_logprobs_json(const std::vector<PromptTokenLogprob>& prompt, int n_top) {
+  ordered_json list = ordered_json::array();
+  for (const PromptTokenLogprob& p : prompt) {
+    if (!p.scored) {
+      list.push_back(nullptr);
+      continue;
+    }
+    ordered_json d = ordered_json::object();
+    d[std::to_string(p.token_id)] = {{"logprob", p.logprob}, {"rank", p.rank}, {"decoded_token", p.token}};
+    for (size_t i = 0; i < p.top.size() && static_cast<int>(i) < n_top; ++i) {
+      const std::string key = std::to_string(p.top[i].token_id);
+      if (d.contains(key)) continue;
+      d[key] = {{"logprob", p.top[i].logprob}, {"rank", static_cast<int>(i) + 1}, {"decoded_token", p.top[i].token}};
+    }
+    list.push_back(std::move(d));
+  }
+  return list;
 }
 
 bool wants_logprobs(const ParsedRequest& r) { return !r.prompts.empty() && r.prompts[0].logprobs >= 0; }
@@ -500,6 +560,11 @@ ordered_json completion_response(const ParsedRequest& request, const std::string
   out["model"] = model;
   ordered_json list = ordered_json::array();
   int index = 0;
+  static const std::vector<PromptTokenLogprob> kNoPrompt;
+  // The choices of prompt p share its prompt logprobs, which came with choice 0.
+  auto prompt_of = [&](size_t p) -> const std::vector<PromptTokenLogprob>& {
+    return p < choices.size() && !choices[p].empty() ? choices[p][0].prompt_logprobs : kNoPrompt;
+  };
   for (size_t p = 0; p < choices.size(); ++p) {
     for (const ChoiceResult& c : choices[p]) {
       ordered_json choice;
@@ -512,8 +577,14 @@ ordered_json completion_response(const ParsedRequest& request, const std::string
       } else {
         std::string prefix = request.echo && p < request.prompt_texts.size() ? request.prompt_texts[p] : "";
         choice["text"] = prefix + c.text;
-        choice["logprobs"] = wants_logprobs(request) ? completion_logprobs(c.tokens, c.logprobs, c.top_logprobs, prefix.size())
-                                                     : ordered_json();
+        if (!wants_logprobs(request)) {
+          choice["logprobs"] = ordered_json();
+        } else if (request.echo) {
+          choice["logprobs"] = echo_completion_logprobs(prompt_of(p), c, request.prompts[0].logprobs);
+        } else {
+          choice["logprobs"] = completion_logprobs(c.tokens, c.logprobs, c.top_logprobs, 0);
+        }
+        if (request.prompt_logprobs >= 0) choice["prompt_logprobs"] = prompt_logprobs_json(prompt_of(p), request.prompt_logprobs);
       }
       choice["finish_reason"] = finish;
       list.push_back(choice);
@@ -521,6 +592,8 @@ ordered_json completion_response(const ParsedRequest& request, const std::string
   }
   out["choices"] = list;
   out["usage"] = usage_json(usage);
+  // Chat has one prompt: vLLM puts its logprobs beside the choices.
+  if (chat && request.prompt_logprobs >= 0) out["prompt_logprobs"] = prompt_logprobs_json(prompt_of(0), request.prompt_logprobs);
   return out;
 }
 

@@ -40,6 +40,11 @@ struct ParsedRequest {
   bool continuous_usage = false;        // stream_options.continuous_usage_stats: usage on every chunk (vLLM)
   bool echo = false;                    // completions: prepend the prompt text
   bool chat_logprobs = false;           // chat: logprobs=true
+  // vLLM's prompt_logprobs as the client sent it (-1: absent): the response
+  // carries them (completions: per choice; chat: beside the choices). The
+  // backend's GenerateParams::prompt_logprobs may be larger: echo with
+  // logprobs needs the prompt's logprobs too.
+  int prompt_logprobs = -1;
   std::vector<GenerateParams> prompts;  // one per prompt
   std::vector<std::string> prompt_texts;  // for echo
   ChatOutputOptions output;             // chat: reasoning and tool-call parsing of each choice
@@ -68,6 +73,7 @@ struct ChoiceResult {
   std::vector<float> logprobs;
   std::vector<std::vector<TopLogprob>> top_logprobs;
   std::vector<std::string> tokens;
+  std::vector<PromptTokenLogprob> prompt_logprobs;  // [n_prompt], on choice 0 of a prompt (GenerateEvent's)
   std::string finish_reason = "length";
 };
 

@@ -20,7 +20,7 @@ const std::set<std::string>& common_fields() {
       "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
       "skip_special_tokens", "logprobs", "max_tokens", "min_tokens", "logit_bias", "response_format",
       "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-      "cache_salt",
+      "cache_salt", "prompt_logprobs",
       // Metadata about the caller, with no effect on generation in OpenAI's API either.
       "user"};
   return f;
@@ -50,7 +50,6 @@ const char* not_implemented(const std::string& field) {
       {"reasoning_effort", "'reasoning_effort' is not supported; for Qwen3 use chat_template_kwargs {\"enable_thinking\": false}"},
       {"use_beam_search", "beam search is not supported"},
       {"length_penalty", "'length_penalty' (beam search) is not supported"},
-      {"prompt_logprobs", "'prompt_logprobs' is not supported"},
       {"include_stop_str_in_output", "'include_stop_str_in_output' is not supported"},
       {"continue_final_message", "'continue_final_message' is not supported"},
       {"documents", "'documents' is not supported"},

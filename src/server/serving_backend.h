@@ -64,6 +64,7 @@ struct GenerateParams {
   bool ignore_eos = false;
   bool skip_special_tokens = true;
   int logprobs = -1;               // -1: none; k >= 0: chosen token's logprob + top-k
+  int prompt_logprobs = -1;        // -1: none; k >= 0: every prompt token's logprob, rank + top-k (vLLM's)
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]) added to its logit
   std::shared_ptr<const grammar::CompiledGrammar> grammar;  // structured output; null: unconstrained
   std::string cache_salt;          // vLLM's cache_salt: prefix-cache blocks shared only with the same salt
@@ -86,6 +87,17 @@ struct TopLogprob {
   float logprob = 0.0f;
 };
 
+// One prompt token as vLLM's prompt_logprobs reports it. Entry 0 of a
+// prompt has nothing before it: scored = false, only token_id and token.
+struct PromptTokenLogprob {
+  int32_t token_id = 0;
+  std::string token;               // decoded text of the token
+  bool scored = false;
+  float logprob = 0.0f;            // log_softmax of the model's logits at the previous position
+  int32_t rank = 0;                // 1 = the most likely token (ties counted as vLLM counts them)
+  std::vector<TopLogprob> top;     // the most likely tokens there, most likely first: top[i] has rank i + 1
+};
+
 // What the backend reports as a request progresses. One event may carry
 // several tokens; finish_reason is set on the last event of a choice.
 struct GenerateEvent {
@@ -95,6 +107,9 @@ struct GenerateEvent {
   std::vector<float> logprobs;        // per new token, when requested
   std::vector<std::vector<TopLogprob>> top_logprobs;  // per new token
   std::vector<std::string> tokens;    // per new token, decoded text (for logprobs)
+  // [n_prompt] when params.prompt_logprobs >= 0, on the first event of
+  // choice 0 only (the choices share one prompt).
+  std::vector<PromptTokenLogprob> prompt_logprobs;
   std::optional<std::string> finish_reason;  // "stop", "length", "abort"
   std::optional<std::string> stop_string;    // with "stop": the stop string that ended it (Anthropic's stop_sequence)
   std::string error;                  // non-empty: the request failed

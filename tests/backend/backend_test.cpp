@@ -145,6 +145,32 @@ TEST_P(BackendTest, AttentionStepMatchesReference) {
   }
 }
 
+// Prompt logprobs: a chunk's logit rows are its last n_logit_rows tokens,
+// in position order; gather_logit_rows takes exactly those rows.
+TEST_P(BackendTest, GatherTakesEveryLogitRowOfAPromptChunk) {
+  StepMetadata meta;
+  std::vector<int32_t> ids_a{1, 2, 3}, ids_b{4, 5}, table_a{0}, table_b{1, 2};
+  meta.add_seq(ids_a, 0, table_a, 3);   // every position
+  meta.add_seq(ids_b, 5, table_b, 1);   // the sampled one
+  meta.finish();
+  ASSERT_EQ(meta.n_logits(), 4);
+  EXPECT_EQ(std::vector<int32_t>(meta.logit_rows(), meta.logit_rows() + 4), (std::vector<int32_t>{0, 1, 2, 4}));
+  const int64_t d = 8;
+  Tensor x = b_->alloc(DType::kF32, {meta.n_tokens(), d}), out = b_->alloc(DType::kF32, {meta.n_logits(), d});
+  std::vector<float> host(static_cast<size_t>(meta.n_tokens() * d));
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i);
+  b_->upload(host.data(), x);
+  b_->begin_step(meta);
+  b_->gather_logit_rows(x, meta, out);
+  std::vector<float> got(static_cast<size_t>(meta.n_logits() * d));
+  b_->download(out, got.data());
+  const int32_t want_rows[] = {0, 1, 2, 4};
+  for (int r = 0; r < 4; ++r)
+    for (int64_t c = 0; c < d; ++c) EXPECT_EQ(got[size_t(r * d + c)], float(want_rows[r] * d + c)) << r << "," << c;
+  StepMetadata bad;
+  EXPECT_THROW(bad.add_seq(ids_b, 0, table_b, 3), Error);  // more rows than tokens
+}
+
 TEST_P(BackendTest, EmbedRefusesIdsOutsideTheVocabulary) {
   Tensor table = b_->adopt_weight(host_tensor(DType::kBF16, {4, 8}, std::vector<float>(32, 1.0f)));
   StepMetadata meta;

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <future>
 #include <map>
 #include <mutex>
@@ -35,6 +37,8 @@ struct SeqResult {
   int n_final = 0;
   SequenceOutput last;
   std::vector<TokenLogprobs> logprobs;
+  std::vector<TokenLogprobs> prompt_logprobs;
+  int n_prompt_logprobs_outputs = 0;  // outputs that carried them
 };
 
 // Gathers every callback (thread-safe: callbacks come from the engine thread).
@@ -47,6 +51,10 @@ class Collector {
       r.tokens.insert(r.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
       r.text += o.text_delta;
       r.logprobs.insert(r.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+      if (!o.prompt_logprobs.empty()) {
+        r.prompt_logprobs = o.prompt_logprobs;
+        ++r.n_prompt_logprobs_outputs;
+      }
       ++r.n_callbacks;
       if (o.finished()) {
         ++r.n_final;
@@ -493,6 +501,63 @@ TEST(Engine, LogprobsOfTheRawDistribution) {
     EXPECT_GE(lp.top[0].logprob, lp.top[1].logprob);
     EXPECT_GE(lp.top[1].logprob, lp.top[2].logprob);
   }
+}
+
+// prompt_logprobs against the fake model's own rows (a function of the
+// context up to each position, sharing no code with the engine): each prompt
+// token's raw log_softmax, vLLM's rank (tokens at least as likely) and the
+// top k. Under a pool so small that sequences are preempted and recomputed,
+// with 2 rows per step, n = 2 (only sequence 0 reports them) and one prompt
+// cached by an earlier request (a prefix hit would leave its entries empty).
+TEST(Engine, PromptLogprobsAreTheModelsThroughPreemptionAndChunks) {
+  EngineConfig c = config(/*n_blocks=*/24, /*budget=*/16);
+  c.scheduler.max_prompt_logit_rows = 2;
+  c.prompt_logits_bytes = 0;
+  Fixture f(c);
+  const auto cached = make_prompt(30, 99);
+  f.engine.submit(greedy("warm", cached, 2), f.out.callbacks());
+  f.engine.run_until_idle();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(i == 0 ? cached : make_prompt(20 + 5 * i, 70 + i));
+    EngineRequest r = greedy("p" + std::to_string(i), prompts.back(), 12);
+    r.prompt_logprobs = i % 3;  // 0, 1, 2, 0 alternatives
+    r.n = i == 1 ? 2 : 1;
+    f.engine.submit(r, f.out.callbacks());
+  }
+  f.engine.submit(greedy("plain", make_prompt(40, 5), 30), f.out.callbacks());  // pressure
+  f.engine.run_until_idle();
+  EXPECT_GT(f.engine.metrics().snapshot().num_preemptions_total, 0);
+  EXPECT_EQ(f.model.max_logit_rows, 2);
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = "p" + std::to_string(i);
+    const auto& prompt = prompts[size_t(i)];
+    SeqResult s = f.out.get(id);
+    EXPECT_EQ(s.tokens, reference_greedy(prompt, 12, kVocab)) << id;
+    EXPECT_EQ(s.n_prompt_logprobs_outputs, 1) << id;
+    if (i == 1) {
+      EXPECT_EQ(f.out.get(id, 1).n_prompt_logprobs_outputs, 0);
+    }
+    ASSERT_EQ(s.prompt_logprobs.size(), prompt.size() - 1) << id;
+    std::vector<float> row(kVocab);
+    for (size_t p = 1; p < prompt.size(); ++p) {
+      testing::fill_logits(testing::context_hash(std::span<const int32_t>(prompt.data(), p)), row.data(), kVocab);
+      double z = 0.0;
+      float mx = *std::max_element(row.begin(), row.end());
+      for (float x : row) z += std::exp(double(x) - mx);
+      const int32_t tok = prompt[p];
+      const TokenLogprobs& lp = s.prompt_logprobs[p - 1];
+      EXPECT_EQ(lp.token_id, tok);
+      EXPECT_NEAR(lp.logprob, double(row[tok]) - mx - std::log(z), 1e-5) << id << " position " << p;
+      EXPECT_EQ(lp.rank, std::count_if(row.begin(), row.end(), [&](float x) { return x >= row[tok]; })) << id << " " << p;
+      ASSERT_EQ(lp.top.size(), size_t(i % 3));
+      if (!lp.top.empty()) {
+        EXPECT_EQ(lp.top[0].token, std::max_element(row.begin(), row.end()) - row.begin());
+      }
+    }
+  }
+  EXPECT_EQ(f.out.get("plain").prompt_logprobs.size(), 0u);
+  expect_clean(f);
 }
 
 TEST(Engine, ExecutorFailureFailsOnlyThatStepsRequests) {

@@ -118,15 +118,19 @@ class FakeModel : public ModelExecutor {
         slot_token_[slot] = batch.token_ids[offset + j];
         slot_pos_[slot] = p;
         context.push_back(batch.token_ids[offset + j]);
+        // all_logits: a row per position, from the context up to it.
+        if (s.all_logits) fill_logits(context_hash(context), logits + row++ * vocab_, vocab_);
       }
       offset += s.n_tokens;
-      if (s.need_logits) fill_logits(context_hash(context), logits + row++ * vocab_, vocab_);
+      if (s.all_logits) max_logit_rows = std::max<int64_t>(max_logit_rows, s.n_tokens);
+      if (s.need_logits && !s.all_logits) fill_logits(context_hash(context), logits + row++ * vocab_, vocab_);
     }
   }
 
   int64_t n_steps = 0;
   int64_t n_mixed_steps = 0;  // steps holding both a multi-token chunk and a decode
   int64_t max_batch_tokens = 0;
+  int64_t max_logit_rows = 0;  // the largest all_logits chunk seen
   std::vector<int32_t> batch_sizes;
   std::vector<std::string> errors;  // consistency violations seen
   bool throw_next = false;

@@ -128,6 +128,115 @@ TEST(EngineRealModel, PipelineWithPreemptionMatchesGenerateLocal) {
   run_engine_against_reference(1, 2, 10, true);
 }
 
+// prompt_logprobs against the engine's own generation logprobs: greedy
+// tokens G after prompt P, with their logprobs; then P + G as a prompt with
+// prompt_logprobs. The prompt logprobs at G's positions must be the
+// generation logprobs (the same logits: one computed at the last position of
+// a decode step, the other inside a prefill chunk) with rank 1 and G's token
+// first in the top. Few logit rows per step (3) force the prompt through
+// several bounded chunks, and the prefix cache, which holds P + G's blocks
+// from the first request, must not serve the second one.
+void check_prompt_logprobs_match_generation(int tp, int pp) {
+  ModelSpec spec = testing::qwen25_7b_like(256, 2, 512, 384);
+  auto weights = testing::random_weights(spec, 3);
+  LocalGroupOptions gopt;
+  gopt.layout.tp = tp;
+  gopt.layout.pp = pp;
+  gopt.n_blocks = 64;
+  gopt.block_size = 4;
+  gopt.kv_dtype = DType::kF32;
+  gopt.n_threads_per_rank = 1;
+  LocalGroupExecutor executor(spec, weights, gopt);
+  EngineConfig cfg;
+  cfg.scheduler.n_blocks = 64;
+  cfg.scheduler.block_size = 4;
+  cfg.scheduler.max_num_batched_tokens = 16;
+  cfg.scheduler.max_model_len = 64;
+  cfg.scheduler.max_prompt_logit_rows = 3;
+  cfg.prompt_logits_bytes = 0;  // keep the 3 above
+  Engine engine(cfg, executor);
+
+  const std::vector<int32_t> prompt = prompt_for(1, spec.vocab_size);  // 11 tokens
+  constexpr int kGenerated = 6;
+  EngineRequest gen;
+  gen.request_id = "gen";
+  gen.prompt_token_ids = prompt;
+  gen.sampling.temperature = 0.0;
+  gen.sampling.logprobs = 2;
+  gen.logprobs = true;
+  gen.stop.max_tokens = kGenerated;
+  gen.stop.ignore_eos = true;
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> gen_lp;
+  engine.submit(gen, {[&](const SequenceOutput& o) {
+    tokens.insert(tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    gen_lp.insert(gen_lp.end(), o.logprobs.begin(), o.logprobs.end());
+    EXPECT_TRUE(o.prompt_logprobs.empty());  // not asked for
+  }});
+  engine.run_until_idle();
+  ASSERT_EQ(tokens.size(), size_t(kGenerated));
+  ASSERT_EQ(gen_lp.size(), size_t(kGenerated));
+
+  EngineRequest score;
+  score.request_id = "score";
+  score.prompt_token_ids = prompt;
+  score.prompt_token_ids.insert(score.prompt_token_ids.end(), tokens.begin(), tokens.end());
+  score.sampling.temperature = 0.0;
+  score.prompt_logprobs = 4;
+  score.stop.max_tokens = 1;
+  score.n = 2;  // the sibling shares the prompt; only sequence 0 reports its logprobs
+  std::vector<TokenLogprobs> prompt_lp;
+  int n_outputs_with_prompt = 0;
+  int32_t cached = -1;
+  engine.submit(score, {[&](const SequenceOutput& o) {
+    if (!o.prompt_logprobs.empty()) {
+      ++n_outputs_with_prompt;
+      EXPECT_EQ(o.index, 0);
+      prompt_lp = o.prompt_logprobs;
+    }
+    if (o.index == 0) cached = o.n_cached_tokens;
+  }});
+  engine.run_until_idle();
+  EXPECT_EQ(n_outputs_with_prompt, 1);
+  EXPECT_EQ(cached, 0) << "the prompt-logprobs sequence took prefix-cache hits";
+  const std::vector<int32_t>& all = score.prompt_token_ids;
+  ASSERT_EQ(prompt_lp.size(), all.size() - 1);
+  for (size_t i = 0; i < prompt_lp.size(); ++i) {
+    const TokenLogprobs& lp = prompt_lp[i];
+    EXPECT_EQ(lp.token_id, all[i + 1]) << "entry " << i;
+    ASSERT_EQ(lp.top.size(), 4u);
+    EXPECT_GE(lp.rank, 1);
+    EXPECT_LE(lp.logprob, 0.0f);
+    for (size_t j = 1; j < lp.top.size(); ++j) EXPECT_GE(lp.top[j - 1].logprob, lp.top[j].logprob);
+    EXPECT_GE(lp.top[0].logprob, lp.logprob);
+    if (lp.rank == 1) {
+      EXPECT_EQ(lp.top[0].token, lp.token_id);
+    }
+    if (lp.rank <= 4) {
+      EXPECT_EQ(lp.top[size_t(lp.rank) - 1].token, lp.token_id) << "entry " << i;  // no ties in random weights
+    }
+  }
+  for (int j = 0; j < kGenerated; ++j) {
+    const TokenLogprobs& p = prompt_lp[prompt.size() - 1 + j];  // the entry of token prompt.size() + j
+    EXPECT_EQ(p.token_id, tokens[j]);
+    EXPECT_NEAR(p.logprob, gen_lp[j].logprob, 1e-4) << "generated token " << j << " TP=" << tp << " PP=" << pp;
+    EXPECT_EQ(p.rank, 1) << "greedy token " << j;
+    EXPECT_EQ(gen_lp[j].rank, 1);
+    ASSERT_EQ(gen_lp[j].top.size(), 2u);
+    for (size_t t = 0; t < 2; ++t) {
+      EXPECT_EQ(p.top[t].token, gen_lp[j].top[t].token);
+      EXPECT_NEAR(p.top[t].logprob, gen_lp[j].top[t].logprob, 1e-4);
+    }
+  }
+  EXPECT_DOUBLE_EQ(engine.metrics().snapshot().kv_cache_usage_perc, 0.0);
+}
+
+TEST(EngineRealModel, PromptLogprobsMatchGenerationLogprobs) { check_prompt_logprobs_match_generation(1, 1); }
+
+// The vocab-sharded lm_head (TP) gathers every prompt row, and a pipeline
+// (PP) sends them from its last stage, micro-batches in flight.
+TEST(EngineRealModel, PromptLogprobsMatchGenerationLogprobsTp2Pp2) { check_prompt_logprobs_match_generation(2, 2); }
+
 TEST(EngineRealModel, ExecutorRejectsBadLayout) {
   ModelSpec spec = testing::qwen25_7b_like(256, 2, 512, 384);
   LocalGroupOptions gopt;

@@ -245,6 +245,56 @@ def free_port():
         return s.getsockname()[1]
 
 
+def check_prompt_logprobs(a, model, base):
+    """prompt_logprobs and echo with logprobs over HTTP against the numpy
+    reference's log_softmax at every prompt position: each prompt token's
+    logprob, its rank (vLLM's: tokens at least as likely) and the top 3."""
+    import urllib.request
+    sys.path.insert(0, os.path.join(a.source, "tests", "reference"))
+    import reference
+
+    def post(path, body):
+        req = urllib.request.Request(base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(req, timeout=60).read())
+
+    ids = post("/tokenize", {"prompt": "In the beginning God created the heaven and the earth. And the earth was"})["tokens"]
+    out = post("/v1/completions", {"model": "shardlm-demo", "prompt": ids, "max_tokens": 1, "temperature": 0,
+                                   "prompt_logprobs": 3, "echo": True, "logprobs": 2})
+    choice = out["choices"][0]
+    got, legacy = choice["prompt_logprobs"], choice["logprobs"]
+    logits = reference.Model(model).forward(ids, 0)  # [n, vocab] float64
+    logp = logits - logits.max(axis=1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    if len(got) != len(ids) or got[0] is not None or legacy["token_logprobs"][0] is not None:
+        sys.exit(f"FAIL: prompt_logprobs of {len(ids)} tokens: {json.dumps(got)[:300]}")
+    # generate's logit bound (check_reference), twice: a logprob is a logit minus a log-sum-exp.
+    tol = 2e-4 * max(1.0, float(np.abs(logits).max()))
+    worst = 0.0
+    for i in range(1, len(ids)):
+        row, tok = logp[i - 1], ids[i]
+        entry = got[i]
+        first_key = next(iter(entry))
+        mine = entry[str(tok)]
+        worst = max(worst, abs(mine["logprob"] - row[tok]))
+        if first_key != str(tok) or abs(mine["logprob"] - row[tok]) > tol:
+            sys.exit(f"FAIL: prompt token {i} ({tok}): {entry} vs reference logprob {row[tok]:.6f}")
+        if abs(legacy["token_logprobs"][i] - mine["logprob"]) > 1e-6:
+            sys.exit(f"FAIL: echo logprob {legacy['token_logprobs'][i]} != prompt_logprobs {mine['logprob']} at {i}")
+        # Ranks and the top 3 where the reference's gaps are wider than the tolerance.
+        gaps = np.abs(row - row[tok])
+        gaps[tok] = np.inf
+        if gaps.min() > 2 * tol and mine["rank"] != int((row >= row[tok]).sum()):
+            sys.exit(f"FAIL: prompt token {i}: rank {mine['rank']} vs reference {int((row >= row[tok]).sum())}")
+        order = np.argsort(-row, kind="stable")[:4]
+        if all(row[order[j]] - row[order[j + 1]] > 2 * tol for j in range(3)):
+            want = [int(x) for x in order[:3]]
+            ranked = sorted({int(k): v["rank"] for k, v in entry.items()}.items(), key=lambda kv: kv[1])
+            if [k for k, r in ranked if r <= 3][:3] != want:
+                sys.exit(f"FAIL: prompt token {i}: top 3 {ranked} vs reference {want}")
+    print(f"ok: prompt_logprobs of {len(ids)} tokens = numpy reference (max |logprob diff| {worst:.2e}, "
+          f"bound {tol:.2e}); echo agrees")
+
+
 def check_serve(a, model):
     import signal
     import time
@@ -276,6 +326,7 @@ def check_serve(a, model):
         if not re.search(r"[A-Za-z]{2,}", text):
             sys.exit(f"FAIL: the demo model answered {text!r}")
         print(f"ok: shardlm serve without MODEL answers as shardlm-demo: {text!r}")
+        check_prompt_logprobs(a, model, base)
     finally:
         server.send_signal(signal.SIGTERM)
         try:

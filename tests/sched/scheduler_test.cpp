@@ -28,8 +28,8 @@ class Driver {
   explicit Driver(const SchedulerConfig& c) : sched(c), kv(size_t(c.n_blocks) * c.block_size, -1) {}
 
   void add(SeqId id, std::vector<int32_t> prompt, int32_t max_new, SeqId after = -1,
-           BlockHash root = kRootBlockHash) {
-    sched.add(id, prompt, max_new, after, root);
+           BlockHash root = kRootBlockHash, bool prompt_logits = false) {
+    sched.add(id, prompt, max_new, after, root, prompt_logits);
     max_new_[id] = max_new;
   }
 
@@ -292,6 +292,50 @@ TEST(Scheduler, PrefixHitSkipsCachedTokens) {
   plan = d.step();
   EXPECT_EQ(plan.seqs[0].n_past, 8);
   EXPECT_EQ(plan.seqs[0].n_tokens, 4);
+}
+
+// prompt_logits: the sequence computes every prompt position (no prefix-cache
+// hit, though its prompt is cached), in chunks that ask for all their logits,
+// at most max_prompt_logit_rows rows per step over all sequences; others
+// keep the rest of the budget, and its decode steps are ordinary.
+TEST(Scheduler, PromptLogitsSkipThePrefixCacheAndCapRowsPerStep) {
+  SchedulerConfig c = small_config();
+  c.max_prompt_logit_rows = 5;
+  Driver d(c);
+  auto p = prompt_of(13, 500);
+  d.add(1, p, 2);
+  d.run();
+  d.add(2, p, 2, -1, kRootBlockHash, /*prompt_logits=*/true);
+  d.add(3, p, 2, -1, kRootBlockHash, /*prompt_logits=*/true);
+  d.add(4, p, 2);  // an ordinary sequence still hits the cache
+  std::map<SeqId, int32_t> covered;  // positions whose logits came back, in order
+  for (int step = 0; step < 20 && !d.sched.idle(); ++step) {
+    StepPlan plan = d.step();
+    int32_t rows = 0;
+    for (const auto& s : plan.seqs) {
+      if (s.seq_id == 2 || s.seq_id == 3) {
+        if (s.n_past < 13) {
+          EXPECT_TRUE(s.all_logits) << "seq " << s.seq_id << " at " << s.n_past;
+          EXPECT_EQ(s.n_past, covered[s.seq_id]) << "a gap in seq " << s.seq_id << "'s prompt positions";
+          covered[s.seq_id] += s.n_tokens;
+          rows += s.n_logit_rows();
+        } else {
+          EXPECT_FALSE(s.all_logits);  // decoding: one row
+          EXPECT_EQ(s.n_logit_rows(), 1);
+        }
+      } else {
+        EXPECT_FALSE(s.all_logits);
+      }
+    }
+    EXPECT_LE(rows, 5);
+  }
+  EXPECT_TRUE(d.sched.idle());
+  EXPECT_EQ(covered[2], 13);
+  EXPECT_EQ(covered[3], 13);
+  EXPECT_EQ(d.outputs[2], d.outputs[1]);
+  EXPECT_EQ(d.outputs[3], d.outputs[1]);
+  EXPECT_EQ(d.outputs[4], d.outputs[1]);
+  EXPECT_EQ(d.sched.pool().stats().n_hit_tokens, 12);  // seq 4's three cached blocks; none for 2 and 3
 }
 
 TEST(Scheduler, SiblingsWaitForPromptThenShareItsBlocks) {

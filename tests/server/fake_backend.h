@@ -51,6 +51,23 @@ class FakeStream : public RequestStream {
             e.tokens = {e.text};
             e.top_logprobs = {{TopLogprob{ch, e.text, -0.5f}}};
           }
+          // Prompt logprobs with choice 0's first token: token i scores
+          // -0.25 i with rank 1 + i % 3; its top-k are 'A', 'B', ... at -0.1 (j + 1).
+          if (c == 0 && step == 0 && params_.prompt_logprobs >= 0) {
+            for (size_t i = 0; i < params_.prompt_ids.size(); ++i) {
+              PromptTokenLogprob p;
+              p.token_id = params_.prompt_ids[i];
+              p.token = std::string(1, static_cast<char>(p.token_id));
+              if (i > 0) {
+                p.scored = true;
+                p.logprob = -0.25f * static_cast<float>(i);
+                p.rank = 1 + static_cast<int32_t>(i % 3);
+                for (int j = 0; j < params_.prompt_logprobs; ++j)
+                  p.top.push_back(TopLogprob{'A' + j, std::string(1, static_cast<char>('A' + j)), -0.1f * (j + 1)});
+              }
+              e.prompt_logprobs.push_back(std::move(p));
+            }
+          }
           if (--remaining_[c] == 0)
             e.finish_reason = !script_.empty() && step + 1 == static_cast<int64_t>(script_.size()) ? "stop" : "length";
           if (e.finish_reason == "stop") e.stop_string = stop_string_;

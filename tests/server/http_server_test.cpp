@@ -112,13 +112,113 @@ TEST_F(HttpServerTest, CompletionsAcceptStringsListsAndTokenIds) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(body["choices"][i]["index"], i);
   EXPECT_EQ(body["usage"]["prompt_tokens"], 5);
   EXPECT_EQ(body["usage"]["completion_tokens"], 12);
-  auto ids = post("/v1/completions", {{"prompt", {104, 105}}, {"max_tokens", 2}, {"echo", true}, {"logprobs", 1}});
-  ASSERT_EQ(ids->status, 400) << ids->body;  // the prompt's logprobs are not computed
-  EXPECT_EQ(json::parse(ids->body)["error"]["param"], "echo") << ids->body;
-  ids = post("/v1/completions", {{"prompt", {104, 105}}, {"max_tokens", 2}, {"echo", true}});
+  auto ids = post("/v1/completions", {{"prompt", {104, 105}}, {"max_tokens", 2}, {"echo", true}});
   ASSERT_EQ(ids->status, 200) << ids->body;
   json b2 = json::parse(ids->body);
   EXPECT_EQ(b2["choices"][0]["text"], "hiab");
+}
+
+// echo with logprobs (OpenAI's legacy shape): the logprobs object covers the
+// prompt's tokens first (the first with null logprob and null top), then the
+// generated ones, text offsets counted from the start of the echoed prompt.
+// The backend is asked for the prompt's logprobs with the same top-k.
+TEST_F(HttpServerTest, CompletionsEchoWithLogprobsCoversThePromptFirst) {
+  start();
+  auto r = post("/v1/completions", {{"prompt", {104, 105, 106}}, {"max_tokens", 2}, {"echo", true}, {"logprobs", 1}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  {
+    std::lock_guard<std::mutex> lock(backend_.seen_mutex);
+    EXPECT_EQ(backend_.last_params.prompt_logprobs, 1);
+    EXPECT_EQ(backend_.last_params.logprobs, 1);
+  }
+  json c = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(c["text"], "hijab");
+  EXPECT_FALSE(c.contains("prompt_logprobs")) << c.dump();  // not asked for
+  const json& lp = c["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"h", "i", "j", "a", "b"})) << lp.dump();
+  EXPECT_EQ(lp["text_offset"], json({0, 1, 2, 3, 4})) << lp.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), 5u);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][1].get<double>(), -0.25);  // the fake's prompt token 1
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][2].get<double>(), -0.5);
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][3].get<double>(), -0.5);   // generated
+  // Top 1 plus the token itself, as for generated tokens.
+  EXPECT_EQ(lp["top_logprobs"][1].size(), 2u) << lp.dump();
+  EXPECT_DOUBLE_EQ(lp["top_logprobs"][1]["A"].get<double>(), -0.1f);
+  EXPECT_DOUBLE_EQ(lp["top_logprobs"][1]["i"].get<double>(), -0.25);
+  EXPECT_TRUE(lp["top_logprobs"][3].contains("a")) << lp.dump();
+  // Streaming has no echo of the prompt's logprobs: refused naming echo.
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"echo", true}, {"logprobs", 0}, {"stream", true}}), 400, "echo");
+}
+
+// vLLM's prompt_logprobs: per choice on completions (every choice of a
+// prompt carries its prompt's list), beside the choices on chat; null for
+// the first token, then {token id: {logprob, rank, decoded_token}} holding
+// the token itself first and the top-k with ranks 1..k.
+TEST_F(HttpServerTest, PromptLogprobsHaveVllmShape) {
+  start();
+  auto r = post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 1}, {"n", 2}, {"prompt_logprobs", 2}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  json body = json::parse(r->body);
+  ASSERT_EQ(body["choices"].size(), 2u);
+  for (const json& c : body["choices"]) {
+    const json& p = c["prompt_logprobs"];
+    ASSERT_EQ(p.size(), 3u) << c.dump();
+    EXPECT_TRUE(p[0].is_null());
+    ASSERT_EQ(p[1].size(), 3u) << p.dump();  // 'b' (rank 2 in the fake) and the top 2, 'A' and 'B'
+    EXPECT_DOUBLE_EQ(p[1]["98"]["logprob"].get<double>(), -0.25);
+    EXPECT_EQ(p[1]["98"]["rank"], 2);
+    EXPECT_EQ(p[1]["98"]["decoded_token"], "b");
+    EXPECT_EQ(p[1]["65"]["rank"], 1);
+    EXPECT_EQ(p[1]["65"]["decoded_token"], "A");
+    EXPECT_EQ(p[1]["66"]["rank"], 2);
+    EXPECT_EQ(p[2]["99"]["rank"], 3);
+    EXPECT_TRUE(c["logprobs"].is_null());  // prompt_logprobs alone asks for no generation logprobs
+  }
+  // The prompt token comes first in its dict, as vLLM writes it.
+  EXPECT_EQ(nlohmann::ordered_json::parse(r->body)["choices"][0]["prompt_logprobs"][1].begin().key(), "98");
+  // prompt_logprobs 0: the token alone.
+  r = post("/v1/completions", {{"prompt", "ab"}, {"max_tokens", 1}, {"prompt_logprobs", 0}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["prompt_logprobs"][1].size(), 1u) << r->body;
+  // Chat: one list beside the choices, over the rendered prompt.
+  json req = chat(2);
+  req["prompt_logprobs"] = 1;
+  r = post("/v1/chat/completions", req);
+  ASSERT_EQ(r->status, 200) << r->body;
+  body = json::parse(r->body);
+  ASSERT_EQ(body["prompt_logprobs"].size(), 18u) << r->body;  // "user:hi\nassistant:"
+  EXPECT_TRUE(body["prompt_logprobs"][0].is_null());
+  EXPECT_EQ(body["prompt_logprobs"][1]["115"]["decoded_token"], "s");
+  EXPECT_FALSE(body["choices"][0].contains("prompt_logprobs"));
+}
+
+// prompt_logprobs is bounded by --max-logprobs and must be a non-negative
+// integer; vLLM refuses it when streaming. Each a 400 naming it.
+TEST_F(HttpServerTest, PromptLogprobsOutOfRangeIsA400NamingIt) {
+  ServerOptions o;
+  o.limits.max_top_logprobs = 3;
+  start(o);
+  const json base = {{"prompt", "ab"}, {"max_tokens", 1}};
+  auto with = [&](json v) {
+    json b = base;
+    b["prompt_logprobs"] = std::move(v);
+    return b;
+  };
+  expect_error(post("/v1/completions", with(4)), 400, "prompt_logprobs", "--max-logprobs");
+  expect_error(post("/v1/completions", with(-1)), 400, "prompt_logprobs");
+  expect_error(post("/v1/completions", with("2")), 400, "prompt_logprobs", "integer");
+  expect_error(post("/v1/completions", with(true)), 400, "prompt_logprobs");
+  expect_error(post("/v1/completions", with(1.5)), 400, "prompt_logprobs");
+  json stream = with(1);
+  stream["stream"] = true;
+  expect_error(post("/v1/completions", stream), 400, "prompt_logprobs", "stream");
+  json c = chat(1);
+  c["prompt_logprobs"] = 4;
+  expect_error(post("/v1/chat/completions", c), 400, "prompt_logprobs", "--max-logprobs");
+  EXPECT_EQ(post("/v1/completions", with(3))->status, 200);
+  EXPECT_EQ(post("/v1/completions", with(nullptr))->status, 200);  // null: absent
 }
 
 TEST_F(HttpServerTest, StreamingSendsChunksUsageAndDone) {

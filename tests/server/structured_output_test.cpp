@@ -234,8 +234,8 @@ TEST_F(StructuredServe, NumericRangesOfAnyWidthValidate) {
 }
 
 // Legacy completions logprobs over the real engine: top_logprobs always
-// holds the sampled token (alone for logprobs 0), and echo with logprobs is
-// refused naming echo (the prompt's logprobs are not computed).
+// holds the sampled token (alone for logprobs 0); with echo they cover the
+// prompt's tokens first, which prompt_logprobs scores the same.
 TEST_F(StructuredServe, CompletionLogprobsIncludeTheSampledToken) {
   for (int k : {0, 2}) {
     auto [status, r] = post("/v1/completions", json{{"model", "m"}, {"prompt", "Count:"}, {"max_tokens", 6},
@@ -253,10 +253,29 @@ TEST_F(StructuredServe, CompletionLogprobsIncludeTheSampledToken) {
       else EXPECT_TRUE(top.size() == 2u || top.size() == 3u) << top.dump();
     }
   }
-  auto [status, r] = post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 1},
-                                                  {"echo", true}, {"logprobs", 0}});
-  EXPECT_EQ(status, 400) << r.dump();
-  EXPECT_EQ(r["error"]["param"], "echo") << r.dump();
+  // echo with logprobs: the prompt's tokens first (the first unscored),
+  // their logprobs those prompt_logprobs reports for the same positions.
+  auto [status, r] = post("/v1/completions", json{{"model", "m"}, {"prompt", "Count: one two"}, {"max_tokens", 2},
+                                                  {"temperature", 0}, {"echo", true}, {"logprobs", 0},
+                                                  {"prompt_logprobs", 1}});
+  ASSERT_EQ(status, 200) << r.dump();
+  const json& c = r["choices"][0];
+  const json& lp = c["logprobs"];
+  const json& prompt = c["prompt_logprobs"];
+  const size_t n_prompt = prompt.size();
+  ASSERT_GE(n_prompt, 2u) << r.dump();
+  EXPECT_EQ(size_t(r["usage"]["prompt_tokens"]), n_prompt);
+  ASSERT_EQ(lp["tokens"].size(), n_prompt + size_t(r["usage"]["completion_tokens"])) << lp.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_TRUE(prompt[0].is_null());
+  for (size_t i = 1; i < n_prompt; ++i) {
+    const json& first = prompt[i].begin().value();  // the prompt token itself
+    EXPECT_NEAR(first["logprob"].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-6) << i;
+    EXPECT_EQ(first["decoded_token"], lp["tokens"][i]) << i;
+    EXPECT_GE(first["rank"].get<int>(), 1);
+  }
+  EXPECT_EQ(c["text"].get<std::string>().rfind("Count: one two", 0), 0u) << c.dump();
 }
 
 TEST_F(StructuredServe, UnsupportedSchemaIsA400NamingTheKeyword) {
