@@ -73,6 +73,8 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--desc-act", o->synth.desc_act, "GPTQ act-order: rows grouped by decreasing importance, g_idx records it");
   sub->add_flag("--asym", o->asym, "GPTQ asymmetric (per-group zero points; default symmetric)");
+  sub->add_flag("--lm-head", o->synth.quantize_lm_head,
+                "GPTQ: quantize lm_head too (\"lm_head\": true, GPTQModel's layout); a tied model is written untied");
   sub->add_option("--seed", o->synth.seed, "Seed of the weight generator")->capture_default_str();
   sub->add_option("--vocab", o->synth.vocab_size, "Vocabulary size (0: the model's; at least 259)");
   sub->add_option("--shards", o->synth.n_shards, "Number of safetensors files (>1 writes an index)")->capture_default_str();

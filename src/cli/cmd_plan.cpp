@@ -30,6 +30,7 @@ struct PlanCliOptions {
   std::string kv_cache_dtype = "auto";
   std::string quantization;  // catalog models: awq, gptq, gptq-int8, fp8
   int64_t group_size = 128;
+  bool lm_head = false;  // --quantization gptq/gptq-int8: the lm_head quantized too (untied)
   std::string objective = "latency";
   int nodes = 1;
   double inter_node_gbit = 100.0;  // Gb/s
@@ -133,12 +134,19 @@ int run_plan(const PlanCliOptions& o) {
     if (!model.headers.dtype.empty() && parse_dtype(model.headers.dtype, &d)) model.spec.dtype = d;
   }
 
+  if (o.lm_head && o.quantization.empty())
+    return usage_error("--lm-head needs --quantization gptq or gptq-int8 (a checkpoint's own quantization_config "
+                       "says whether its lm_head is quantized)");
   if (!o.quantization.empty()) {
     if (model.spec.quant.enabled() || model.headers.n_files > 0)
       return usage_error("--quantization sizes a catalog model as its published quantized checkpoint; " + o.model +
                          " is a checkpoint, whose own quantization_config plan reads");
     try {
       model.spec.quant = published_quant_config(o.quantization, o.group_size, false, true, "--quantization");
+      if (o.lm_head) {  // as `shardlm quantize --lm-head` writes it: a tied model untied
+        enable_quantized_lm_head(model.spec.quant, "--lm-head");
+        model.spec.tie_word_embeddings = false;
+      }
       check_quantized_shapes(model.spec, "--quantization " + o.quantization);
     } catch (const Error& e) {
       return usage_error(e.what());
@@ -200,6 +208,8 @@ void setup(CLI::App& app) {
   sub->add_option("--quantization", o->quantization,
                   "Size a catalog model as its published quantized checkpoint: awq, gptq, gptq-int8, fp8");
   sub->add_option("--group-size", o->group_size, "Group size for --quantization awq/gptq")->capture_default_str();
+  sub->add_flag("--lm-head", o->lm_head,
+                "With --quantization gptq/gptq-int8: the lm_head quantized too (\"lm_head\": true; a tied model untied)");
   sub->add_option("--objective", o->objective, "latency (one stream) or throughput (all streams)")
       ->check(CLI::IsMember({"latency", "throughput"}))
       ->capture_default_str();

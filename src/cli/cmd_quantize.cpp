@@ -17,10 +17,12 @@ struct QuantizeOptions {
   int64_t group_size = 128;
   bool desc_act = false;
   bool asym = false;
+  bool lm_head = false;
 };
 
 int run_quantize(const QuantizeOptions& o) {
   QuantConfig q = published_quant_config(o.format, o.group_size, o.desc_act, !o.asym, "--quantize");
+  if (o.lm_head) enable_quantized_lm_head(q, "--lm-head");
   const QuantizeCheckpointResult r = quantize_checkpoint(o.src, o.out, q);
   std::printf("wrote %s: %s, %lld Linear modules quantized (round to nearest), %llu bytes of tensors\n", o.out.c_str(),
               r.spec.quant.describe().c_str(), static_cast<long long>(r.n_quantized),
@@ -38,6 +40,8 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--desc-act", o->desc_act, "GPTQ act-order (rows grouped by decreasing column energy)");
   sub->add_flag("--asym", o->asym, "GPTQ asymmetric (default symmetric)");
+  sub->add_flag("--lm-head", o->lm_head,
+                "GPTQ: quantize lm_head too (\"lm_head\": true, as GPTQModel writes it; a tied model is written untied)");
   set_command_action(sub, [o] { return run_quantize(*o); });
 }
 

@@ -391,7 +391,12 @@ std::vector<Problem> validate_against_spec(const Checkpoint& checkpoint, const M
   }
   for (size_t i = 0; i < missing.size() && i < kListedPerKind; ++i) {
     const std::string& name = missing[i]->name;
-    std::string why = name == "lm_head.weight"
+    const bool quantized_head = missing[i]->slot == TensorSlot::kLmHead && missing[i]->part != QuantPart::kNone;
+    std::string why = quantized_head
+                          ? str_cat(spec.quant.source, " has \"lm_head\": true, so the lm_head is stored quantized (",
+                                    spec.quant.describe(), ") as ", missing[i]->module, ".",
+                                    quant_part_name(missing[i]->part))
+                      : ends_with(name, "lm_head.weight")
                           ? "config.json has tie_word_embeddings=false, so the model needs its own lm_head"
                           : str_cat("config.json (", described, ") requires it");
     out.push_back(make_problem(Severity::kError, ErrorCode::kNotFound, weights_file, name,
@@ -415,7 +420,11 @@ std::vector<Problem> validate_against_spec(const Checkpoint& checkpoint, const M
     out.push_back(make_problem(Severity::kError, ErrorCode::kInvalidArgument, checkpoint.file_of(extra[i])->name(),
                                extra[i],
                                str_cat("tensor ", extra[i], " is not part of a ", described,
-                                       " as config.json describes it"),
+                                       " as config.json describes it",
+                                       extra[i].find("lm_head.q") != std::string::npos && spec.quant.enabled()
+                                           ? str_cat(" (a quantized lm_head: ", spec.quant.source,
+                                                     " would need \"lm_head\": true, which GPTQ checkpoints may carry)")
+                                           : std::string()),
                                fix_mismatch));
   }
   if (extra.size() > kListedPerKind) {

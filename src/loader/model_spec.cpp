@@ -341,6 +341,14 @@ const char* quant_part_name(QuantPart part) {
 void check_quantized_shapes(const ModelSpec& spec, const std::string& source) {
   const QuantConfig& q = spec.quant;
   if (q.method != QuantMethod::kAwq && q.method != QuantMethod::kGptq) return;
+  // GPTQModel refuses to quantize a tied lm_head, and vLLM reads a tied
+  // model's lm_head from the float embed_tokens: a checkpoint claiming both
+  // has no one reading that shardlm could match.
+  if (q.lm_head && spec.tie_word_embeddings)
+    fail(ErrorCode::kUnsupported, q.source.empty() ? source : q.source, ": field \"lm_head\" is true (a quantized lm_head) but config.json has "
+         "tie_word_embeddings=true, so the lm_head is the embedding table, which stays unquantized; GPTQModel "
+         "quantizes the lm_head of untied models only. Set tie_word_embeddings to false in config.json if the "
+         "checkpoint carries lm_head.qweight, or \"lm_head\" to false");
   for (const TensorSpec& t : expected_tensors(spec)) {
     if (t.part != QuantPart::kQWeight) continue;
     const int64_t pf = q.pack_factor();
@@ -374,7 +382,13 @@ std::vector<TensorSpec> expected_tensors(const ModelSpec& s) {
   const FamilyDef& family = family_def(s.family);
   for (int64_t l = 0; l < s.n_layers; ++l) family.layer_tensors(s, l, out);
   global(p + "model.norm.weight", {h}, false, TensorSlot::kFinalNorm, ShardRole::kReplicated);
-  global(p + "lm_head.weight", {s.vocab_size, h}, s.tie_word_embeddings, TensorSlot::kLmHead, ShardRole::kVocab);
+  if (s.quant.quantizes(p + "lm_head")) {
+    // GPTQ "lm_head": true: the decoder's layout, rows of the vocabulary per rank.
+    append_linear_tensors(s, p + "lm_head", s.vocab_size, h, TensorSlot::kLmHead, ShardRole::kVocab, ShardSpace::kNone,
+                          -1, -1, out);
+  } else {
+    global(p + "lm_head.weight", {s.vocab_size, h}, s.tie_word_embeddings, TensorSlot::kLmHead, ShardRole::kVocab);
+  }
   return out;
 }
 

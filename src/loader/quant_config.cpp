@@ -22,7 +22,10 @@ const char* quant_method_name(QuantMethod method) {
 
 bool QuantConfig::quantizes(const std::string& module) const {
   if (method == QuantMethod::kNone) return false;
-  if (module == "lm_head" || module.find("embed_tokens") != std::string::npos) return false;
+  if (module.find("embed_tokens") != std::string::npos) return false;
+  const bool head = module == "lm_head" ||
+                    (module.size() > 8 && module.compare(module.size() - 8, 8, ".lm_head") == 0);  // language_model.lm_head
+  if (head && !lm_head) return false;
   for (const std::string& skip : modules_to_not_convert)
     if (!skip.empty() && module.find(skip) != std::string::npos) return false;
   return true;
@@ -42,7 +45,8 @@ std::string QuantConfig::describe() const {
     case QuantMethod::kNone: return "unquantized";
     case QuantMethod::kAwq: return str_cat("awq ", bits, "-bit group ", group_size);
     case QuantMethod::kGptq:
-      return str_cat("gptq ", bits, "-bit group ", group_size, sym ? " sym" : " asym", desc_act ? " desc_act" : "");
+      return str_cat("gptq ", bits, "-bit group ", group_size, sym ? " sym" : " asym", desc_act ? " desc_act" : "",
+                     lm_head ? " lm_head" : "");
     case QuantMethod::kFp8:
       return weight_block_size.empty()
                  ? std::string("fp8 e4m3 per-tensor/per-channel scales")
@@ -158,6 +162,11 @@ void parse_awq(Fields& f, QuantConfig* q) {
   const std::string backend = f.text("backend", "autoawq");
   f.require_one_of<std::string>("backend", backend, {"autoawq"});
   q->modules_to_not_convert = f.string_list("modules_to_not_convert");
+  // AutoAWQ has no quantized lm_head layout (it skips lm_head when it
+  // quantizes, and vLLM's AWQ reads lm_head unquantized): refuse one by name.
+  f.require_one_of("lm_head", f.boolean("lm_head", false), {false},
+                   " (AutoAWQ keeps lm_head in the checkpoint dtype: there is no published AWQ layout of a quantized"
+                   " lm_head; GPTQ checkpoints can carry one)");
   // Runtime fusing options of transformers' AwqConfig: no effect on the weights.
   f.accept({"do_fuse", "fuse_max_seq_len", "modules_to_fuse", "exllama_config"});
 }
@@ -176,7 +185,7 @@ void parse_gptq(Fields& f, QuantConfig* q) {
   const std::string format = f.text("format", q->checkpoint_format);
   f.require_one_of<std::string>("format", format, {"gptq", "gptq_v2"});
   f.require_one_of("is_marlin_format", f.boolean("is_marlin_format", false), {false});
-  f.require_one_of("lm_head", f.boolean("lm_head", false), {false}, " (a quantized lm_head)");
+  q->lm_head = f.boolean("lm_head", false);  // lm_head.{qweight,qzeros,scales,g_idx}, the decoder's layout
   const std::string pack_dtype = f.text("pack_dtype", "int32");
   f.require_one_of<std::string>("pack_dtype", pack_dtype, {"int32"});
   if (const json* v = f.get("modules_in_block_to_quantize"); v != nullptr)
@@ -273,6 +282,14 @@ QuantConfig published_quant_config(const std::string& format, int64_t group_size
   }
 }
 
+void enable_quantized_lm_head(QuantConfig& q, const std::string& option) {
+  if (q.method != QuantMethod::kGptq)
+    fail(ErrorCode::kInvalidArgument, option, " applies to gptq and gptq-int8: ", quant_method_name(q.method),
+         " checkpoints as published keep lm_head in the checkpoint dtype (AutoAWQ never quantizes it; FP8 lists it"
+         " in modules_to_not_convert)");
+  q.lm_head = true;
+}
+
 json quantization_config_json(const QuantConfig& q) {
   json c;
   switch (q.method) {
@@ -291,6 +308,7 @@ json quantization_config_json(const QuantConfig& q) {
            {"pad_token_id", nullptr}, {"quant_method", "gptq"}, {"sym", q.sym}, {"tokenizer", nullptr},
            {"true_sequential", true}, {"use_cuda_fp16", false}, {"use_exllama", true}};
       if (q.checkpoint_format != "gptq" && !q.checkpoint_format.empty()) c["checkpoint_format"] = q.checkpoint_format;
+      if (q.lm_head) c["lm_head"] = true;  // as GPTQModel writes it (transformers' GPTQConfig has no such field)
       break;
     case QuantMethod::kFp8:
       // As Qwen/Qwen3-8B-FP8's config.json.

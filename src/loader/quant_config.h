@@ -63,6 +63,10 @@ struct QuantConfig {
   std::string checkpoint_format;             // gptq: "gptq" or "gptq_v2"
   std::vector<int64_t> weight_block_size;    // fp8: {bn, bk}, or empty (per-tensor / per-channel scales)
   std::vector<std::string> modules_to_not_convert;  // kept unquantized (matched as substrings of module names)
+  // gptq: the lm_head is a quantized Linear like the decoder's ("lm_head":
+  // true, as GPTQModel writes it; lm_head.{qweight,qzeros,scales,g_idx}).
+  // AutoAWQ and FP8 checkpoints never quantize it.
+  bool lm_head = false;
   // Not a config field: the dtype the checkpoint stores scales (awq/gptq) or
   // weight_scale_inv (fp8) in. F16 for AutoAWQ/AutoGPTQ, BF16 for Qwen's FP8;
   // plan sets it from the safetensors headers, make-model writes it.
@@ -70,7 +74,7 @@ struct QuantConfig {
 
   bool enabled() const { return method != QuantMethod::kNone; }
   // Whether a Linear module ("model.layers.0.self_attn.q_proj") is stored
-  // quantized; lm_head never is (AWQ/GPTQ/FP8 as published keep it).
+  // quantized; "lm_head" only when `lm_head` is set, embed_tokens never.
   bool quantizes(const std::string& module) const;
   // Elements packed per int32 word (awq/gptq): 32 / bits.
   int pack_factor() const { return bits > 0 ? 32 / bits : 0; }
@@ -97,6 +101,11 @@ QuantConfig parse_quantization_config(const nlohmann::json& config, const std::s
 // name or a group size the format does not take.
 QuantConfig published_quant_config(const std::string& format, int64_t group_size, bool desc_act, bool sym,
                                    const std::string& option);
+
+// Sets quant.lm_head: the lm_head is quantized too (`option` names the flag
+// in messages, "--lm-head"). Throws Error(kInvalidArgument) for AWQ and FP8,
+// whose published checkpoints keep lm_head in the checkpoint dtype.
+void enable_quantized_lm_head(QuantConfig& quant, const std::string& option);
 
 // The quantization_config object as the published checkpoints carry it
 // (what make-model writes into config.json).

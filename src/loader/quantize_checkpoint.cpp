@@ -35,6 +35,11 @@ QuantizeCheckpointResult quantize_checkpoint(const fs::path& src, const fs::path
     fail(ErrorCode::kInvalidArgument, "quantize: ", src.string(), " is already quantized (", spec.quant.describe(),
          "); start from the unquantized checkpoint");
   spec.quant = quant;
+  // --lm-head on a tied model unties it, as a GPTQModel checkpoint must be:
+  // lm_head becomes its own quantized Linear made from the embedding table,
+  // which stays in the checkpoint dtype.
+  const bool untie = quant.lm_head && spec.tie_word_embeddings;
+  if (untie) spec.tie_word_embeddings = false;
   check_quantized_shapes(spec, "quantize " + src.string());
   const Checkpoint source = Checkpoint::open(src);
 
@@ -69,6 +74,7 @@ QuantizeCheckpointResult quantize_checkpoint(const fs::path& src, const fs::path
       const std::vector<TensorSpec>& parts = modules.at(m->second);
       const TensorSpec& p0 = parts.front();
       const TensorView* v = source.find(m->second + ".weight");
+      if (!v && untie && p0.slot == TensorSlot::kLmHead) v = source.find(spec.tensor_prefix + "model.embed_tokens.weight");
       if (!v) fail(ErrorCode::kNotFound, "quantize: ", src.string(), " has no tensor ", m->second, ".weight");
       const std::vector<int64_t> want = {p0.out_features, p0.in_features};
       if (v->shape != want)
@@ -90,6 +96,7 @@ QuantizeCheckpointResult quantize_checkpoint(const fs::path& src, const fs::path
   }
   const ShardedWriteResult written = write_sharded_safetensors(dst, tensors, 1, fill);
   config["quantization_config"] = quantization_config_json(spec.quant);
+  if (untie) config["tie_word_embeddings"] = false;
   {
     std::ofstream out(dst / "config.json");
     out << config.dump(2) << "\n";

@@ -1,7 +1,9 @@
 // Quantizes an existing unquantized checkpoint (`shardlm quantize`) into a
 // published layout by round-to-nearest (loader/quant_pack.h): every decoder
 // Linear the config quantizes becomes its AWQ / GPTQ / FP8 parts; embeddings,
-// norms, biases and lm_head are copied as they are (their dtype kept);
+// norms, biases and lm_head are copied as they are (their dtype kept), except
+// that GPTQ with quant.lm_head quantizes lm_head too (a tied model is written
+// untied: lm_head from the embedding table, tie_word_embeddings false);
 // config.json gains the quantization_config; the tokenizer and generation
 // files are copied. For measuring what a format costs in accuracy on a real
 // (trained) model, not a calibrated quantizer (no AWQ scaling search, no

@@ -130,6 +130,12 @@ ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
   if (spec.head_dim % 2 != 0)
     fail(ErrorCode::kInvalidArgument, "--head-dim must be even (rotary embeddings rotate pairs), found ", spec.head_dim);
   if (o.tie_word_embeddings) spec.tie_word_embeddings = *o.tie_word_embeddings;
+  if (o.quantize_lm_head) {
+    if (o.tie_word_embeddings.value_or(false))
+      fail(ErrorCode::kInvalidArgument, "make-model: --lm-head writes a quantized lm_head of its own, which a tied ",
+           "model does not have (GPTQModel quantizes untied lm_heads only); drop --tie");
+    spec.tie_word_embeddings = false;
+  }
   check_positive(o.sliding_window, "--sliding-window");
   if (o.sliding_window > 0) {
     // Mistral, Mixtral and Phi-3 window every layer (transformers' reading
@@ -181,10 +187,13 @@ ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
 
 QuantConfig synthetic_quant_config(const SyntheticModelOptions& o) {
   if (o.quantize.empty()) {
-    if (o.desc_act || !o.sym) fail(ErrorCode::kInvalidArgument, "--desc-act and --asym need --quantize gptq or gptq-int8");
+    if (o.desc_act || !o.sym || o.quantize_lm_head)
+      fail(ErrorCode::kInvalidArgument, "--desc-act, --asym and --lm-head need --quantize gptq or gptq-int8");
     return QuantConfig{};
   }
-  return published_quant_config(o.quantize, o.group_size, o.desc_act, o.sym, "--quantize");
+  QuantConfig q = published_quant_config(o.quantize, o.group_size, o.desc_act, o.sym, "--quantize");
+  if (o.quantize_lm_head) enable_quantized_lm_head(q, "--lm-head");
+  return q;
 }
 
 std::vector<TensorSpec> synthetic_tensor_list(const ModelSpec& spec) {
@@ -250,6 +259,10 @@ SyntheticModelResult write_synthetic_model(const std::filesystem::path& dir, con
       std::vector<float> w(static_cast<size_t>(ts.out_features * ts.in_features));
       for (size_t i = 0; i < w.size(); ++i)
         w[i] = synthetic_weight_value(seed, weight_name, hidden, shape, tied, static_cast<int64_t>(i));
+      // A quantized lm_head's rows of ids the tokenizer lacks are zero too
+      // (stored exactly: a zero group quantizes to its zero point).
+      if (ts.slot == TensorSlot::kLmHead)
+        std::fill(w.begin() + std::min<int64_t>(unused_from, static_cast<int64_t>(w.size())), w.end(), 0.0f);
       auto bytes = quantize_linear(spec.quant, w.data(), ts.out_features, ts.in_features, modules.at(ts.module));
       for (const TensorSpec& p : modules.at(ts.module)) pending[p.name] = std::move(bytes.at(p.part));
       it = pending.find(t.name);

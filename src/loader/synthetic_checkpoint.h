@@ -75,11 +75,15 @@ struct SyntheticModelOptions {
   int64_t group_size = 128;  // awq / gptq
   bool desc_act = false;     // gptq act-order (g_idx a permutation's groups)
   bool sym = true;           // gptq
+  // gptq: quantize lm_head too ("lm_head": true, GPTQModel's layout). A tied
+  // catalog model is written untied (GPTQModel quantizes untied lm_heads
+  // only): lm_head gets its own weights, as with tie_word_embeddings=false.
+  bool quantize_lm_head = false;
 };
 
 // The quantization_config make-model writes for options.quantize; method
 // kNone for "". Throws Error(kInvalidArgument) naming --quantize,
-// --group-size, --desc-act or --asym when they do not fit together.
+// --group-size, --desc-act, --asym or --lm-head when they do not fit together.
 QuantConfig synthetic_quant_config(const SyntheticModelOptions& options);
 
 // The spec make-model writes: catalog shape, overrides, bos/eos set to the

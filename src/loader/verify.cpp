@@ -59,9 +59,20 @@ void check_config(const fs::path& dir, VerifyReport* report) {
   if (!config) return;
   try {
     report->spec = parse_model_config(*config, "config.json");
+    // Older GPTQ checkpoints (and GPTQModel's lm_head field) keep their
+    // settings beside config.json, as load_model_config reads them.
+    if (!config->contains("quantization_config") && fs::is_regular_file(dir / "quantize_config.json")) {
+      std::optional<json> q = read_json(dir / "quantize_config.json", "quantize_config.json", &report->problems);
+      if (!q) return;
+      report->spec->quant = parse_quantization_config(*q, "quantize_config.json", true);
+      check_quantized_shapes(*report->spec, "quantize_config.json");
+    }
   } catch (const Error& e) {
+    report->spec.reset();  // half read: nothing to check the tensors against
+    const bool separate = std::string(e.what()).rfind("quantize_config.json", 0) == 0;
     report->problems.push_back(
-        problem("config.json", without_prefix(e.what(), "config.json: "),
+        problem(separate ? "quantize_config.json" : "config.json",
+                without_prefix(e.what(), separate ? "quantize_config.json: " : "config.json: "),
                 e.code() == ErrorCode::kUnsupported ? "use a model shardlm supports (Qwen2/2.5, Qwen3, Llama 3)"
                                                     : "download config.json again",
                 e.code()));

@@ -234,7 +234,10 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
     if (t.layer < 0) {
       if (t.slot == TensorSlot::kEmbedding && shard_.first_stage) embed_ = get(name);
       if (t.slot == TensorSlot::kFinalNorm) final_norm_ = get(name);
-      if (t.slot == TensorSlot::kLmHead) lm_head_ = Linear{get(name), Tensor{}, {}};
+      if (t.slot == TensorSlot::kLmHead && t.part == QuantPart::kNone) lm_head_ = Linear{get(name), Tensor{}, {}};
+      // GPTQ "lm_head": true: the parts put together at qweight, as a decoder Linear.
+      if (t.slot == TensorSlot::kLmHead && t.part != QuantPart::kNone && t.primary())
+        lm_head_ = assemble_linear(spec_, t.module, held, weights_->describe());
       continue;
     }
     DecoderLayerWeights& w = layers[static_cast<size_t>(t.layer - shard_.layers.begin)];
@@ -286,7 +289,8 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
       if (t.slot == TensorSlot::kEmbedding) lm_head_ = Linear{get(name), Tensor{}, {}};
   }
   if (shard_.first_stage) SHARDLM_CHECK(embed_.defined(), "no embedding in this rank's shard");
-  if (shard_.last_stage) SHARDLM_CHECK(final_norm_.defined() && lm_head_.weight.defined(), "no final norm or lm_head");
+  if (shard_.last_stage)
+    SHARDLM_CHECK(final_norm_.defined() && (lm_head_.weight.defined() || lm_head_.quantized()), "no final norm or lm_head");
 }
 
 KvCache CausalLM::make_kv_cache(int64_t n_blocks, int64_t block_size, DType dtype) const {

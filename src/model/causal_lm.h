@@ -148,7 +148,7 @@ class CausalLM {
   float embed_scale_ = 1.0f;                   // Gemma: sqrt(hidden) in the checkpoint dtype
   std::vector<DecoderLayerWeights> layers_;    // this stage's layers, in order
   Tensor embed_;                               // [vocab_local, hidden] (first stage)
-  Linear lm_head_;                             // [vocab_local, hidden] (last stage)
+  Linear lm_head_;                             // [vocab_local, hidden] (last stage; quantized for GPTQ lm_head)
   Tensor final_norm_;                          // [hidden] (last stage)
   std::vector<Range> vocab_ranges_;            // per TP rank
   // Per-step state, reused: grown when a step is larger than any before.

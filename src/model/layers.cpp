@@ -180,7 +180,7 @@ void lm_head_logits(backend::Backend& b, const Tensor& x, const Linear& head, co
                     Tensor& logits, Tensor& local, Tensor& gathered, Communicator& tp) {
   const int n_ranks = static_cast<int>(vocab_ranges.size());
   const int64_t n = x.dim(0);
-  SHARDLM_CHECK(n_ranks == tp.size() && head.weight.dim(0) == vocab_ranges[tp.rank()].size() &&
+  SHARDLM_CHECK(n_ranks == tp.size() && head.out_features() == vocab_ranges[tp.rank()].size() &&
                 logits.rank() == 2 && logits.dim(1) == vocab_ranges.back().end);
   if (n_ranks == 1) {
     b.matmul(x, head, logits);

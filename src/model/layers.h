@@ -168,6 +168,8 @@ void embed_tokens(backend::Backend& b, const Tensor& emb, Range vocab, int64_t v
 // logits[n, vocab_size] on every TP rank: local slice x × head_localᵀ, then
 // all_gather of the slices; vocab_ranges[r] is TP rank r's vocabulary range.
 // local, gathered: the rank's [n, vocab_local] and [n, vocab_size] scratch (TP > 1).
+// head: [vocab_local, hidden] in the checkpoint dtype, or a quantized Linear
+// (GPTQ "lm_head": true) that matmul runs with the decoder's kernels.
 void lm_head_logits(backend::Backend& b, const Tensor& x, const Linear& head, const std::vector<Range>& vocab_ranges,
                     Tensor& logits, Tensor& local, Tensor& gathered, Communicator& tp);
 

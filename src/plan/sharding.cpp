@@ -112,6 +112,15 @@ int64_t intermediate_align(const ModelSpec& spec) {
   return std::lcm<int64_t>(16, std::lcm(quant_in_align(spec), quant_out_align(spec)));
 }
 
+// Vocabulary rows per unit of the embedding / lm_head split: blocks of 16,
+// and whole packed words of a quantized lm_head (GPTQ packs 32 / bits output
+// channels per qzeros word), which a vocabulary not a multiple of 16 still needs.
+int64_t vocab_align(const ModelSpec& spec) {
+  const bool quantized_head = spec.quant.quantizes(spec.tensor_prefix + "lm_head");
+  if (!quantized_head || spec.vocab_size % 16 == 0) return 16;
+  return quant_out_align(spec);
+}
+
 }  // namespace
 
 void check_quantized_layout(const ModelSpec& spec, const Layout& layout) {
@@ -143,6 +152,13 @@ void check_quantized_layout(const ModelSpec& spec, const Layout& layout) {
       fail(ErrorCode::kInvalidArgument, "--tensor-parallel-size ", layout.tp, ": rank ", r, " would hold KV heads [",
            kv.begin, ", ", kv.end, "), whose k_proj/v_proj rows do not fall on the ", kv_align, "-channel units of ",
            what, "; choose another tensor-parallel size");
+    if (spec.quant.quantizes(spec.tensor_prefix + "lm_head")) {
+      const Range vocab = tp_range(spec.vocab_size, layout, r, st, vocab_align(spec), "vocabulary blocks");
+      if (vocab.begin % out_align != 0 || vocab.end % out_align != 0)
+        fail(ErrorCode::kInvalidArgument, "--tensor-parallel-size ", layout.tp, ": rank ", r,
+             " would hold vocabulary rows [", vocab.begin, ", ", vocab.end, ") of the quantized lm_head, which do not ",
+             "fall on the ", out_align, "-channel packed words of ", what, "; choose another tensor-parallel size");
+    }
     const Range cols = tp_range(inter, layout, r, st, ialign, "MLP column units");
     if (cols.begin % ialign != 0 || cols.end % ialign != 0)
       fail(ErrorCode::kInvalidArgument, "--tensor-parallel-size ", layout.tp, ": intermediate_size ", inter,
@@ -221,7 +237,7 @@ RankShard shard_for(const ModelSpec& spec, const Layout& layout, int tp_rank, in
                                        "expert MLP column units");
     }
   }
-  s.vocab = tp_range(spec.vocab_size, layout, tp_rank, pp_rank, 16, "vocabulary blocks");
+  s.vocab = tp_range(spec.vocab_size, layout, tp_rank, pp_rank, vocab_align(spec), "vocabulary blocks");
   std::vector<int64_t> parts = pipeline_partition(spec, layout);
   int64_t begin = std::accumulate(parts.begin(), parts.begin() + pp_rank, int64_t{0});
   s.layers = {begin, begin + parts[pp_rank]};

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -93,7 +94,11 @@ TEST(QuantConfig, UnsupportedValuesAreRefusedNamingFieldValueAndSupported) {
   EXPECT_NE(refusal(kQwenGptq, "checkpoint_format", "marlin")
                 .find("field \"checkpoint_format\" is \"marlin\"; shardlm runs gptq with checkpoint_format \"gptq\", \"gptq_v2\""),
             std::string::npos);
-  EXPECT_NE(refusal(kQwenGptq, "lm_head", true).find("field \"lm_head\" is true"), std::string::npos);
+  // AutoAWQ has no quantized lm_head layout; GPTQ's is read (below).
+  EXPECT_NE(refusal(kQwenAwq, "lm_head", true)
+                .find("config.json quantization_config: field \"lm_head\" is true; shardlm runs awq with lm_head false"),
+            std::string::npos);
+  EXPECT_EQ(refusal(kQwenAwq, "lm_head", false), "(accepted)");
   EXPECT_NE(refusal(kQwenGptq, "modules_in_block_to_quantize", json::array({json::array({"self_attn.q_proj"})}))
                 .find("modules_in_block_to_quantize"),
             std::string::npos);
@@ -246,6 +251,123 @@ TEST(QuantConfig, SeparateQuantizeConfigJsonIsRead) {
   q["bits"] = 3;
   testing::write_text(dir / "quantize_config.json", q.dump());
   EXPECT_THROW(load_model_config(dir / "config.json"), Error);
+}
+
+TEST(QuantConfig, GptqLmHeadIsAQuantizedLinearSlicedByVocabRows) {
+  json c = json::parse(kQwenGptq);
+  c["lm_head"] = true;
+  const QuantConfig q = parse(c.dump());
+  EXPECT_TRUE(q.lm_head);
+  EXPECT_TRUE(q.quantizes("lm_head"));
+  EXPECT_TRUE(q.quantizes("language_model.lm_head"));
+  EXPECT_FALSE(q.quantizes("model.embed_tokens"));
+  EXPECT_FALSE(parse(kQwenGptq).quantizes("lm_head"));
+  EXPECT_EQ(q.describe(), "gptq 4-bit group 128 sym lm_head");
+  EXPECT_TRUE(parse(quantization_config_json(q).dump()).lm_head);  // written back as GPTQModel writes it
+  // enable_quantized_lm_head is for GPTQ only, naming the flag.
+  QuantConfig awq = parse(kQwenAwq);
+  try {
+    enable_quantized_lm_head(awq, "--lm-head");
+    ADD_FAILURE() << "awq accepted --lm-head";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--lm-head applies to gptq and gptq-int8"), std::string::npos) << e.what();
+  }
+}
+
+// make-model --lm-head (int4 and int8): lm_head.{qweight,qzeros,scales,g_idx}
+// with the vocab role, the tied catalog model written untied, and the whole
+// checkpoint passing the strict checks.
+TEST(QuantConfig, SyntheticQuantizedLmHeadPassesStrictChecks) {
+  for (const char* format : {"gptq", "gptq-int8"}) {
+    SyntheticModelOptions o = small_options(format);
+    o.quantize_lm_head = true;
+    auto dir = testing::fresh_dir(std::string("quant_lm_head_") + format);
+    write_synthetic_model(dir, o);
+    const ModelSpec spec = load_model_config(dir / "config.json");
+    EXPECT_TRUE(spec.quant.lm_head) << format;
+    EXPECT_FALSE(spec.tie_word_embeddings) << format << ": qwen2.5-0.5b is tied, --lm-head unties it";
+    std::map<std::string, const TensorSpec*> by_name;
+    const std::vector<TensorSpec> tensors = expected_tensors(spec);
+    for (const TensorSpec& t : tensors) by_name[t.name] = &t;
+    EXPECT_EQ(by_name.count("lm_head.weight"), 0u);
+    const int64_t pf = 32 / spec.quant.bits;
+    ASSERT_TRUE(by_name.count("lm_head.qweight"));
+    EXPECT_EQ(by_name["lm_head.qweight"]->shape, (std::vector<int64_t>{256 / pf, 320}));
+    EXPECT_EQ(by_name["lm_head.qzeros"]->shape, (std::vector<int64_t>{4, 320 / pf}));
+    EXPECT_EQ(by_name["lm_head.scales"]->shape, (std::vector<int64_t>{4, 320}));
+    EXPECT_EQ(by_name["lm_head.g_idx"]->shape, (std::vector<int64_t>{256}));
+    for (const char* part : {"lm_head.qweight", "lm_head.qzeros", "lm_head.scales", "lm_head.g_idx"}) {
+      EXPECT_EQ(by_name[part]->role, ShardRole::kVocab) << part;
+      EXPECT_EQ(by_name[part]->slot, TensorSlot::kLmHead) << part;
+    }
+    for (const Problem& p : validate_against_spec(Checkpoint::open(dir), spec)) ADD_FAILURE() << format << ": " << p.text();
+  }
+}
+
+TEST(QuantConfig, AMissingQuantizedLmHeadIsNamed) {
+  // A GPTQ checkpoint whose lm_head is F16, under a config that says "lm_head": true.
+  SyntheticModelOptions o = small_options("gptq");
+  o.tie_word_embeddings = false;
+  auto dir = testing::fresh_dir("quant_lm_head_missing");
+  write_synthetic_model(dir, o);
+  json c = json::parse(testing::read_text(dir / "config.json"));
+  c["quantization_config"]["lm_head"] = true;
+  testing::write_text(dir / "config.json", c.dump());
+  const ModelSpec spec = load_model_config(dir / "config.json");
+  std::vector<Problem> problems = validate_against_spec(Checkpoint::open(dir), spec);
+  bool named = false, extra = false;
+  for (const Problem& p : problems) {
+    named = named || (p.tensor == "lm_head.qweight" &&
+                      p.message.rfind("tensor lm_head.qweight is missing; ", 0) == 0 &&
+                      p.message.find("quantization_config has \"lm_head\": true, so the lm_head is stored quantized "
+                                     "(gptq 4-bit group 64 sym lm_head) as lm_head.qweight") != std::string::npos);
+    extra = extra || p.tensor == "lm_head.weight";
+  }
+  EXPECT_TRUE(named) << (problems.empty() ? "no problems" : problems[0].text());
+  EXPECT_TRUE(extra) << "the F16 lm_head.weight is not what the config describes";
+  EXPECT_THROW(require_matches_spec(Checkpoint::open(dir), spec), Error);
+}
+
+TEST(QuantConfig, LmHeadRefusalsNameTheFileAndField) {
+  // AWQ: in config.json, and in a separate quantize_config.json.
+  SyntheticModelOptions o = small_options("awq");
+  auto dir = testing::fresh_dir("quant_awq_lm_head");
+  write_synthetic_model(dir, o);
+  json c = json::parse(testing::read_text(dir / "config.json"));
+  c["quantization_config"]["lm_head"] = true;
+  testing::write_text(dir / "config.json", c.dump());
+  const std::string config_path = (dir / "config.json").string();
+  auto message = [](const std::filesystem::path& config) -> std::string {
+    try {
+      load_model_config(config);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(message(dir / "config.json").rfind(config_path + " quantization_config: field \"lm_head\" is true; "
+                                               "shardlm runs awq with lm_head false (AutoAWQ keeps lm_head",
+                                               0),
+            0u)
+      << message(dir / "config.json");
+  json q = c["quantization_config"];
+  c.erase("quantization_config");
+  testing::write_text(dir / "config.json", c.dump());
+  testing::write_text(dir / "quantize_config.json", q.dump());
+  EXPECT_EQ(message(dir / "config.json").rfind((dir / "quantize_config.json").string() + ": field \"lm_head\" is true", 0), 0u)
+      << message(dir / "config.json");
+  // GPTQ with a tied embedding: no reading of it would match GPTQModel's and vLLM's.
+  SyntheticModelOptions g = small_options("gptq");
+  auto gdir = testing::fresh_dir("quant_gptq_lm_head_tied");
+  write_synthetic_model(gdir, g);  // qwen2.5-0.5b: tied
+  json gc = json::parse(testing::read_text(gdir / "config.json"));
+  gc["quantization_config"]["lm_head"] = true;
+  testing::write_text(gdir / "config.json", gc.dump());
+  const std::string m = message(gdir / "config.json");
+  EXPECT_EQ(m.rfind((gdir / "config.json").string() + " quantization_config: field \"lm_head\" is true (a quantized "
+                    "lm_head) but config.json has tie_word_embeddings=true", 0),
+            0u)
+      << m;
 }
 
 // Round to nearest, then the scalar dequantizer: every element within one

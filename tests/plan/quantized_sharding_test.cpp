@@ -27,6 +27,51 @@ TEST(QuantizedSharding, CatalogBytesMatchTheSeedsTable) {
   EXPECT_EQ(rank_weight_bytes(quantized("qwen2.5-7b", "fp8"), Layout{}, 0, 0), 8706741120);
 }
 
+// GPTQ "lm_head": true on Qwen2.5-7B (untied, vocab 152064, hidden 3584):
+// every part of the lm_head split by vocabulary rows, packed-word aligned,
+// and counted at its packed size (qweight [448, V] I32, qzeros [28, V/p],
+// scales [28, V] F16, g_idx [3584] on every rank) instead of V x 3584 F16.
+TEST(QuantizedSharding, AQuantizedLmHeadIsSplitByVocabRowsAtItsPackedSize) {
+  for (const char* format : {"gptq", "gptq-int8"}) {
+    ModelSpec plain = quantized("qwen2.5-7b", format);
+    ModelSpec spec = plain;
+    enable_quantized_lm_head(spec.quant, "--lm-head");
+    check_quantized_shapes(spec, "test");
+    const int64_t V = 152064, K = 3584, G = K / 128, pf = 32 / spec.quant.bits;
+    const int64_t head = (K / pf) * V * 4 + G * (V / pf) * 4 + G * V * 2 + K * 4;
+    EXPECT_EQ(rank_weight_bytes(plain, Layout{}, 0, 0) - rank_weight_bytes(spec, Layout{}, 0, 0), V * K * 2 - head)
+        << format;
+    for (int tp : {2, 3, 7}) {
+      const Layout layout{tp, 1, 1, {}};
+      int64_t sum = 0;
+      for (int r = 0; r < tp; ++r) {
+        const Range vocab = shard_for(spec, layout, r, 0).vocab;
+        EXPECT_EQ(vocab.begin % pf, 0) << format << " TP=" << tp << " rank " << r;
+        int64_t rank_head = 0;
+        for (const TensorShard& t : rank_tensors(spec, layout, r, 0)) {
+          if (t.slot != TensorSlot::kLmHead) continue;
+          rank_head += t.bytes;
+          if (t.name == "lm_head.qweight" || t.name == "lm_head.scales") {
+            EXPECT_EQ(t.split_dim, 1) << t.name;
+            EXPECT_EQ(t.slice.begin, vocab.begin) << t.name;
+            EXPECT_EQ(t.slice.end, vocab.end) << t.name;
+          } else if (t.name == "lm_head.qzeros") {
+            EXPECT_EQ(t.split_dim, 1);
+            EXPECT_EQ(t.slice.begin * pf, vocab.begin);
+            EXPECT_EQ(t.slice.end * pf, vocab.end);
+          } else {
+            EXPECT_EQ(t.name, "lm_head.g_idx");
+            EXPECT_EQ(t.split_dim, -1);  // every rank's rows need all input groups
+          }
+        }
+        EXPECT_EQ(rank_head, ((K / pf) * 4 + G * 2) * vocab.size() + G * (vocab.size() / pf) * 4 + K * 4);
+        sum += rank_head - K * 4;
+      }
+      EXPECT_EQ(sum, head - K * 4) << format << " TP=" << tp;  // the slices tile lm_head (g_idx replicated)
+    }
+  }
+}
+
 // Every part of every quantized Linear is split so that the ranks' slices
 // tile the checkpoint tensor (or replicate it where act-order needs it).
 TEST(QuantizedSharding, SlicesTileTheTensorsOnGroupBoundaries) {

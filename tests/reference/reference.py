@@ -413,6 +413,9 @@ class Model:
             h = self.rms_norm(x, self.w[p + "post_attention_layernorm.weight"])
             x = x + self.mlp(h, l)
         x = self.rms_norm(x, self.w["model.norm.weight"])
+        if "lm_head" in self.int8_modules:  # a GPTQ lm_head ("lm_head": true) takes int8 inputs like the decoder's
+            import quantized
+            x = quantized.quantize_activations(x)
         return x @ self.lm_head.T
 
 

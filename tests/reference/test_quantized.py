@@ -9,7 +9,8 @@ on them, and its greedy tokens are compared (reported, not required) with
 the unquantized model's; `shardlm verify` accepts the checkpoint, `shardlm
 plan` counts exactly its header bytes, and `shardlm generate` (quantized
 kernels) gives the reference's greedy tokens; `shardlm quantize` of the f32
-checkpoint of the same seed writes the same quantized parts.
+checkpoint of the same seed writes the same quantized parts; `shardlm quantize
+--lm-head` writes GPTQ's quantized lm_head (check_lm_head).
 
 usage: test_quantized.py --cli build/src/cli/shardlm --work DIR
 """
@@ -80,6 +81,68 @@ def greedy(model_dir, max_tokens=12):
     acts = "f64" if os.environ.get("SHARDLM_QUANT_ACTIVATIONS") == "f32" else "int8"
     m = reference.Model(model_dir, activations=acts)
     return reference.generate(m, [1, 2, 3, 4, 5], max_tokens, ignore_eos=True)[1]
+
+
+def check_lm_head(a, plain, w32):
+    """`shardlm quantize --lm-head` (GPTQ 4- and 8-bit) of the tied f32 checkpoint: lm_head stored
+    as GPTQ parts ("lm_head": true), the model untied (tie_word_embeddings false, the embedding kept
+    in f32), the unpacked lm_head within half a step of the embedding it came from; verify and plan
+    accept it, generate gives the reference's tokens. Then a config claiming "lm_head": true over an
+    F16 lm_head: verify names the missing lm_head.qweight."""
+    n_vocab, hidden, g = 512, 256, 64
+    for bits, fmt in ((4, "gptq"), (8, "gptq-int8")):
+        name = f"{fmt}_lm_head"
+        d = os.path.join(a.work, name)
+        run([a.cli, "quantize", plain, "--quantize", fmt, "--group-size", str(g), "--lm-head", "--out", d])
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        check(cfg["tie_word_embeddings"] is False, f"{name}: tie_word_embeddings {cfg['tie_word_embeddings']}")
+        check(cfg["quantization_config"].get("lm_head") is True, f"{name}: {cfg['quantization_config']}")
+        h = headers(d)
+        p = 32 // bits
+        want = {"lm_head.qweight": ("I32", [hidden // p, n_vocab]), "lm_head.qzeros": ("I32", [hidden // g, n_vocab // p]),
+                "lm_head.scales": ("F16", [hidden // g, n_vocab]), "lm_head.g_idx": ("I32", [hidden])}
+        for t, v in want.items():
+            check(h.get(t) == (v[0], tuple(v[1])), f"{name}: {t} is {h.get(t)}, expected {v}")
+        check("lm_head.weight" not in h, f"{name}: lm_head.weight must not be stored")
+        check(h.get("model.embed_tokens.weight", ("?",))[0] == "F32", f"{name}: the embedding is not kept in F32")
+        deq = quantized.load_dequantized(d)
+        words = quantized.as_float(*quantized.read_raw(os.path.join(d, "model.safetensors"))["lm_head.scales"])
+        step = np.repeat(words, g, axis=0).T  # [vocab, hidden]: each element's quantization step
+        ratio = np.abs(deq["lm_head.weight"] - w32["model.embed_tokens.weight"]) / step
+        check(np.mean(ratio <= 0.5 + 1e-6) > 0.99, f"{name}: lm_head: {np.mean(ratio <= 0.5 + 1e-6):.4f} within half a step")
+        v = run([a.cli, "verify", d], expect_rc=None)
+        check(v.returncode == 0, f"{name}: shardlm verify exit {v.returncode}: {v.stdout}{v.stderr}")
+        pj = json.loads(run([a.cli, "plan", d, "--gpus", "1xH100-80GB", "--json"]).stdout)
+        check(pj["checkpoint"]["total_bytes"] == pj["model"]["weight_bytes"],
+              f"{name}: plan counts {pj['model']['weight_bytes']} bytes, headers hold {pj['checkpoint']['total_bytes']}")
+        tokens = greedy(d)
+        gen = run([a.cli, "generate", d, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "12", "--temperature", "0",
+                   "--json"], expect_rc=None)
+        check(gen.returncode == 0, f"{name}: shardlm generate exit {gen.returncode}: {gen.stderr}")
+        if gen.returncode == 0:
+            ours = json.loads(gen.stdout.strip().splitlines()[-1])["token_ids"]
+            check(len(ours) > 0 and ours == tokens[:len(ours)], f"{name}: shardlm generate {ours}, reference {tokens}")
+        print(f"{name}: lm_head max error {float(ratio.max()):.3f} steps; generate = reference")
+    d = os.path.join(a.work, "gptq_lm_head_claimed")
+    run([a.cli, "make-model", *SHAPE, "--seed", "11", "--quantize", "gptq", "--group-size", "64", "--no-tie", "--out", d])
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"]["lm_head"] = True
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    v = run([a.cli, "verify", d], expect_rc=None)
+    check(v.returncode != 0 and "lm_head.qweight is missing" in v.stdout + v.stderr,
+          f"verify of a claimed but absent quantized lm_head: exit {v.returncode}: {v.stdout}{v.stderr}")
+    # The same claim in a separate quantize_config.json (older GPTQ layouts keep it there).
+    q = cfg.pop("quantization_config")
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    with open(os.path.join(d, "quantize_config.json"), "w") as f:
+        json.dump(q, f)
+    v = run([a.cli, "verify", d], expect_rc=None)
+    check(v.returncode != 0 and "quantize_config.json has \"lm_head\": true" in v.stdout + v.stderr,
+          f"verify with quantize_config.json: exit {v.returncode}: {v.stdout}{v.stderr}")
 
 
 def main():
@@ -207,6 +270,8 @@ def main():
             # generate stops at an eos (kept); the reference ran on past it.
             check(len(ours) > 0 and ours == tokens[:len(ours)],
                   f"{name}: shardlm generate {ours}, reference on the unpacked weights {tokens}")
+
+    check_lm_head(a, plain, w32)
 
     if failures:
         print(f"{len(failures)} failure(s)")

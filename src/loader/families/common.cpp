@@ -29,15 +29,12 @@ void LayerTable::add(const std::string& name, std::vector<int64_t> shape, Tensor
   out_.push_back(std::move(t));
 }
 
-// The tensors of one Linear [n_out, n_in] named `module`, as the spec's
-// quantization stores it (loader/quant_config.h). Every part carries the
-// Linear's role: plan slices each part in the Linear's logical units.
-void LayerTable::linear(const std::string& name, int64_t n_out, int64_t n_in, TensorSlot slot, ShardRole role,
-                        ShardSpace space, int64_t expert) {
-  const std::string module = prefix_ + name;
-  const QuantConfig& q = spec_.quant;
+void append_linear_tensors(const ModelSpec& spec, const std::string& module, int64_t n_out, int64_t n_in,
+                           TensorSlot slot, ShardRole role, ShardSpace space, int64_t expert, int64_t layer,
+                           std::vector<TensorSpec>& out) {
+  const QuantConfig& q = spec.quant;
   auto part = [&](QuantPart p, std::string tensor, std::vector<int64_t> shape, std::vector<DType> dtypes) {
-    TensorSpec t{std::move(tensor), std::move(shape), false, layer_};
+    TensorSpec t{std::move(tensor), std::move(shape), false, layer};
     t.dtypes = std::move(dtypes);
     t.part = p;
     t.module = module;
@@ -47,8 +44,8 @@ void LayerTable::linear(const std::string& name, int64_t n_out, int64_t n_in, Te
     t.role = role;
     t.space = space;
     t.expert = expert;
-    out_.push_back(std::move(t));
-    return &out_.back();
+    out.push_back(std::move(t));
+    return &out.back();
   };
   if (!q.quantizes(module)) {
     part(QuantPart::kNone, module + ".weight", {n_out, n_in}, {});
@@ -91,6 +88,12 @@ void LayerTable::linear(const std::string& name, int64_t n_out, int64_t n_in, Te
     }
     case QuantMethod::kNone: break;
   }
+}
+
+// The tensors of one Linear [n_out, n_in] named `module` of this layer.
+void LayerTable::linear(const std::string& name, int64_t n_out, int64_t n_in, TensorSlot slot, ShardRole role,
+                        ShardSpace space, int64_t expert) {
+  append_linear_tensors(spec_, prefix_ + name, n_out, n_in, slot, role, space, expert, layer_, out_);
 }
 
 void LayerTable::fused_linear(const std::string& name, std::vector<FusedPart> parts, int64_t n_in) {

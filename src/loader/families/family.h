@@ -43,6 +43,15 @@ const FamilyDef* find_family(const std::string& architecture);
 
 // ---- pieces the families' files share (common.cpp) --------------------------
 
+// Appends the tensors of Linear `module` [n_out, n_in] as spec's quantization
+// stores it: "<module>.weight" when the quantization_config does not cover
+// it, else its parts (qweight, qzeros, scales, g_idx / fp8 weight and
+// weight_scale_inv), each carrying the Linear's slot, role and space, so plan
+// slices every part in the Linear's logical units. `layer` -1 for lm_head.
+void append_linear_tensors(const ModelSpec& spec, const std::string& module, int64_t n_out, int64_t n_in,
+                           TensorSlot slot, ShardRole role, ShardSpace space, int64_t expert, int64_t layer,
+                           std::vector<TensorSpec>& out);
+
 // One layer's tensor table under "<spec.tensor_prefix>model.layers.<layer>.".
 class LayerTable {
  public:
