@@ -80,7 +80,7 @@ void check_config(const fs::path& dir, VerifyReport* report) {
   }
   if (report->spec->quant.enabled())
     report->notes.push_back(str_cat("quantized: ", report->spec->quant.describe(), " (", report->spec->quant.source,
-                                    "); `shardlm plan` sizes it exactly, this build's engine does not run it yet"));
+                                    "); generate, serve and perplexity run it with its weights kept packed"));
   if (report->spec->is_moe())
     report->notes.push_back(str_cat(report->spec->architecture, " is a mixture-of-experts model (", report->spec->n_experts,
                                     " experts, top-", report->spec->n_experts_per_token,
