@@ -23,6 +23,7 @@
 #include "loader/generation_config.h"
 #include "cli/auto_layout_flag.h"
 #include "cli/device_flag.h"
+#include "cli/speculative_config_flag.h"
 #include "backend/device/decode_graphs.h"
 #include "backend/device/device_choice.h"
 #include "comm/mpi_comm.h"
@@ -125,43 +126,6 @@ int mpi_world_size() {
 // --decode-bench B1,B2,...: decode steps of B sequences, each holding
 // --decode-context cached tokens, for each B over one load of the model; one
 // JSON line (with --json) or a sentence per B.
-// --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
-// (vLLM's keys). Every key is checked; one shardlm does not implement is refused, naming it.
-SpeculativeOptions parse_speculative_config(const std::string& text, double temperature) {
-  SpeculativeOptions so;
-  if (text.empty()) return so;
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) fail(ErrorCode::kInvalidArgument, "--speculative-config: expected a JSON object, got '", text, "'");
-  auto int_key = [&](const char* key, int32_t* out) {
-    if (!j.contains(key)) return false;
-    if (!j[key].is_number_integer())
-      fail(ErrorCode::kInvalidArgument, "--speculative-config: \"", key, "\" must be an integer");
-    *out = j[key].get<int32_t>();
-    return true;
-  };
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& key = it.key();
-    if (key == "model")
-      fail(ErrorCode::kUnsupported, "--speculative-config: \"model\" (a draft model) is not implemented; use "
-           "\"method\": \"ngram\"");
-    if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_max" && key != "prompt_lookup_min")
-      fail(ErrorCode::kInvalidArgument, "--speculative-config: unknown key \"", key,
-           "\" (shardlm implements method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)");
-  }
-  if (!j.contains("method") || !j["method"].is_string() || j["method"].get<std::string>() != "ngram")
-    fail(ErrorCode::kUnsupported, "--speculative-config: \"method\" must be \"ngram\" (the one method implemented)");
-  if (!int_key("num_speculative_tokens", &so.num_speculative_tokens) || so.num_speculative_tokens < 1)
-    fail(ErrorCode::kInvalidArgument, "--speculative-config: \"num_speculative_tokens\" must be given, at least 1");
-  so.prompt_lookup_min = 1;
-  if (!int_key("prompt_lookup_max", &so.prompt_lookup_max))
-    fail(ErrorCode::kInvalidArgument, "--speculative-config: \"prompt_lookup_max\" must be given for method ngram");
-  int_key("prompt_lookup_min", &so.prompt_lookup_min);
-  if (temperature > 0.0)
-    fail(ErrorCode::kUnsupported, "--speculative-config with --temperature ", temperature,
-         ": rejection sampling is not implemented, so speculation is greedy only; use --temperature 0");
-  return so;
-}
-
 int run_decode_bench(const GenerateCliOptions& o) {
   if (!o.prompt.empty() || !o.prompt_ids.empty() || !o.chat.empty())
     fail(ErrorCode::kInvalidArgument, "--decode-bench times decode steps on synthetic sequences; give no prompt with it");
@@ -277,7 +241,7 @@ int run_generate(const GenerateCliOptions& o) {
   g.eos_token_ids = load_eos_token_ids(dir, spec);
   g.block_size = o.block_size;
   g.batch_invariant = o.batch_invariant;
-  g.speculative = parse_speculative_config(o.speculative_config, o.temperature);
+  g.speculative = parse_speculative_config(o.speculative_config);
   if (g.speculative.enabled()) g.batch_invariant = true;  // verification's rows must equal 1-row decode steps
   const bool under_mpi = mpi_world_size() > 1;
   if (!under_mpi) g.device = device_for_thread_ranks(o.device, tp_auto ? 1 : g.layout.tp * g.layout.pp);
@@ -494,10 +458,7 @@ void setup(CLI::App& app) {
                   "the host")
       ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
-  sub->add_option("--speculative-config", o->speculative_config,
-                  "Speculative decoding, vLLM's JSON: {\"method\":\"ngram\",\"num_speculative_tokens\":4,"
-                  "\"prompt_lookup_max\":4,\"prompt_lookup_min\":2} (greedy; verified on the batch-invariant path, "
-                  "so the tokens equal decoding without it)");
+  sub->add_option("--speculative-config", o->speculative_config, kSpeculativeConfigHelp);
   sub->add_flag("--batch-invariant", o->batch_invariant,
                 "Batch-invariant kernels: each row's reductions in an order independent of the step's row count "
                 "(the path speculative verification needs; refused by a backend without them)");

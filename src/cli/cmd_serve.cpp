@@ -16,6 +16,7 @@
 #include "cli/command.h"
 #include "cli/default_model.h"
 #include "cli/serve_mpi.h"
+#include "cli/speculative_config_flag.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "server/engine_backend.h"
@@ -80,7 +81,7 @@ struct ServeOptions {
   double shutdown_grace_s = 5.0;
   bool no_web_ui = false;
   bool batch_invariant = false;
-  std::string speculative_config;  // refused: speculation is wired into generate only
+  std::string speculative_config;  // --speculative-config JSON (cli/speculative_config_flag.h)
   size_t responses_store_max_count = 1000;   // /v1/responses kept for GET and previous_response_id
   size_t responses_store_max_bytes = 64u << 20;
 };
@@ -164,9 +165,14 @@ int run_serve(const ServeOptions& given) {
   bo.ranks_share_device = !mpi.active();
   bo.cuda_graphs = cuda_graphs;
   bo.batch_invariant = o.batch_invariant;
-  if (!o.speculative_config.empty())
-    fail(ErrorCode::kUnsupported, "--speculative-config: serve does not implement speculative decoding yet "
-         "(shardlm generate does); drop the flag");
+  bo.speculative = parse_speculative_config(o.speculative_config);
+  if (bo.speculative.enabled()) {
+    // Verification rows must equal 1-row decode steps bit for bit.
+    if (!device.is_cpu())
+      fail(ErrorCode::kUnsupported, "--speculative-config: verification needs the batch-invariant kernels, which the ",
+           device.to_string(), " backend lacks; run without it, or on --device cpu");
+    bo.batch_invariant = true;
+  }
   bo.max_model_len = o.max_model_len;
   bo.max_num_seqs = o.max_num_seqs;
   bo.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -412,8 +418,7 @@ void setup(CLI::App& app) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "vllm"}));
   sub->add_option("--allowed-origins", o->allowed_origins, "CORS origins allowed (\"*\" for any); default: none")
       ->delimiter(',');
-  sub->add_option("--speculative-config", o->speculative_config,
-                  "Speculative decoding (vLLM's JSON): not implemented for serve yet, refused; see generate");
+  sub->add_option("--speculative-config", o->speculative_config, kSpeculativeConfigHelp);
   sub->add_flag("--batch-invariant", o->batch_invariant,
                 "Batch-invariant kernels: a request's tokens and logprobs do not depend on the other requests of "
                 "its step or on how its prefill is chunked (costs speed; refused by a backend without them)");

@@ -1,5 +1,7 @@
 #include "engine/batch_builder.h"
 
+#include <cstddef>
+
 namespace shardlm {
 
 ForwardBatch make_forward_batch(const StepPlan& plan) {
@@ -15,6 +17,19 @@ ForwardBatch make_forward_batch(const StepPlan& plan) {
     c.need_logits = s.need_logits;
     c.all_logits = s.all_logits;
     batch.seqs.push_back(std::move(c));
+    // Drafts: one single-token row each over the same block table, at the
+    // positions after the fed token; on the batch-invariant kernels row j
+    // computes what a 1-row decode step at n_past + j would, attending to
+    // the rows before it (they write their KV in the same step).
+    for (std::size_t j = 0; j < s.draft_ids.size(); ++j) {
+      batch.token_ids.push_back(s.draft_ids[j]);
+      SequenceChunk d;
+      d.n_tokens = 1;
+      d.n_past = s.n_past + s.n_tokens + static_cast<int32_t>(j);
+      d.block_table = s.block_table;
+      d.need_logits = true;
+      batch.seqs.push_back(std::move(d));
+    }
   }
   return batch;
 }

@@ -1,4 +1,5 @@
-// StepPlan (sched, plain data) -> ForwardBatch (what the model runs).
+// StepPlan (sched, plain data) -> ForwardBatch (what the model runs): one
+// chunk per scheduled sequence, plus one single-token chunk per drafted token.
 #pragma once
 
 #include "model/forward_batch.h"

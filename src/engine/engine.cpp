@@ -55,8 +55,12 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
          sc.block_size, "; build both from the same numbers");
   if (config.max_batches_in_flight < 0)
     fail(ErrorCode::kInvalidArgument, "engine: max_batches_in_flight must be >= 0, got ", config.max_batches_in_flight);
+  config.speculative.validate();
+  if (config.speculative_max_decodes < 0)
+    fail(ErrorCode::kInvalidArgument, "engine: speculative_max_decodes must be >= 0, got ", config.speculative_max_decodes);
   max_in_flight_ = std::max(1, executor.max_in_flight());
   if (config.max_batches_in_flight > 0) max_in_flight_ = std::min(max_in_flight_, int(config.max_batches_in_flight));
+  metrics_.update([&](MetricsSnapshot& m) { m.spec_decode_positions = config.speculative.num_speculative_tokens; });
   update_gauges();
 }
 
@@ -445,6 +449,7 @@ bool Engine::step_inner() {
     }
     StepPlan plan = sched_.schedule(share);
     if (plan.empty()) break;
+    propose_drafts(plan);  // speculative decoding: drafted rows for its decodes (engine/speculation.cpp)
     // The watermark: what this step holds, before finished sequences free theirs.
     metrics_.update([n = sched_.stats().n_blocks_used](MetricsSnapshot& m) {
       m.kv_blocks_in_use_peak = std::max<int64_t>(m.kv_blocks_in_use_peak, n);
@@ -468,7 +473,7 @@ bool Engine::step_inner() {
   const StepPlan plan = std::move(in_flight_.front());
   in_flight_.pop_front();
   // Rows of logits_: each chunk's n_logit_rows() in plan order; a sampled
-  // sequence's row is its chunk's last.
+  // sequence samples its chunk's last row, or a drafted decode its first.
   int64_t n_logits = 0;
   bool any_prompt_logits = false;
   std::vector<int64_t>& first_row = first_row_;
@@ -479,7 +484,9 @@ bool Engine::step_inner() {
     const ScheduledSeq& sc = plan.seqs[k];
     first_row[k] = n_logits;
     n_logits += sc.n_logit_rows();
-    if (sc.need_logits) sample_row[k] = n_logits - 1;
+    // A prompt-logprobs chunk samples after its last row; a decode with
+    // drafts samples its first row (the fed token's), the drafts' follow.
+    if (sc.need_logits) sample_row[k] = sc.all_logits ? n_logits - 1 : first_row[k];
     any_prompt_logits = any_prompt_logits || sc.all_logits;
   }
   logits_.resize(size_t(n_logits * vocab_size_));  // collect writes every entry: no zero fill
@@ -549,6 +556,7 @@ bool Engine::step_inner() {
     sample_jobs_.clear();
     for (size_t k = 0; k < plan.seqs.size(); ++k) {
       if (!plan.seqs[k].need_logits) continue;
+      const int64_t n_rows = plan.seqs[k].n_logit_rows();  // 1, or 1 + drafts
       auto live = seqs_.find(plan.seqs[k].seq_id);
       if (live == seqs_.end()) continue;  // aborted while its batch was in flight
       SeqState& seq = *live->second;
@@ -572,6 +580,8 @@ bool Engine::step_inner() {
       for (int32_t t : banned) row_logits[t] = -std::numeric_limits<float>::infinity();
       sample_jobs_.push_back({k, row_logits, &seq, nullptr});
     }
+    verified_.assign(plan.seqs.size(), VerifiedDraft{});
+    n_accepted_.assign(plan.seqs.size(), 0);
     const int64_t n_sample = static_cast<int64_t>(sample_jobs_.size());
     // Only batches of real work go parallel (EngineConfig).
     const bool parallel = n_sample > 1 && n_sample * vocab_size_ >= config_.parallel_sampling_min_work;
@@ -580,6 +590,13 @@ bool Engine::step_inner() {
       SampleJob& job = sample_jobs_[size_t(i)];
       const size_t k = job.k;
       try {
+        if (const auto& draft = plan.seqs[k].draft_ids; !draft.empty()) {  // its 1 + d rows, in order
+          verified_[k] = verify_draft_rows(*job.seq->sampler, draft, job.logits, vocab_size_,
+                                           job.seq->request->request.logprobs);
+          sampled[k] = verified_[k].token;
+          n_accepted_[k] = verified_[k].n_accepted;
+          continue;
+        }
         SampleResult res = job.seq->sampler->sample(std::span<const float>(job.logits, size_t(vocab_size_)));
         sampled[k] = res.token;
         if (job.seq->request->request.logprobs) {
@@ -605,7 +622,7 @@ bool Engine::step_inner() {
   // commit; its request is aborted right after.
   for (size_t k = 0; k < plan.seqs.size(); ++k)
     if (plan.seqs[k].need_logits && sampled[k] < 0 && seqs_.count(plan.seqs[k].seq_id)) sampled[k] = 0;
-  sched_.commit(plan, sampled);
+  sched_.commit(plan, sampled, n_accepted_);
   const auto now = Clock::now();
   std::unordered_set<std::string> failing;
   for (const auto& f : failed_requests) failing.insert(f.substr(0, f.find('\n')));
@@ -616,7 +633,10 @@ bool Engine::step_inner() {
     const std::string request_id = it->second->request->request.request_id;
     if (failing.count(request_id)) continue;
     try {
-      process_token(*it->second, sampled[k], std::move(logprobs[k]), now);
+      if (!plan.seqs[k].draft_ids.empty())
+        emit_verified(plan.seqs[k].seq_id, plan.seqs[k], verified_[k], now);
+      else
+        process_token(*it->second, sampled[k], std::move(logprobs[k]), now);
     } catch (const std::exception& e) {
       // Detokenizer or stop matching failed: end that request only.
       std::fprintf(stderr, "shardlm engine: request %s failed: %s\n", request_id.c_str(), e.what());

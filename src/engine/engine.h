@@ -30,6 +30,7 @@
 #include "engine/metrics.h"
 #include "engine/model_executor.h"
 #include "engine/request.h"
+#include "engine/speculation.h"
 #include "engine/stop_strings.h"
 #include "sched/scheduler.h"
 
@@ -64,6 +65,14 @@ struct EngineConfig {
   // Tests: runs on the grammar mask worker before each job (engine/mask_worker.h),
   // so that a test can hold a mask back and watch the other sequences step on.
   std::function<void()> before_mask_job;
+  // n-gram speculative decoding (--speculative-config; engine/speculation.h).
+  // Greedy tokens equal decoding without it only when the executor runs the
+  // batch-invariant kernels (serve turns them on with it).
+  SpeculativeOptions speculative;
+  // Auto-off: a step holding more than this many decoding sequences drafts
+  // nothing (verification rows cost more than they save in a full batch;
+  // README "Speculative decoding" has the measurement behind the default).
+  int32_t speculative_max_decodes = kDefaultSpeculativeMaxDecodes;
   // Unset: the standard Sampler. Tests substitute one that throws.
   std::function<std::unique_ptr<Sampler>(const SamplingParams& params, std::span<const int32_t> prompt_ids,
                                          int64_t vocab_size)>
@@ -188,6 +197,10 @@ class Engine {
   // executor fails every request and is restarted; else only plan's requests.
   void executor_failed(const StepPlan& plan, const std::exception& e);
   void process_token(SeqState& seq, int32_t token, std::optional<TokenLogprobs> logprobs, Clock::time_point now);
+  // Speculation (engine/speculation.cpp): drafts for the decodes of a new
+  // plan; then the verified tokens of plan.seqs[k], each through process_token.
+  void propose_drafts(StepPlan& plan);
+  void emit_verified(SeqId id, const ScheduledSeq& sc, VerifiedDraft& verified, Clock::time_point now);
   void finish_seq(SeqState& seq, SequenceOutput& out);
   void emit(RequestState& request, const SequenceOutput& out);
   SequenceOutput make_output(const SeqState& seq) const;
@@ -216,6 +229,8 @@ class Engine {
   // Per sequence of the step's plan: its first row in logits_, and the row it
   // samples from (its chunk's last; -1: none). Reused across steps.
   std::vector<int64_t> first_row_, sample_row_;
+  std::vector<VerifiedDraft> verified_;  // [plan.seqs] this step's verification of each sequence with drafts
+  std::vector<int32_t> n_accepted_;      // [plan.seqs] drafts accepted (Scheduler::commit)
   std::deque<StepPlan> in_flight_;  // submitted to the executor, oldest first
   int max_in_flight_ = 1;
 

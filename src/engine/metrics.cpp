@@ -126,6 +126,21 @@ std::string Metrics::render_prometheus(const std::string& model_name) const {
     w.head("shardlm:executor_last_failure_info", "gauge", "The last model executor failure; the reason names the rank.");
     w.sample("shardlm:executor_last_failure_info", 1.0, "reason=\"" + escape_label(reason) + "\"");
   }
+  if (m.spec_decode_positions > 0) {
+    w.counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.",
+              double(m.spec_decode_num_drafts_total));
+    w.counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
+              double(m.spec_decode_num_draft_tokens_total));
+    w.counter("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
+              double(m.spec_decode_num_accepted_tokens_total));
+    w.head("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted tokens per draft position.");
+    for (int32_t i = 0; i < m.spec_decode_positions; ++i) {
+      const auto& per_pos = m.spec_decode_num_accepted_tokens_per_pos_total;
+      w.sample("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+               size_t(i) < per_pos.size() ? double(per_pos[size_t(i)]) : 0.0,
+               "position=\"" + std::to_string(i) + "\"");
+    }
+  }
   w.head("vllm:request_success_total", "counter", "Count of successfully processed requests.");
   for (const char* reason : {"stop", "length", "abort"}) {
     auto it = m.request_success_total.find(reason);

@@ -33,6 +33,13 @@ struct MetricsSnapshot {
   int64_t prefix_cache_hits_total = 0;     // tokens
   int64_t pipeline_overlapped_batches_total = 0;  // submitted while an earlier batch was in the pipeline
   int64_t grammar_masks_deferred_total = 0;  // new grammar states whose masks were computed off the engine thread
+  // Speculative decoding (vLLM's spec_decode_* counters), rendered while
+  // spec_decode_positions > 0 (the engine's num_speculative_tokens).
+  int32_t spec_decode_positions = 0;
+  int64_t spec_decode_num_drafts_total = 0;          // sequence-steps that verified at least one draft
+  int64_t spec_decode_num_draft_tokens_total = 0;    // tokens drafted (and verified)
+  int64_t spec_decode_num_accepted_tokens_total = 0;  // drafts the target produced itself
+  std::vector<int64_t> spec_decode_num_accepted_tokens_per_pos_total;  // [positions]: accepted at draft position i
   std::map<std::string, int64_t> request_success_total;  // by finished_reason: stop, length, abort
   // The model executor (rank group): failures that broke it, in-place
   // restarts that brought it back, whether it serves now, and the last

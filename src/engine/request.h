@@ -57,7 +57,8 @@ struct TokenLogprobs {
 enum class FinishReason { kNone, kStop, kLength, kAbort };
 const char* finish_reason_name(FinishReason reason);  // "", "stop", "length", "abort"
 
-// One callback per sequence per step in which it produced a token, and one
+// One callback per sequence per step in which it produced a token (per
+// token when speculative decoding produced several in one step), and one
 // last callback carrying finish_reason (which may also carry the last token).
 struct SequenceOutput {
   std::string request_id;

@@ -1,5 +1,7 @@
 #include "kv/block_table.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace shardlm {
@@ -66,6 +68,15 @@ void register_computed(BlockPool& pool, BlockTable& table, std::span<const int32
     pool.register_cached(table.blocks[i], table.hashes[i], parent, tokens.subspan(size_t(i) * bs, bs));
   }
   table.n_registered = std::max(table.n_registered, n_full);
+}
+
+void truncate_table(BlockPool& pool, BlockTable& table, int32_t n_slots) {
+  const int32_t keep = std::max(blocks_for(n_slots, pool.block_size()), table.n_registered);
+  while (static_cast<int32_t>(table.blocks.size()) > keep) {
+    pool.unref(table.blocks.back());
+    table.blocks.pop_back();
+  }
+  if (static_cast<int32_t>(table.hashes.size()) > keep) table.hashes.resize(size_t(keep));
 }
 
 void free_table(BlockPool& pool, BlockTable& table) {

@@ -46,6 +46,12 @@ int32_t n_blocks_needed(const BlockPool& pool, const BlockTable& table, int32_t 
 void register_computed(BlockPool& pool, BlockTable& table, std::span<const int32_t> tokens,
                        int32_t n_computed, BlockHash root = kRootBlockHash);
 
+// Speculative rollback: releases the trailing blocks beyond those covering
+// n_slots positions (last first), never a block already registered in the
+// prefix cache. The kept tail block may still hold KV past n_slots (rejected
+// drafts); it is not full up to n_computed, so it is not registered until
+// those slots are recomputed.
+void truncate_table(BlockPool& pool, BlockTable& table, int32_t n_slots);
 // Releases every block (last block first, so a prefix's tail is evicted
 // before its head) and clears the table.
 void free_table(BlockPool& pool, BlockTable& table);

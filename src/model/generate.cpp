@@ -26,13 +26,7 @@ void validate_generate(const ModelSpec& spec, const std::vector<int32_t>& prompt
   if (opt.max_tokens < 1) fail(ErrorCode::kInvalidArgument, "generate: --max-tokens must be at least 1, got ", opt.max_tokens);
   validate_layout(spec, opt.layout);
   if (opt.speculative.enabled()) {
-    const SpeculativeOptions& so = opt.speculative;
-    if (so.num_speculative_tokens > 64)
-      fail(ErrorCode::kInvalidArgument, "--speculative-config: num_speculative_tokens must be 1 to 64, got ",
-           so.num_speculative_tokens);
-    if (so.prompt_lookup_min < 1 || so.prompt_lookup_max < so.prompt_lookup_min)
-      fail(ErrorCode::kInvalidArgument, "--speculative-config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got ",
-           so.prompt_lookup_min, " and ", so.prompt_lookup_max);
+    opt.speculative.validate();
     if (opt.device_sampling)
       fail(ErrorCode::kUnsupported, "--speculative-config with --sampling-device device: verification samples on the host");
   }

@@ -30,8 +30,11 @@ struct GenerateOptions {
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;  // > 0: prefill the prompt in chunks of this many tokens
   bool batch_invariant = false;  // every rank's backend on its batch-invariant kernels (--batch-invariant)
-  // --speculative-config ngram (model/speculative.h): greedy only (pick must be
-  // greedy-equivalent); implies batch_invariant, which verification needs.
+  // --speculative-config ngram (model/speculative.h); implies batch_invariant,
+  // which verification needs. pick must be a stateful sampler (one call per
+  // produced token, in order): verification calls it row by row and stops at
+  // the first token that differs from its draft, which at temperature > 0 is
+  // rejection sampling with a one-hot draft (sampling/speculative_sampling.h).
   SpeculativeOptions speculative;
   // Intermediates to record by name (model/tensor_dump.h: "q", "ffn_moe_topk",
   // "all", ...) on the driver's layers, for every token fed (prompt, then each

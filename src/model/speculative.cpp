@@ -2,9 +2,21 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace shardlm {
 
-std::vector<int32_t> ngram_draft(const std::vector<int32_t>& context, const SpeculativeOptions& options,
+void SpeculativeOptions::validate() const {
+  if (!enabled()) return;
+  if (num_speculative_tokens > 64)
+    fail(ErrorCode::kInvalidArgument, "--speculative-config: num_speculative_tokens must be 1 to 64, got ",
+         num_speculative_tokens);
+  if (prompt_lookup_min < 1 || prompt_lookup_max < prompt_lookup_min)
+    fail(ErrorCode::kInvalidArgument, "--speculative-config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got ",
+         prompt_lookup_min, " and ", prompt_lookup_max);
+}
+
+std::vector<int32_t> ngram_draft(std::span<const int32_t> context, const SpeculativeOptions& options,
                                  int64_t max_draft) {
   const int64_t n_ctx = static_cast<int64_t>(context.size());
   const int64_t k = std::min<int64_t>(options.num_speculative_tokens, max_draft);

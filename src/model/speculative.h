@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace shardlm {
@@ -18,6 +19,9 @@ struct SpeculativeOptions {
   int32_t prompt_lookup_min = 1;       // shortest n-gram matched
   int32_t prompt_lookup_max = 0;       // longest n-gram matched (>= min)
   bool enabled() const { return num_speculative_tokens > 0; }
+  // When enabled: 1 <= num_speculative_tokens <= 64 and 1 <= prompt_lookup_min
+  // <= prompt_lookup_max; throws kInvalidArgument naming the key (--speculative-config).
+  void validate() const;
 };
 
 // Counters of one request (vLLM's spec_decode_num_drafts / _draft_tokens / _accepted_tokens).
@@ -31,7 +35,7 @@ struct SpeculativeStats {
 // context's longest matching suffix (preferring one followed by a full k);
 // empty when none matches.
 // context: [n] token ids (prompt, then generated).
-std::vector<int32_t> ngram_draft(const std::vector<int32_t>& context, const SpeculativeOptions& options,
+std::vector<int32_t> ngram_draft(std::span<const int32_t> context, const SpeculativeOptions& options,
                                  int64_t max_draft);
 
 }  // namespace shardlm

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "sampling/speculative_sampling.h"
 
 namespace shardlm {
 
@@ -301,24 +302,13 @@ SampleResult Sampler::sample(std::span<const float> logits) {
     result.token = argmax(z);
   } else {
     const size_t n = filter_tokens(params_, z, ts.filter);
-    const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+    const double u = uniform_from_draw(rng_());
     if (n == 0) {
       result.token = argmax(z);
     } else {
-      // The first kept token (in id order) whose cumulative mass exceeds u.
-      const float* w = ts.filter.weight.data();
-      double total = 0.0;
-      for (size_t j = 0; j < n; ++j) total += w[j];
-      const double target = u * total;
-      double cum = 0.0;
-      result.token = ts.filter.kept[n - 1];  // u within rounding of 1
-      for (size_t j = 0; j < n; ++j) {
-        cum += w[j];
-        if (cum > target) {
-          result.token = ts.filter.kept[j];
-          break;
-        }
-      }
+      // The first kept token (in id order) whose cumulative mass exceeds u
+      // (sampling/speculative_sampling.h: verification draws the same way).
+      result.token = ts.filter.kept[inverse_cdf_index(std::span<const float>(ts.filter.weight.data(), n), u)];
     }
   }
 

@@ -197,8 +197,36 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
   return plan;
 }
 
-void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled) {
+int32_t Scheduler::add_draft(StepPlan& plan, size_t k, std::span<const int32_t> draft) {
+  SHARDLM_CHECK(k < plan.seqs.size());
+  ScheduledSeq& sc = plan.seqs[k];
+  Seq& s = get(sc.seq_id);
+  if (draft.empty() || sc.n_tokens != 1 || !sc.need_logits || !sc.draft_ids.empty()) return 0;
+  const int32_t n_tokens = static_cast<int32_t>(s.tokens.size());
+  // Verifying d drafts may produce d + 1 tokens; the drafts sit at positions n_tokens .. n_tokens + d - 1.
+  const int32_t n_generated = n_tokens - s.n_prompt;
+  int32_t n = static_cast<int32_t>(draft.size());
+  n = std::min(n, config_.max_num_batched_tokens - plan.n_scheduled_tokens);
+  n = std::min(n, s.max_new_tokens - n_generated - 1);
+  n = std::min(n, config_.max_model_len - n_tokens);
+  for (; n > 0; --n)
+    if (allocate_slots(pool_, s.table, s.n_computed + 1 + n)) break;
+  if (n <= 0) return 0;
+  sc.draft_ids.assign(draft.begin(), draft.begin() + n);
+  sc.block_table = s.table.blocks;
+  plan.n_scheduled_tokens += n;
+  return n;
+}
+
+void Scheduler::drop_draft_blocks(Seq& s) {
+  // Keep the slots of every token but the last (computed) and the last's (computed next).
+  truncate_table(pool_, s.table, static_cast<int32_t>(s.tokens.size()));
+}
+
+void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled, std::span<const int32_t> n_accepted) {
   SHARDLM_CHECK(sampled.size() == plan.seqs.size(), "sampled ", sampled.size(), " for ", plan.seqs.size(), " seqs");
+  SHARDLM_CHECK(n_accepted.empty() || n_accepted.size() == plan.seqs.size(), "n_accepted ", n_accepted.size(),
+                " for ", plan.seqs.size(), " seqs");
   for (size_t k = 0; k < plan.seqs.size(); ++k) {
     const ScheduledSeq& sc = plan.seqs[k];
     end_flight(sc);
@@ -206,13 +234,20 @@ void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled) {
     if (it == seqs_.end() || it->second->status != SeqStatus::kRunning) continue;
     Seq& s = *it->second;
     SHARDLM_CHECK(s.n_computed == sc.n_past, "seq ", s.id, " computed ", s.n_computed, " plan n_past ", sc.n_past);
-    s.n_computed += sc.n_tokens;
+    // Drafts: the fed token and the accepted drafts hold valid KV; the rows after them are rolled back.
+    const int32_t n_draft = static_cast<int32_t>(sc.draft_ids.size());
+    const int32_t accepted = n_draft > 0 && !n_accepted.empty() && sampled[k] >= 0 ? n_accepted[k] : 0;
+    SHARDLM_CHECK(accepted >= 0 && accepted <= n_draft, "seq ", s.id, ": ", accepted, " of ", n_draft,
+                  " drafts accepted");
+    s.tokens.insert(s.tokens.end(), sc.draft_ids.begin(), sc.draft_ids.begin() + accepted);
+    s.n_computed += sc.n_tokens + accepted;
     if (s.n_computed >= s.n_prompt) s.prompt_logits = false;  // every prompt position's logits came back
     register_computed(pool_, s.table, s.tokens, s.n_computed, s.cache_root);
     if (sampled[k] >= 0) {
       SHARDLM_CHECK(sc.need_logits, "token sampled for seq ", s.id, " without logits");
       s.tokens.push_back(sampled[k]);
     }
+    if (n_draft > 0) drop_draft_blocks(s);
   }
 }
 
@@ -226,7 +261,10 @@ void Scheduler::end_flight(const ScheduledSeq& sc) {
 }
 
 void Scheduler::release(const StepPlan& plan) {
-  for (const ScheduledSeq& sc : plan.seqs) end_flight(sc);
+  for (const ScheduledSeq& sc : plan.seqs) {
+    end_flight(sc);
+    if (auto it = seqs_.find(sc.seq_id); !sc.draft_ids.empty() && it != seqs_.end()) drop_draft_blocks(*it->second);
+  }
 }
 
 void Scheduler::finish(SeqId id) {

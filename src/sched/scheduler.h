@@ -85,10 +85,22 @@ class Scheduler {
   // engine splits the live sequences over the micro-batches of a pipeline.
   StepPlan schedule(int32_t max_seqs = 0);
 
+  // Speculative decoding: gives plan.seqs[k] (a decode: one token, with
+  // logits) drafted tokens to verify after its token, as many of `draft` as
+  // fit the step's token budget, the sequence's max_new_tokens (every
+  // verified row may produce one) and free KV blocks (a draft never preempts
+  // anything). Returns how many it took; 0 leaves the plan as it was.
+  int32_t add_draft(StepPlan& plan, size_t k, std::span<const int32_t> draft);
+
   // After the model ran `plan`: marks the chunks computed, registers full
   // blocks in the prefix cache, and appends sampled[i] (< 0: none) to
   // plan.seqs[i]'s tokens. Sequences finished/aborted since schedule() are skipped.
-  void commit(const StepPlan& plan, std::span<const int32_t> sampled);
+  // n_accepted (empty, or [plan.seqs.size()]): for a sequence with drafts,
+  // how many leading drafts the target produced itself; those are appended
+  // before sampled[i], and only the fed token and they count as computed:
+  // the rejected rows are rolled back (the length is cut, the blocks only
+  // they used freed; none is registered with their KV).
+  void commit(const StepPlan& plan, std::span<const int32_t> sampled, std::span<const int32_t> n_accepted = {});
   // A scheduled plan that did not run (the model failed): its sequences are
   // no longer in flight and nothing they were to compute counts as computed.
   void release(const StepPlan& plan);
@@ -140,6 +152,8 @@ class Scheduler {
   void preempt(Seq& s, StepPlan& plan);
   // Finished while in flight: held in finishing_ until its plan ends.
   void end_flight(const ScheduledSeq& sc);
+  // Frees the blocks a draft took beyond the sequence's next token.
+  void drop_draft_blocks(Seq& s);
   ScheduledSeq make_scheduled(const Seq& s, int32_t n_new, bool first) const;
   // n_new capped by the prompt-logit rows left in this step (s.prompt_logits);
   // 0: s waits for a later step.

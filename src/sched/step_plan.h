@@ -15,21 +15,28 @@ struct ScheduledSeq {
   int32_t n_past = 0;                  // tokens already in its KV cache
   int32_t n_tokens = 0;                // new tokens computed this step (positions n_past ..)
   std::vector<int32_t> token_ids;      // [n_tokens]
-  std::vector<int32_t> block_table;    // covers positions [0, n_past + n_tokens)
+  std::vector<int32_t> block_table;    // covers positions [0, n_past + n_tokens + n_draft)
   bool need_logits = false;            // the chunk reaches the sequence's last token: sample after it
   bool first_chunk = false;            // first compute of this sequence since it was (re)admitted
   // Prompt logprobs: logits for every position of this chunk (all prompt
   // positions), not only the last; at most max_prompt_logit_rows such rows
   // per step, over all sequences.
   bool all_logits = false;
-  int32_t n_logit_rows() const { return all_logits ? n_tokens : need_logits ? 1 : 0; }
+  // Speculative decoding (Scheduler::add_draft): a decode (n_tokens == 1)
+  // may carry drafted tokens [n_draft] fed at positions n_past + 1 ..; each
+  // of its 1 + n_draft rows produces logits (engine/speculation.h).
+  std::vector<int32_t> draft_ids;
+  // Logit rows this sequence gets in the step's logits, in plan order.
+  int64_t n_logit_rows() const {
+    return all_logits ? n_tokens : need_logits ? 1 + static_cast<int64_t>(draft_ids.size()) : 0;
+  }
 };
 
 struct StepPlan {
   std::vector<ScheduledSeq> seqs;      // [n_seqs] running sequences first, then newly admitted
   std::vector<SeqId> preempted;        // freed this step; recomputed later from their tokens
   std::vector<int32_t> freed_blocks;   // blocks released by those preemptions (informational)
-  int32_t n_scheduled_tokens = 0;      // sum of n_tokens, <= max_num_batched_tokens
+  int32_t n_scheduled_tokens = 0;      // sum of n_tokens and drafts, <= max_num_batched_tokens
   bool empty() const { return seqs.empty(); }
 };
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -118,8 +119,23 @@ EngineBackend::~EngineBackend() { shutdown(false); }
 
 void EngineBackend::shutdown(bool drain) {
   ready_ = false;
-  for (auto& r : replicas_)
-    if (r->engine) r->engine->stop(drain);
+  for (size_t d = 0; d < replicas_.size(); ++d) {
+    auto& r = replicas_[d];
+    if (!r->engine) continue;
+    r->engine->stop(drain);
+    if (!options_.speculative.enabled()) continue;
+    // The acceptance rate over the run (also in /metrics as vllm:spec_decode_*).
+    const MetricsSnapshot m = r->engine->metrics().snapshot();
+    std::fprintf(stderr,
+                 "shardlm serve: replica %zu speculative decoding (ngram): %lld drafts, %lld draft tokens, "
+                 "%lld accepted (%.1f%%)\n",
+                 d, static_cast<long long>(m.spec_decode_num_drafts_total),
+                 static_cast<long long>(m.spec_decode_num_draft_tokens_total),
+                 static_cast<long long>(m.spec_decode_num_accepted_tokens_total),
+                 m.spec_decode_num_draft_tokens_total > 0
+                     ? 100.0 * double(m.spec_decode_num_accepted_tokens_total) / double(m.spec_decode_num_draft_tokens_total)
+                     : 0.0);
+  }
 }
 
 std::string LoadReport::text() const {
@@ -248,6 +264,9 @@ void EngineBackend::load() {
   for (int64_t id : load_eos_token_ids(dir, spec)) ec.eos_token_ids.push_back(static_cast<int32_t>(id));
   ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);
   ec.max_executor_restarts = options_.max_executor_restarts;
+  ec.speculative = options_.speculative;
+  if (ec.speculative.enabled() && !options_.batch_invariant)
+    fail(ErrorCode::kInvalidArgument, "speculative decoding needs the batch-invariant kernels (batch_invariant)");
 
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   for (int d = 0; d < std::max(1, options_.layout.dp); ++d) {

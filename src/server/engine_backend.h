@@ -49,6 +49,8 @@ struct EngineBackendOptions {
   // (LocalGroupOptions::batch_invariant), so a request's tokens and logprobs
   // do not depend on what else runs or how its prefill is chunked.
   bool batch_invariant = false;
+  // --speculative-config (engine/speculation.h): needs batch_invariant.
+  SpeculativeOptions speculative;
   // Per-request budgets (issue 21; serve's flags): a grammar's automaton
   // tables (--grammar-table-memory), the compiled-grammar cache
   // (--grammar-cache-memory), a compile's wall time (--grammar-compile-timeout),

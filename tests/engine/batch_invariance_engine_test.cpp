@@ -113,5 +113,70 @@ TEST(EngineBatchInvariance, Tp2UnevenHeadsSameTokensAndLogprobsAloneLoadedChunke
   expect_same_alone_loaded_chunked(2);
 }
 
+// Speculative decoding through the engine over the real model: concurrent
+// greedy requests on copy-heavy prompts (so drafts get accepted, asserted)
+// give the tokens and logprob bits of plain decoding on the same
+// batch-invariant kernels, at TP 1 and at uneven TP 2.
+struct SpecOutcome {
+  std::map<int, Output> outputs;
+  int64_t n_accepted = 0;
+};
+
+SpecOutcome run_speculative(int tp, bool speculate) {
+  const ModelSpec spec = test_spec();
+  auto weights = testing::random_weights(spec, 11);
+  LocalGroupOptions gopt;
+  gopt.layout.tp = tp;
+  gopt.n_blocks = 128;
+  gopt.block_size = 4;
+  gopt.kv_dtype = DType::kF32;
+  gopt.n_threads_per_rank = 1;
+  gopt.batch_invariant = true;
+  LocalGroupExecutor executor(spec, weights, gopt);
+  EngineConfig cfg;
+  cfg.scheduler.n_blocks = 128;
+  cfg.scheduler.block_size = 4;
+  cfg.scheduler.max_model_len = 128;
+  if (speculate) cfg.speculative = {4, 2, 4};
+  Engine engine(cfg, executor);
+  SpecOutcome got;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> prompt;
+    for (int rep = 0; rep < 3; ++rep)
+      for (int k = 0; k < 5 + i; ++k) prompt.push_back(int32_t((k * 37 + i * 101 + 11) % spec.vocab_size));
+    EngineRequest r;
+    r.request_id = std::to_string(i);
+    r.prompt_token_ids = prompt;
+    r.sampling.temperature = 0.0;
+    r.stop.max_tokens = 12;
+    r.stop.ignore_eos = true;
+    r.logprobs = true;
+    engine.submit(r, {[&, i](const SequenceOutput& o) {
+      Output& out = got.outputs[i];
+      out.tokens.insert(out.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      for (const TokenLogprobs& lp : o.logprobs) out.logprob_bits.push_back(std::bit_cast<uint32_t>(lp.logprob));
+    }});
+  }
+  engine.run_until_idle();
+  got.n_accepted = engine.metrics().snapshot().spec_decode_num_accepted_tokens_total;
+  backend::set_batch_invariant(false);
+  return got;
+}
+
+void expect_speculation_identical(int tp) {
+  const SpecOutcome plain = run_speculative(tp, false);
+  const SpecOutcome spec = run_speculative(tp, true);
+  ASSERT_EQ(plain.outputs.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(spec.outputs.at(i).tokens, plain.outputs.at(i).tokens) << "TP " << tp << " request " << i;
+    EXPECT_EQ(spec.outputs.at(i).logprob_bits, plain.outputs.at(i).logprob_bits) << "TP " << tp << " request " << i;
+    EXPECT_EQ(spec.outputs.at(i).tokens.size(), 12u);
+  }
+  EXPECT_GT(spec.n_accepted, 0) << "TP " << tp << ": no draft accepted; the identity proved nothing";
+}
+
+TEST(EngineSpeculation, Tp1GreedyTokensAndLogprobsEqualPlainDecoding) { expect_speculation_identical(1); }
+TEST(EngineSpeculation, Tp2UnevenHeadsGreedyTokensAndLogprobsEqualPlainDecoding) { expect_speculation_identical(2); }
+
 }  // namespace
 }  // namespace shardlm

@@ -850,5 +850,199 @@ TEST(EngineGrammar, GrammarWiderThanTheModelIsRefused) {
 }
 
 }  // namespace grammar_tests
+
+// ---- Speculative decoding (engine/speculation.h) over the auditing fake ----
+// The fake's logits depend on the last token only (window 1), so greedy
+// output soon cycles and n-gram drafts get accepted: each test asserts that
+// some were, so an identity cannot hold vacuously.
+
+EngineConfig speculative_config(bool speculate, int32_t max_decodes = 64) {
+  EngineConfig c = config();
+  if (speculate) c.speculative = {/*num_speculative_tokens=*/4, /*prompt_lookup_min=*/1, /*prompt_lookup_max=*/3};
+  c.speculative_max_decodes = max_decodes;
+  return c;
+}
+
+struct SpecRun {
+  std::map<std::string, SeqResult> out;
+  MetricsSnapshot metrics;
+  std::string prometheus;
+  int64_t n_steps = 0;
+};
+
+// Runs the requests together (all submitted before the first step).
+SpecRun run_requests(const EngineConfig& c, const std::vector<EngineRequest>& requests) {
+  Fixture f(c);
+  f.model.window = 1;
+  for (const EngineRequest& r : requests) f.engine.submit(r, f.out.callbacks());
+  f.engine.run_until_idle();
+  expect_clean(f);
+  SpecRun run;
+  for (const EngineRequest& r : requests)
+    for (int i = 0; i < r.n; ++i) run.out[r.request_id + "/" + std::to_string(i)] = f.out.get(r.request_id, i);
+  run.metrics = f.engine.metrics().snapshot();
+  run.prometheus = f.engine.render_metrics("m");
+  run.n_steps = f.model.n_steps;
+  return run;
+}
+
+void expect_same_outputs(const SpecRun& spec, const SpecRun& plain) {
+  ASSERT_EQ(spec.out.size(), plain.out.size());
+  for (const auto& [id, p] : plain.out) {
+    const SeqResult& s = spec.out.at(id);
+    EXPECT_EQ(s.tokens, p.tokens) << id;
+    EXPECT_EQ(s.text, p.text) << id;
+    EXPECT_EQ(s.finish, p.finish) << id;
+    EXPECT_EQ(s.stop_string, p.stop_string) << id;
+    EXPECT_EQ(s.stop_token, p.stop_token) << id;
+    EXPECT_EQ(s.n_final, 1) << id;
+    ASSERT_EQ(s.logprobs.size(), p.logprobs.size()) << id;
+    for (size_t i = 0; i < p.logprobs.size(); ++i) {
+      EXPECT_EQ(s.logprobs[i].token_id, p.logprobs[i].token_id) << id << " " << i;
+      EXPECT_EQ(s.logprobs[i].logprob, p.logprobs[i].logprob) << id << " " << i;
+      EXPECT_EQ(s.logprobs[i].rank, p.logprobs[i].rank) << id << " " << i;
+      ASSERT_EQ(s.logprobs[i].top.size(), p.logprobs[i].top.size()) << id << " " << i;
+      for (size_t t = 0; t < p.logprobs[i].top.size(); ++t)
+        EXPECT_EQ(s.logprobs[i].top[t].token, p.logprobs[i].top[t].token) << id << " " << i;
+    }
+  }
+}
+
+TEST(EngineSpeculation, GreedyTokensOfConcurrentRequestsEqualPlainDecoding) {
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    EngineRequest r = greedy("r" + std::to_string(i), make_prompt(6 + i, 300 + i), 30 + 3 * i);
+    r.n = i == 2 ? 2 : 1;  // n siblings verify with their own samplers
+    r.logprobs = i % 2 == 0;
+    r.sampling.logprobs = r.logprobs ? 2 : 0;
+    reqs.push_back(r);
+  }
+  const SpecRun plain = run_requests(speculative_config(false), reqs);
+  const SpecRun spec = run_requests(speculative_config(true), reqs);
+  expect_same_outputs(spec, plain);
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(spec.out.at("r" + std::to_string(i) + "/0").tokens,
+              reference_greedy(reqs[size_t(i)].prompt_token_ids, reqs[size_t(i)].stop.max_tokens, kVocab, 1));
+  const MetricsSnapshot& m = spec.metrics;
+  EXPECT_GT(m.spec_decode_num_drafts_total, 0);
+  EXPECT_GT(m.spec_decode_num_accepted_tokens_total, 0) << "no draft accepted: the identity proved nothing";
+  EXPECT_LE(m.spec_decode_num_accepted_tokens_total, m.spec_decode_num_draft_tokens_total);
+  EXPECT_LT(spec.n_steps, plain.n_steps);  // accepted drafts saved steps
+  EXPECT_EQ(m.generation_tokens_total, plain.metrics.generation_tokens_total);
+  // /metrics: vLLM's names; the per-position counts add up to the accepted total.
+  ASSERT_EQ(m.spec_decode_num_accepted_tokens_per_pos_total.size(), 4u);
+  int64_t per_pos_sum = 0;
+  for (int64_t n : m.spec_decode_num_accepted_tokens_per_pos_total) per_pos_sum += n;
+  EXPECT_EQ(per_pos_sum, m.spec_decode_num_accepted_tokens_total);
+  EXPECT_GE(m.spec_decode_num_accepted_tokens_per_pos_total[0], m.spec_decode_num_accepted_tokens_per_pos_total[3]);
+  const std::string& text = spec.prometheus;
+  EXPECT_NE(text.find("vllm:spec_decode_num_drafts_total{model_name=\"m\"} " +
+                      std::to_string(m.spec_decode_num_drafts_total) + "\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} "), std::string::npos);
+  EXPECT_NE(text.find("vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} " +
+                      std::to_string(m.spec_decode_num_accepted_tokens_total) + "\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"3\"} "),
+            std::string::npos) << text;
+  EXPECT_EQ(plain.prometheus.find("spec_decode"), std::string::npos);  // off: not exported
+}
+
+TEST(EngineSpeculation, PrefixCacheNeverServesRejectedDraftKv) {
+  // The first request runs with drafts accepted and rejected (window 1);
+  // the later ones with logits of their whole context (window 0), read back
+  // from the fake's slots: a block registered while holding a rejected
+  // draft's token would change their tokens.
+  Fixture f(speculative_config(true));
+  f.model.window = 1;
+  // Every token once followed by what the model does not produce after it:
+  // the first drafts (looked up in the prompt) are rejected, later ones
+  // (looked up in the output's cycle) accepted.
+  std::vector<int32_t> prompt;
+  for (int32_t t = 0; t < 24; ++t) {
+    prompt.push_back(t);
+    prompt.push_back((reference_greedy({t}, 1, kVocab, 1)[0] + 1) % int32_t(kVocab));
+  }
+  f.engine.submit(greedy("first", prompt, 60), f.out.callbacks());
+  f.engine.run_until_idle();
+  const std::vector<int32_t> first = f.out.get("first").tokens;
+  ASSERT_EQ(first, reference_greedy(prompt, 60, kVocab, 1));
+  const MetricsSnapshot m = f.engine.metrics().snapshot();
+  ASSERT_GT(m.spec_decode_num_accepted_tokens_total, 0);
+  ASSERT_GT(m.spec_decode_num_draft_tokens_total, m.spec_decode_num_accepted_tokens_total)
+      << "no draft was rejected: nothing to roll back";
+  f.model.window = 0;
+  for (int cut : {5, 13, 30, 45, 59}) {  // prompts ending inside blocks that held drafts
+    std::vector<int32_t> again = prompt;
+    again.insert(again.end(), first.begin(), first.begin() + cut);
+    const std::string id = "again" + std::to_string(cut);
+    f.engine.submit(greedy(id, again, 6), f.out.callbacks());
+    f.engine.run_until_idle();
+    EXPECT_EQ(f.out.get(id).tokens, reference_greedy(again, 6, kVocab)) << cut;
+    EXPECT_GT(f.out.get(id).last.n_cached_tokens, 0) << cut;
+  }
+  expect_clean(f);
+}
+
+TEST(EngineSpeculation, StopStringsEosAndMaxTokensEndExactlyAsWithout) {
+  const std::vector<int32_t> prompt = make_prompt(8, 91);
+  const std::vector<int32_t> ref = reference_greedy(prompt, 48, kVocab, 1);
+  const std::string full = toy_text(ref);
+  std::vector<EngineRequest> reqs;
+  for (int32_t m : {1, 2, 3, 5, 8, 13, 21}) reqs.push_back(greedy("len" + std::to_string(m), prompt, m));
+  for (size_t at : {size_t(9), size_t(20), size_t(33)}) {  // stop strings drafted through, at several offsets
+    for (bool include : {false, true}) {
+      EngineRequest r = greedy("stop" + std::to_string(at) + (include ? "i" : ""), prompt, 48);
+      r.stop.stop = {full.substr(at, 2)};
+      r.stop.include_stop_str_in_output = include;
+      reqs.push_back(r);
+    }
+  }
+  EngineRequest eos = greedy("eos", prompt, 48);
+  eos.stop.ignore_eos = false;
+  eos.stop.stop_token_ids = {ref[26]};  // a stop token the drafts carry past
+  eos.stop.min_tokens = 4;              // no drafting below it; then drafts as usual
+  reqs.push_back(eos);
+  const SpecRun plain = run_requests(speculative_config(false), reqs);
+  const SpecRun spec = run_requests(speculative_config(true), reqs);
+  expect_same_outputs(spec, plain);
+  for (int32_t m : {1, 2, 3, 5, 8, 13, 21}) {
+    const SeqResult& s = spec.out.at("len" + std::to_string(m) + "/0");
+    EXPECT_EQ(s.tokens.size(), size_t(m));
+    EXPECT_EQ(s.finish, FinishReason::kLength);
+  }
+  EXPECT_EQ(spec.out.at("stop20/0").finish, FinishReason::kStop);
+  EXPECT_EQ(spec.out.at("eos/0").finish, FinishReason::kStop);
+  EXPECT_GT(spec.metrics.spec_decode_num_accepted_tokens_total, 0);
+}
+
+TEST(EngineSpeculation, SeededSamplingDrawsTheSameTokensWithOrWithout) {
+  // Verification samples each row with the sequence's own RNG, one draw per
+  // produced token, as plain decoding does: seeded outputs are identical.
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    EngineRequest r = greedy("t" + std::to_string(i), make_prompt(6, 500 + i), 50);
+    r.sampling.temperature = 0.5 + 0.2 * i;
+    r.sampling.top_k = i == 1 ? 6 : -1;
+    r.sampling.top_p = i == 2 ? 0.9 : 1.0;
+    r.sampling.frequency_penalty = i == 3 ? 0.3 : 0.0;
+    r.sampling.seed = 40 + i;
+    r.logprobs = true;
+    reqs.push_back(r);
+  }
+  const SpecRun plain = run_requests(speculative_config(false), reqs);
+  const SpecRun spec = run_requests(speculative_config(true), reqs);
+  expect_same_outputs(spec, plain);
+  EXPECT_GT(spec.metrics.spec_decode_num_accepted_tokens_total, 0);
+}
+
+TEST(EngineSpeculation, NoDraftsWhileTheStepHoldsMoreDecodesThanTheBound) {
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy("b" + std::to_string(i), make_prompt(6, 600 + i), 24));
+  const SpecRun off = run_requests(speculative_config(true, /*max_decodes=*/3), reqs);
+  EXPECT_EQ(off.metrics.spec_decode_num_drafts_total, 0);
+  const SpecRun on = run_requests(speculative_config(true, /*max_decodes=*/4), reqs);
+  EXPECT_GT(on.metrics.spec_decode_num_drafts_total, 0);
+  expect_same_outputs(on, off);
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -41,11 +41,18 @@ inline void fill_logits(uint64_t h, float* row, int64_t vocab) {
   for (int64_t v = 0; v < vocab; ++v) row[v] = float(mix64(h ^ uint64_t(v * 7919 + 3)) >> 40) / float(1 << 24) * 8.0f - 4.0f;
 }
 
-inline std::vector<int32_t> reference_greedy(std::vector<int32_t> context, int32_t n_new, int64_t vocab) {
+// window > 0: the logits depend on the last `window` tokens only (a model
+// whose greedy output soon cycles, so n-gram drafts get accepted).
+inline std::span<const int32_t> hashed_tail(std::span<const int32_t> context, int32_t window) {
+  return window > 0 && context.size() > size_t(window) ? context.last(size_t(window)) : context;
+}
+
+inline std::vector<int32_t> reference_greedy(std::vector<int32_t> context, int32_t n_new, int64_t vocab,
+                                             int32_t window = 0) {
   std::vector<int32_t> out;
   std::vector<float> row(vocab);
   for (int32_t i = 0; i < n_new; ++i) {
-    fill_logits(context_hash(context), row.data(), vocab);
+    fill_logits(context_hash(hashed_tail(context, window)), row.data(), vocab);
     int32_t best = 0;
     for (int32_t v = 1; v < vocab; ++v)
       if (row[v] > row[best]) best = v;
@@ -68,6 +75,7 @@ class FakeModel : public ModelExecutor {
 
   void execute(const ForwardBatch& batch, float* logits) override {
     ++n_steps;
+    n_rows += int64_t(batch.seqs.size());
     if (throw_next) {
       throw_next = false;
       throw std::runtime_error("injected device failure");
@@ -77,6 +85,9 @@ class FakeModel : public ModelExecutor {
     int64_t sum = 0;
     std::map<int32_t, size_t> writer;  // block -> seq index writing it
     std::map<int32_t, int> n_tables;   // block -> number of tables naming it
+    // Speculative verification feeds one sequence as several one-token rows
+    // over the same block table: rows with equal tables are one sequence.
+    std::set<std::vector<int32_t>> tables;
     bool has_chunk = false, has_decode = false;
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
       const auto& s = batch.seqs[i];
@@ -84,14 +95,16 @@ class FakeModel : public ModelExecutor {
       if (s.n_tokens < 1) error("seq ", i, " has no tokens");
       if (int64_t(s.block_table.size()) * block_size_ < s.n_past + s.n_tokens)
         error("seq ", i, " block table covers ", s.block_table.size() * block_size_, " < ", s.n_past + s.n_tokens);
+      const bool new_table = tables.insert(s.block_table).second;
       for (int32_t b : s.block_table) {
         if (b < 0 || b >= n_blocks_) error("block id ", b, " out of range");
-        ++n_tables[b];
+        if (new_table) ++n_tables[b];
       }
       for (int32_t p = s.n_past; p < s.n_past + s.n_tokens; ++p) {
         int32_t b = s.block_table[p / block_size_];
         auto [it, fresh] = writer.emplace(b, i);
-        if (!fresh && it->second != i) error("block ", b, " written by two sequences");
+        if (!fresh && it->second != i && batch.seqs[it->second].block_table != s.block_table)
+          error("block ", b, " written by two sequences");
       }
       if (s.n_tokens > 1 && s.n_past + s.n_tokens > 1) has_chunk = true;
       if (s.n_tokens == 1 && s.n_past > 0) has_decode = true;
@@ -119,11 +132,11 @@ class FakeModel : public ModelExecutor {
         slot_pos_[slot] = p;
         context.push_back(batch.token_ids[offset + j]);
         // all_logits: a row per position, from the context up to it.
-        if (s.all_logits) fill_logits(context_hash(context), logits + row++ * vocab_, vocab_);
+        if (s.all_logits) fill_logits(context_hash(hashed_tail(context, window)), logits + row++ * vocab_, vocab_);
       }
       offset += s.n_tokens;
       if (s.all_logits) max_logit_rows = std::max<int64_t>(max_logit_rows, s.n_tokens);
-      if (s.need_logits && !s.all_logits) fill_logits(context_hash(context), logits + row++ * vocab_, vocab_);
+      if (s.need_logits && !s.all_logits) fill_logits(context_hash(hashed_tail(context, window)), logits + row++ * vocab_, vocab_);
     }
   }
 
@@ -135,6 +148,8 @@ class FakeModel : public ModelExecutor {
   std::vector<std::string> errors;  // consistency violations seen
   bool throw_next = false;
   int depth = 1;
+  int32_t window = 0;  // > 0: logits from the last `window` tokens (reference_greedy's window)
+  int64_t n_rows = 0;  // sequence rows run (a verified draft is a row of its own)
 
  private:
   template <typename... A>

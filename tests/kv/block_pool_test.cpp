@@ -176,5 +176,24 @@ TEST(PrefixCache, HashChainsParent) {
   EXPECT_EQ(hash_block(7, t), hash_block(7, t));
 }
 
+// Speculative rollback: trailing blocks past n_slots go back to the pool,
+// registered (cached) ones never.
+TEST(BlockTable, TruncateFreesTheTailButNoRegisteredBlock) {
+  BlockPool pool(8, 4, /*enable_prefix_caching=*/true);
+  BlockTable t;
+  ASSERT_TRUE(allocate_slots(pool, t, 14));  // 4 blocks
+  std::vector<int32_t> tokens(14);
+  for (int32_t i = 0; i < 14; ++i) tokens[size_t(i)] = i;
+  register_computed(pool, t, tokens, 9);     // blocks 0, 1 full and registered
+  truncate_table(pool, t, 10);               // positions 0..9 stay: 3 blocks
+  EXPECT_EQ(t.blocks.size(), 3u);
+  EXPECT_EQ(pool.n_used(), 3);
+  truncate_table(pool, t, 1);                // never below the 2 registered blocks
+  EXPECT_EQ(t.blocks.size(), 2u);
+  EXPECT_EQ(t.n_registered, 2);
+  free_table(pool, t);
+  EXPECT_EQ(pool.n_used(), 0);
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -37,12 +37,12 @@ GenerateResult run(const std::vector<int32_t>& prompt, int tp, bool speculate) {
 
 TEST(NgramDraft, ProposesWhatFollowedTheLongestEarlierMatch) {
   const SpeculativeOptions so{3, 2, 3};
-  EXPECT_EQ(ngram_draft({1, 2, 3, 4, 5, 9, 2, 3}, so, 8), (std::vector<int32_t>{4, 5, 9}));
-  EXPECT_EQ(ngram_draft({1, 2, 3, 4, 5, 9, 2, 3}, so, 2), (std::vector<int32_t>{4, 5}));
-  EXPECT_TRUE(ngram_draft({1, 2, 3, 4}, so, 8).empty());  // no 2-gram repeats
-  EXPECT_EQ(ngram_draft({7, 8, 1, 7, 8, 2, 7, 8}, so, 8), (std::vector<int32_t>{2, 7, 8}));  // most recent match
+  EXPECT_EQ(ngram_draft(std::vector<int32_t>{1, 2, 3, 4, 5, 9, 2, 3}, so, 8), (std::vector<int32_t>{4, 5, 9}));
+  EXPECT_EQ(ngram_draft(std::vector<int32_t>{1, 2, 3, 4, 5, 9, 2, 3}, so, 2), (std::vector<int32_t>{4, 5}));
+  EXPECT_TRUE(ngram_draft(std::vector<int32_t>{1, 2, 3, 4}, so, 8).empty());  // no 2-gram repeats
+  EXPECT_EQ(ngram_draft(std::vector<int32_t>{7, 8, 1, 7, 8, 2, 7, 8}, so, 8), (std::vector<int32_t>{2, 7, 8}));  // most recent match
   // A run of one token: the overlapping match at s = suffix-1 gives 1 token; an older one gives k.
-  EXPECT_EQ(ngram_draft({4, 4, 4, 4, 4, 4}, so, 8), (std::vector<int32_t>{4, 4, 4}));
+  EXPECT_EQ(ngram_draft(std::vector<int32_t>{4, 4, 4, 4, 4, 4}, so, 8), (std::vector<int32_t>{4, 4, 4}));
 }
 
 void expect_identical(int tp) {

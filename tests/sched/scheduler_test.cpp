@@ -456,5 +456,78 @@ TEST(Scheduler, ReleasedPlanIsScheduledAgainFromTheSameTokens) {
   EXPECT_EQ(again.seqs[0].token_ids, p.seqs[0].token_ids);
 }
 
+// Speculative decoding's bookkeeping: drafts on a decode get slots within
+// the budget, max_new_tokens and free blocks; commit keeps the accepted
+// drafts, cuts the rest and frees the blocks only they used; only blocks
+// full of accepted tokens enter the prefix cache.
+TEST(Scheduler, DraftsGetSlotsAndTheRejectedOnesAreRolledBack) {
+  SchedulerConfig c = small_config();  // blocks of 4, budget 16
+  Scheduler s(c);
+  s.add(1, prompt_of(6, 10), 20);
+  StepPlan prefill = s.schedule();
+  EXPECT_EQ(s.add_draft(prefill, 0, std::vector<int32_t>{1, 2}), 0);  // a prompt chunk takes no draft
+  const int32_t first = 100;
+  s.commit(prefill, std::vector<int32_t>{first});
+  StepPlan plan = s.schedule();
+  ASSERT_EQ(plan.seqs[0].n_tokens, 1);
+  EXPECT_EQ(s.add_draft(plan, 0, std::vector<int32_t>{1, 2, 3, 4, 5, 6}), 6);
+  EXPECT_EQ(plan.seqs[0].draft_ids, (std::vector<int32_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(plan.seqs[0].block_table.size(), 4u);  // positions 0 .. 12
+  EXPECT_EQ(plan.seqs[0].n_logit_rows(), 7);
+  EXPECT_EQ(plan.n_scheduled_tokens, 7);
+  EXPECT_EQ(s.pool().n_used(), 4);
+  // Two drafts accepted, then the target's own token: 6 prompt + 100, 1, 2 + 200.
+  s.commit(plan, std::vector<int32_t>{200}, std::vector<int32_t>{2});
+  std::vector<int32_t> want = prompt_of(6, 10);
+  want.insert(want.end(), {first, 1, 2, 200});
+  EXPECT_EQ(std::vector<int32_t>(s.tokens(1).begin(), s.tokens(1).end()), want);
+  EXPECT_EQ(s.n_computed(1), 9);
+  EXPECT_EQ(s.pool().n_used(), 3);    // the 4th block held only rejected drafts
+  EXPECT_EQ(s.pool().n_cached(), 2);  // blocks 0 and 1 are full of accepted tokens; block 2 holds a rejected one
+  // A plan that never ran gives its draft blocks back too.
+  StepPlan failed = s.schedule();
+  EXPECT_EQ(s.add_draft(failed, 0, std::vector<int32_t>{7, 8, 9, 10}), 4);
+  EXPECT_EQ(s.pool().n_used(), 4);
+  s.release(failed);
+  EXPECT_EQ(s.pool().n_used(), 3);
+  EXPECT_EQ(s.n_computed(1), 9);
+  s.finish(1);
+  EXPECT_EQ(s.pool().n_used(), 0);
+}
+
+TEST(Scheduler, DraftsFitMaxNewTokensTheBudgetAndTheFreeBlocks) {
+  {  // max_new 4 with 1 generated: verifying d drafts may produce d + 1, so 2 drafts at most
+    Scheduler s(small_config());
+    s.add(1, prompt_of(3, 0), 4);
+    s.commit(s.schedule(), std::vector<int32_t>{50});
+    StepPlan plan = s.schedule();
+    EXPECT_EQ(s.add_draft(plan, 0, std::vector<int32_t>{1, 2, 3, 4}), 2);
+  }
+  {  // a budget of 3 tokens: the decode and 2 drafts
+    SchedulerConfig c = small_config();
+    c.max_num_batched_tokens = 3;
+    Scheduler s(c);
+    s.add(1, prompt_of(3, 0), 20);
+    s.commit(s.schedule(), std::vector<int32_t>{50});
+    StepPlan plan = s.schedule();
+    EXPECT_EQ(s.add_draft(plan, 0, std::vector<int32_t>{1, 2, 3, 4}), 2);
+    EXPECT_EQ(plan.n_scheduled_tokens, 3);
+  }
+  {  // no free block for position 4: no draft, and nothing preempted for one
+    SchedulerConfig c = small_config();
+    c.n_blocks = 2;
+    Scheduler s(c);
+    s.add(1, prompt_of(3, 0), 5);
+    s.commit(s.schedule(), std::vector<int32_t>{50});
+    s.add(2, prompt_of(4, 20), 1);
+    StepPlan plan = s.schedule();
+    ASSERT_EQ(plan.seqs.size(), 2u);  // seq 1's decode and seq 2's prompt fill the pool
+    EXPECT_EQ(s.pool().n_free(), 0);
+    EXPECT_EQ(s.add_draft(plan, 0, std::vector<int32_t>{1, 2}), 0);
+    EXPECT_TRUE(plan.seqs[0].draft_ids.empty());
+    EXPECT_TRUE(plan.preempted.empty());
+  }
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -10,11 +10,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -178,6 +180,78 @@ TEST_F(ServeLayouts, ALayoutTheRanksCannotRunIsRefusedWithTheReason) {
   EXPECT_LT(s->pid, 0);
   EXPECT_EQ(s->exit_code, 1);
   EXPECT_NE(s->log().find("exceeds the model's 28 attention heads"), std::string::npos) << s->log();
+}
+
+// serve --speculative-config (n-gram): concurrent greedy requests on
+// prompts that repeat themselves give the text of serve --batch-invariant
+// (the kernels speculation runs on) bit for bit, a stop string and max_tokens
+// end them exactly as without, and /metrics shows drafts accepted (so the
+// identity is not vacuous). The shutdown log reports the acceptance rate.
+TEST_F(ServeLayouts, SpeculativeNgramGivesThePlainTextAndCountsAcceptedDrafts) {
+  std::vector<json> requests;
+  for (int i = 0; i < 3; ++i) {
+    json ids = json::array();
+    for (int rep = 0; rep < 3; ++rep)
+      for (int k = 0; k < 6 + i; ++k) ids.push_back((k * 41 + i * 89 + 7) % 512);
+    requests.push_back({{"model", "q7"}, {"prompt", ids}, {"max_tokens", 24 + 2 * i}, {"temperature", 0},
+                        {"ignore_eos", true}});
+  }
+  // All requests at once, each from its own thread: the engine batches them.
+  auto run_all = [&](int port, const std::vector<json>& reqs) {
+    std::vector<std::string> out(reqs.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < reqs.size(); ++i)
+      threads.emplace_back([&, i] {
+        httplib::Client c("127.0.0.1", port);
+        c.set_read_timeout(60, 0);
+        auto r = c.Post("/v1/completions", reqs[i].dump(), "application/json");
+        out[i] = !r ? "no response" : r->status != 200 ? "status " + std::to_string(r->status) + ": " + r->body
+                                                         : json::parse(r->body)["choices"][0].dump(-1, ' ', false, json::error_handler_t::replace);
+      });
+    for (auto& t : threads) t.join();
+    return out;
+  };
+  const std::string cfg = R"({"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":1})";
+  std::vector<std::string> plain, plain_more;
+  std::vector<json> more = requests;
+  {
+    auto s = start({"--batch-invariant"});
+    ASSERT_GT(s->pid, 0);
+    plain = run_all(s->port, requests);
+    for (const auto& p : plain) ASSERT_EQ(p.rfind("{", 0), 0u) << p;
+    // Then a stop string from the middle of the first text, and a max_tokens of 5.
+    const std::string text0 = json::parse(plain[0])["text"];
+    size_t at = 4;  // three ASCII letters past the start (the random model's text is not all ASCII)
+    while (at + 3 < text0.size() && !(std::isalpha((unsigned char)text0[at]) && std::isalpha((unsigned char)text0[at + 1]) &&
+                                      std::isalpha((unsigned char)text0[at + 2])))
+      ++at;
+    ASSERT_LT(at + 3, text0.size()) << text0;
+    more[0]["stop"] = json::array({text0.substr(at, 3)});
+    more[1]["max_tokens"] = 5;
+    plain_more = run_all(s->port, more);
+    EXPECT_EQ(s->stop(), 0) << s->log();
+  }
+  auto s = start({"--speculative-config", cfg});
+  ASSERT_GT(s->pid, 0);
+  EXPECT_EQ(run_all(s->port, requests), plain);
+  const std::vector<std::string> spec_more = run_all(s->port, more);
+  EXPECT_EQ(spec_more, plain_more);
+  EXPECT_EQ(json::parse(spec_more[0])["finish_reason"], "stop") << spec_more[0];
+  EXPECT_EQ(json::parse(spec_more[1])["finish_reason"], "length") << spec_more[1];
+  httplib::Client c("127.0.0.1", s->port);
+  const std::string metrics = c.Get("/metrics")->body;
+  auto counter = [&](const std::string& name) {
+    const size_t at = metrics.find(name + "{");
+    if (at == std::string::npos) return int64_t(-1);
+    return int64_t(std::stoll(metrics.substr(metrics.find("} ", at) + 2)));
+  };
+  EXPECT_GT(counter("vllm:spec_decode_num_drafts_total"), 0) << metrics;
+  EXPECT_GT(counter("vllm:spec_decode_num_accepted_tokens_total"), 0) << metrics;
+  EXPECT_GE(counter("vllm:spec_decode_num_draft_tokens_total"), counter("vllm:spec_decode_num_accepted_tokens_total"));
+  EXPECT_NE(metrics.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"q7\",position=\"0\"}"),
+            std::string::npos) << metrics;
+  EXPECT_EQ(s->stop(), 0) << s->log();
+  EXPECT_NE(s->log().find("speculative decoding (ngram):"), std::string::npos) << s->log();
 }
 
 }  // namespace

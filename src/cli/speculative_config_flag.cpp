@@ -1,0 +1,49 @@
+#include "cli/speculative_config_flag.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace shardlm::cli {
+
+const char* const kSpeculativeConfigHelp =
+    "Speculative decoding, vLLM's JSON: {\"method\":\"ngram\",\"num_speculative_tokens\":4,"
+    "\"prompt_lookup_max\":4,\"prompt_lookup_min\":2} (prompt lookup; verified on the batch-invariant "
+    "kernels, which it turns on: greedy tokens are those without it, sampled ones keep the target distribution)";
+
+// --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+// (vLLM's keys). Every key is checked; one shardlm does not implement is refused, naming it.
+SpeculativeOptions parse_speculative_config(const std::string& text) {
+  SpeculativeOptions so;
+  if (text.empty()) return so;
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) fail(ErrorCode::kInvalidArgument, "--speculative-config: expected a JSON object, got '", text, "'");
+  auto int_key = [&](const char* key, int32_t* out) {
+    if (!j.contains(key)) return false;
+    if (!j[key].is_number_integer())
+      fail(ErrorCode::kInvalidArgument, "--speculative-config: \"", key, "\" must be an integer");
+    *out = j[key].get<int32_t>();
+    return true;
+  };
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "model")
+      fail(ErrorCode::kUnsupported, "--speculative-config: \"model\" (a draft model) is not implemented; use "
+           "\"method\": \"ngram\"");
+    if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_max" && key != "prompt_lookup_min")
+      fail(ErrorCode::kInvalidArgument, "--speculative-config: unknown key \"", key,
+           "\" (shardlm implements method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)");
+  }
+  if (!j.contains("method") || !j["method"].is_string() || j["method"].get<std::string>() != "ngram")
+    fail(ErrorCode::kUnsupported, "--speculative-config: \"method\" must be \"ngram\" (the one method implemented)");
+  if (!int_key("num_speculative_tokens", &so.num_speculative_tokens) || so.num_speculative_tokens < 1)
+    fail(ErrorCode::kInvalidArgument, "--speculative-config: \"num_speculative_tokens\" must be given, at least 1");
+  so.prompt_lookup_min = 1;
+  if (!int_key("prompt_lookup_max", &so.prompt_lookup_max))
+    fail(ErrorCode::kInvalidArgument, "--speculative-config: \"prompt_lookup_max\" must be given for method ngram");
+  int_key("prompt_lookup_min", &so.prompt_lookup_min);
+  so.validate();
+  return so;
+}
+
+}  // namespace shardlm::cli

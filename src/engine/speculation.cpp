@@ -1,0 +1,91 @@
+// Engine's speculative-decoding hooks and verification (engine/speculation.h).
+#include "engine/speculation.h"
+
+#include "core/error.h"
+#include "engine/engine.h"
+
+namespace shardlm {
+
+namespace {
+
+// As the engine reports a sampled token: raw logprob, its rank among the
+// row's logits (1 = most likely) and the sampler's top alternatives.
+TokenLogprobs raw_token_logprobs(SampleResult& res, const float* row, int64_t vocab) {
+  TokenLogprobs lp;
+  lp.token_id = res.token;
+  lp.logprob = res.logprob;
+  lp.rank = 1;
+  for (int64_t v = 0; v < vocab; ++v) lp.rank += row[v] > row[res.token] ? 1 : 0;
+  lp.top = std::move(res.top_logprobs);
+  return lp;
+}
+
+}  // namespace
+
+VerifiedDraft verify_draft_rows(Sampler& sampler, std::span<const int32_t> draft, const float* rows, int64_t vocab,
+                                bool want_logprobs) {
+  VerifiedDraft v;
+  const size_t d = draft.size();
+  for (size_t j = 0; j <= d; ++j) {
+    const float* row = rows + int64_t(j) * vocab;
+    SampleResult res = sampler.sample(std::span<const float>(row, size_t(vocab)));
+    if (want_logprobs) v.logprobs.push_back(raw_token_logprobs(res, row, vocab));
+    if (j < d && res.token == draft[j]) {
+      ++v.n_accepted;
+      continue;
+    }
+    v.token = res.token;
+    break;
+  }
+  return v;
+}
+
+void Engine::propose_drafts(StepPlan& plan) {
+  const SpeculativeOptions& so = config_.speculative;
+  if (!so.enabled()) return;
+  int32_t n_decodes = 0;
+  for (const ScheduledSeq& sc : plan.seqs) n_decodes += sc.n_tokens == 1 && sc.need_logits ? 1 : 0;
+  if (n_decodes > config_.speculative_max_decodes) return;  // auto-off: a full batch gains nothing
+  for (size_t k = 0; k < plan.seqs.size(); ++k) {
+    const ScheduledSeq& sc = plan.seqs[k];
+    if (sc.n_tokens != 1 || !sc.need_logits) continue;
+    auto live = seqs_.find(sc.seq_id);
+    if (live == seqs_.end()) continue;
+    const SeqState& seq = *live->second;
+    const EngineRequest& r = seq.request->request;
+    // Not drafted (README): structured output (each row would need its own
+    // grammar state's mask) and sequences still below min_tokens (whose rows
+    // would each need their own bans).
+    if (seq.matcher || static_cast<int32_t>(seq.output_ids.size()) < r.stop.min_tokens) continue;
+    // The fed token is the last output; verifying d drafts may produce d + 1 more.
+    const int64_t room = int64_t(r.stop.max_tokens) - int64_t(seq.output_ids.size()) - 1;
+    if (room < 1) continue;
+    const std::vector<int32_t> draft = ngram_draft(sched_.tokens(sc.seq_id), so, room);
+    if (!draft.empty()) sched_.add_draft(plan, k, draft);
+  }
+}
+
+void Engine::emit_verified(SeqId id, const ScheduledSeq& sc, VerifiedDraft& verified, Clock::time_point now) {
+  const int32_t a = verified.n_accepted;
+  const int32_t d = static_cast<int32_t>(sc.draft_ids.size());
+  metrics_.update([&](MetricsSnapshot& m) {
+    ++m.spec_decode_num_drafts_total;
+    m.spec_decode_num_draft_tokens_total += d;
+    m.spec_decode_num_accepted_tokens_total += a;
+    auto& per_pos = m.spec_decode_num_accepted_tokens_per_pos_total;
+    if (per_pos.size() < size_t(d)) per_pos.resize(size_t(d), 0);
+    for (int32_t i = 0; i < a; ++i) ++per_pos[size_t(i)];
+  });
+  // Token by token, as without speculation; a token that finishes the
+  // sequence (EOS, stop string, max_tokens) drops the rest.
+  for (int32_t i = 0; i <= a; ++i) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end() || it->second->finished) return;
+    const int32_t token = i < a ? sc.draft_ids[size_t(i)] : verified.token;
+    std::optional<TokenLogprobs> lp;
+    if (size_t(i) < verified.logprobs.size()) lp = std::move(verified.logprobs[size_t(i)]);
+    process_token(*it->second, token, std::move(lp), now);
+  }
+}
+
+}  // namespace shardlm
