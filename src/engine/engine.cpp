@@ -556,7 +556,6 @@ bool Engine::step_inner() {
     sample_jobs_.clear();
     for (size_t k = 0; k < plan.seqs.size(); ++k) {
       if (!plan.seqs[k].need_logits) continue;
-      const int64_t n_rows = plan.seqs[k].n_logit_rows();  // 1, or 1 + drafts
       auto live = seqs_.find(plan.seqs[k].seq_id);
       if (live == seqs_.end()) continue;  // aborted while its batch was in flight
       SeqState& seq = *live->second;
