@@ -285,6 +285,17 @@ void Sampler::accept(int32_t token) {
   if (penalised_) ++output_count_[token];
 }
 
+// log(sum(exp(logits))), NaN entries left out: the logprobs' denominator.
+static double log_partition(std::span<const float> logits) {
+  float max_l = -INFINITY;
+  for (float x : logits)
+    if (x > max_l) max_l = x;
+  double sum = 0.0;
+  for (float x : logits)
+    if (!std::isnan(x)) sum += std::exp(x - max_l);
+  return max_l + std::log(sum);
+}
+
 SampleResult Sampler::sample(std::span<const float> logits) {
   if (static_cast<int64_t>(logits.size()) != vocab_size_)
     fail(ErrorCode::kInvalidArgument, "sampler: logits have ", logits.size(), " entries, the vocabulary has ", vocab_size_);
@@ -314,13 +325,7 @@ SampleResult Sampler::sample(std::span<const float> logits) {
 
   // Raw logprobs: log_softmax of the model's logits, only when asked for.
   if (params_.logprobs > 0 || params_.return_logprob) {
-    float max_l = -INFINITY;
-    for (float x : logits)
-      if (x > max_l) max_l = x;
-    double sum = 0.0;
-    for (float x : logits)
-      if (!std::isnan(x)) sum += std::exp(x - max_l);
-    const double log_z = max_l + std::log(sum);
+    const double log_z = log_partition(logits);
     result.logprob = static_cast<float>(logits[result.token] - log_z);
     if (params_.logprobs > 0) {
       top_n(logits, static_cast<size_t>(params_.logprobs), ts.filter.heap, ts.top);
@@ -343,13 +348,7 @@ RowLogprobs row_logprobs(std::span<const float> logits, int32_t token, size_t n_
                          std::vector<std::pair<float, int32_t>>& heap, std::vector<int32_t>& top_ids) {
   SHARDLM_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size(), "row_logprobs: token ", token,
                 " outside a row of ", logits.size());
-  float max_l = -INFINITY;
-  for (float x : logits)
-    if (x > max_l) max_l = x;
-  double sum = 0.0;
-  for (float x : logits)
-    if (!std::isnan(x)) sum += std::exp(x - max_l);
-  const double log_z = max_l + std::log(sum);
+  const double log_z = log_partition(logits);
   RowLogprobs out;
   out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
   out.rank = vocab_rank(logits, token);
