@@ -24,7 +24,7 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 # and lock-order inversions are still reported.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_mutex_bugs=0 suppressions=$PWD/scripts/tsan.supp ${TSAN_OPTIONS:-}"
 ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" --timeout 900 \
-  -R '(Engine|EngineGrammar|EngineFaults|SamplerFaults|StopStrings|Metrics|MpiBatchWire|MpiExecutorThreads|LocalComm|LocalCommTest|HttpServerTest|SlowClientTest|HttpServerBind|RoutingPolicy|Router|RouterTest|ServeFaults)\.' \
+  -R '(Engine|EngineGrammar|EngineFaults|SamplerFaults|StopStrings|Metrics|MpiBatchWire|MpiExecutorThreads|LocalComm|LocalCommTest|HttpServerTest|SlowClientTest|HttpServerBind|RoutingPolicy|Router|RouterTest|RouterSlowStreamTest|ServeFaults)\.' \
   "$@"
 t2=$(date +%s)
 echo "tsan.sh: build $((t1 - t0)) s, tests $((t2 - t1)) s"

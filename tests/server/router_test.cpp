@@ -56,9 +56,14 @@ TEST(Router, ParsesBackendUrls) {
 // Two fake replicas behind a router.
 class RouterTest : public ::testing::Test {
  protected:
+  // What the fake replicas generate, set before they serve (a replica's
+  // thread reads them for every request).
+  std::chrono::milliseconds replica_pace_{2};
+  std::string replica_script_;
   void SetUp() override {
     for (int i = 0; i < 2; ++i) {
-      backends_[i].pace = std::chrono::milliseconds(2);
+      backends_[i].pace = replica_pace_;
+      backends_[i].script = replica_script_;
       ServerOptions o;
       o.port = 0;
       o.served_model_names = {"tiny"};
@@ -226,11 +231,16 @@ TEST_F(RouterTest, ANonStreamingClientsHangUpReachesTheBackend) {
 // A client that half-closes (shuts its sending side) in the middle of a
 // relayed stream still waits for the rest: the router probes it with an SSE
 // comment between events, as serve does, rather than cut the stream.
-TEST_F(RouterTest, AHalfClosedStreamingClientGetsTheWholeStream) {
-  for (auto& b : backends_) {
-    b.pace = std::chrono::milliseconds(100);  // events 100 ms apart: the half-close lands between two
-    b.script = "abc";
+// Replicas whose events are 100 ms apart, so that a half-close lands between two.
+class RouterSlowStreamTest : public RouterTest {
+ protected:
+  RouterSlowStreamTest() {
+    replica_pace_ = std::chrono::milliseconds(100);
+    replica_script_ = "abc";
   }
+};
+
+TEST_F(RouterSlowStreamTest, AHalfClosedStreamingClientGetsTheWholeStream) {
   json req = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 3}, {"stream", true}};
   const int fd = send_and_hold(router_->port(), req.dump());
   ASSERT_GE(fd, 0);
