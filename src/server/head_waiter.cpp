@@ -133,7 +133,14 @@ static int64_t buffered(int sock) {
 void HeadWaiter::judge(int sock, Waiting& w, uint32_t events) {
   if (events & EPOLLERR) return drop(sock, w, true);
   if (w.parked) {
-    if (events & (EPOLLRDHUP | EPOLLHUP)) return drop(sock, w, true);  // gone before its turn
+    if (events & EPOLLHUP) return drop(sock, w, true);  // gone before its turn
+    if (events & EPOLLRDHUP) {
+      // Half-closed, or gone: its bytes are read in its turn either way. Stop
+      // watching meanwhile (the level-triggered hang-up would wake us in vain).
+      epoll_event ev{};
+      ev.data.fd = sock;
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, sock, &ev);
+    }
     return;
   }
   if (w.reading) return read_body(sock, w, events);
