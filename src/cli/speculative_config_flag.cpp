@@ -30,9 +30,11 @@ SpeculativeOptions parse_speculative_config(const std::string& text) {
     if (key == "model")
       fail(ErrorCode::kUnsupported, "--speculative-config: \"model\" (a draft model) is not implemented; use "
            "\"method\": \"ngram\"");
-    if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_max" && key != "prompt_lookup_min")
+    if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_max" && key != "prompt_lookup_min" &&
+        key != "disable_by_batch_size")
       fail(ErrorCode::kInvalidArgument, "--speculative-config: unknown key \"", key,
-           "\" (shardlm implements method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)");
+           "\" (shardlm implements method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min, "
+           "disable_by_batch_size)");
   }
   if (!j.contains("method") || !j["method"].is_string() || j["method"].get<std::string>() != "ngram")
     fail(ErrorCode::kUnsupported, "--speculative-config: \"method\" must be \"ngram\" (the one method implemented)");
@@ -42,6 +44,9 @@ SpeculativeOptions parse_speculative_config(const std::string& text) {
   if (!int_key("prompt_lookup_max", &so.prompt_lookup_max))
     fail(ErrorCode::kInvalidArgument, "--speculative-config: \"prompt_lookup_max\" must be given for method ngram");
   int_key("prompt_lookup_min", &so.prompt_lookup_min);
+  if (int_key("disable_by_batch_size", &so.disable_by_batch_size) && so.disable_by_batch_size < 1)
+    fail(ErrorCode::kInvalidArgument, "--speculative-config: \"disable_by_batch_size\" must be at least 1, got ",
+         so.disable_by_batch_size);
   so.validate();
   return so;
 }

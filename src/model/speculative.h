@@ -18,6 +18,9 @@ struct SpeculativeOptions {
   int32_t num_speculative_tokens = 0;  // k; 0: no speculation
   int32_t prompt_lookup_min = 1;       // shortest n-gram matched
   int32_t prompt_lookup_max = 0;       // longest n-gram matched (>= min)
+  // vLLM's disable_by_batch_size: no drafting in a step holding more decodes
+  // than this (serve; 0: the engine's measured default, engine/speculation.h).
+  int32_t disable_by_batch_size = 0;
   bool enabled() const { return num_speculative_tokens > 0; }
   // When enabled: 1 <= num_speculative_tokens <= 64 and 1 <= prompt_lookup_min
   // <= prompt_lookup_max; throws kInvalidArgument naming the key (--speculative-config).

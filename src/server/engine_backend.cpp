@@ -265,6 +265,7 @@ void EngineBackend::load() {
   ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);
   ec.max_executor_restarts = options_.max_executor_restarts;
   ec.speculative = options_.speculative;
+  if (options_.speculative.disable_by_batch_size > 0) ec.speculative_max_decodes = options_.speculative.disable_by_batch_size;
   if (ec.speculative.enabled() && !options_.batch_invariant)
     fail(ErrorCode::kInvalidArgument, "speculative decoding needs the batch-invariant kernels (batch_invariant)");
 

@@ -275,6 +275,9 @@ TEST_F(GenerateCli, SpeculativeNgramKeepsGreedyTokensAndRefusesWhatItLacks) {
   Proc unknown = sh(base + R"( --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"typo":1}')");
   EXPECT_EQ(unknown.rc, 1);
   EXPECT_NE(unknown.out.find("unknown key \"typo\""), std::string::npos) << unknown.out;
+  Proc bound = sh(base + R"( --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"disable_by_batch_size":0}')");
+  EXPECT_EQ(bound.rc, 1);
+  EXPECT_NE(bound.out.find("\"disable_by_batch_size\" must be at least 1"), std::string::npos) << bound.out;
   // Sampled: verification draws each row with the same seeded RNG plain
   // decoding uses (rejection sampling in its coupled form), so the tokens
   // equal those of plain decoding on the same kernels.

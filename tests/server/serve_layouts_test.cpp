@@ -211,7 +211,9 @@ TEST_F(ServeLayouts, SpeculativeNgramGivesThePlainTextAndCountsAcceptedDrafts) {
     for (auto& t : threads) t.join();
     return out;
   };
-  const std::string cfg = R"({"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":1})";
+  // disable_by_batch_size (vLLM's key) above the 3 requests: drafting stays on.
+  const std::string cfg =
+      R"({"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":1,"disable_by_batch_size":8})";
   std::vector<std::string> plain, plain_more;
   std::vector<json> more = requests;
   {
