@@ -142,7 +142,9 @@ class Backend {
   // first 2 × inv_freq.numel() dims of each head (all of them, or Phi's
   // partial_rotary_factor of them; the rest pass through), cos and sin times
   // mscale (LongRoPE's attention factor, else 1).
-  // x: [n_tokens, n_heads, head_dim]; inv_freq: [rotary_dim / 2] f32 (host or device).
+  // x: [n_tokens, n_heads, head_dim]; inv_freq: [rotary_dim / 2] f32 (host or
+  // device), or [2, rotary_dim / 2] for LongRoPE: row 0 the short factors', row
+  // 1 the long ones', taken by the tokens meta.long_rope() marks.
   virtual void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) = 0;
   // out[n, inter] = silu(gate) × up; gate, up: [n, inter] (out may be gate).
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;

@@ -433,7 +433,8 @@ void rope_inv_freq(const RopeConfig& c, float* inv_freq) {
 }
 
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int32_t* positions,
-          const float* inv_freq, int64_t rotary_dim, float mscale) {
+          const float* inv_freq, int64_t rotary_dim, float mscale, const float* inv_freq_long,
+          const uint8_t* use_long) {
   const int64_t half = (rotary_dim > 0 ? rotary_dim : head_dim) / 2;
 #pragma omp parallel if (n_tokens > 1)
   {
@@ -442,8 +443,9 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const i
     sn.resize(static_cast<size_t>(half));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* freq = use_long != nullptr && use_long[t] != 0 ? inv_freq_long : inv_freq;
       for (int64_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(positions[t]) * inv_freq[i];
+        const float angle = static_cast<float>(positions[t]) * freq[i];
         cs[i] = std::cos(angle) * mscale;
         sn[i] = std::sin(angle) * mscale;
       }

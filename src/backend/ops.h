@@ -79,8 +79,11 @@ void rope_inv_freq(const RopeConfig& config, float* inv_freq);
 // first rotary_dim of each head (0: all of it; the rest passes through), with
 // cos and sin multiplied by mscale (LongRoPE's attention factor; 1 otherwise).
 // x: [n_tokens, n_heads, head_dim]; positions: [n_tokens]; inv_freq: [rotary_dim / 2].
+// LongRoPE: token t rotates with inv_freq_long instead where use_long[t] is
+// non-zero (both [rotary_dim / 2] and [n_tokens]; nullptr: none does).
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int32_t* positions,
-          const float* inv_freq, int64_t rotary_dim = 0, float mscale = 1.0f);
+          const float* inv_freq, int64_t rotary_dim = 0, float mscale = 1.0f, const float* inv_freq_long = nullptr,
+          const uint8_t* use_long = nullptr);
 
 // out[i] = silu(gate[i]) × up[i] for i < count (out may equal gate or up).
 void silu_mul(const float* gate, const float* up, int64_t count, float* out);

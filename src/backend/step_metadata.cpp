@@ -10,6 +10,7 @@ void StepMetadata::clear() {
   pending_.clear();
   packed_.clear();
   seqs_.clear();
+  long_rope_.clear();
   n_tokens_ = n_logits_ = n_padding_ = n_padding_pending_ = 0;
 }
 
@@ -19,13 +20,13 @@ void StepMetadata::add_padding_rows(int64_t n) {
 }
 
 void StepMetadata::add_seq(std::span<const int32_t> ids, int32_t n_past, std::span<const int32_t> block_table,
-                           int32_t n_logit_rows) {
+                           int32_t n_logit_rows, int32_t long_rope_from) {
   if (ids.empty() || n_past < 0)
     fail(ErrorCode::kInvalidArgument, "forward batch: a sequence chunk needs at least one new token and n_past >= 0");
   if (n_logit_rows < 0 || n_logit_rows > static_cast<int64_t>(ids.size()))
     fail(ErrorCode::kInvalidArgument, "forward batch: ", n_logit_rows, " logit rows for a chunk of ", ids.size(), " tokens");
   pending_.push_back({static_cast<int32_t>(ids.size()), n_past, static_cast<int32_t>(tables_.size()),
-                      static_cast<int32_t>(block_table.size()), n_logit_rows});
+                      static_cast<int32_t>(block_table.size()), n_logit_rows, long_rope_from});
   ids_.insert(ids_.end(), ids.begin(), ids.end());
   tables_.insert(tables_.end(), block_table.begin(), block_table.end());
 }
@@ -48,9 +49,14 @@ void StepMetadata::finish() {
   std::copy(tables_.begin(), tables_.end(), tables);
   seqs_.resize(static_cast<size_t>(n_seqs));
   int32_t begin = 0, n_rows = 0;
+  bool any_long = false;
+  for (const Pending& p : pending_) any_long = any_long || p.n_past + p.n_tokens > p.long_rope_from;
+  if (any_long) long_rope_.assign(static_cast<size_t>(n_tokens_), 0);
   for (int64_t s = 0; s < n_real_seqs; ++s) {
     const Pending& p = pending_[static_cast<size_t>(s)];
     for (int32_t t = 0; t < p.n_tokens; ++t) pos[begin + t] = p.n_past + t;
+    if (any_long)
+      for (int32_t t = 0; t < p.n_tokens; ++t) long_rope_[static_cast<size_t>(begin + t)] = p.n_past + t >= p.long_rope_from;
     for (int32_t t = p.n_tokens - p.n_logit_rows; t < p.n_tokens; ++t) logit_rows[n_rows++] = begin + t;
     int32_t* r = records + kSeqRecord * s;
     r[0] = begin, r[1] = p.n_tokens, r[2] = p.n_past, r[3] = p.table_offset, r[4] = p.n_table;

@@ -13,6 +13,7 @@
 // allocates nothing.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -31,8 +32,12 @@ class StepMetadata {
   // ids.size() - 1, with the block table covering them; n_logit_rows asks
   // for the logits of its last n_logit_rows new tokens (1: the one sampled;
   // ids.size(): every position, for prompt logprobs; a bool converts).
+  // Positions at or past long_rope_from rotate with LongRoPE's long factors
+  // (ModelSpec::long_context: 0 for a long prompt, else
+  // original_max_position_embeddings); kNoLongRope for none.
+  static constexpr int32_t kNoLongRope = INT32_MAX;
   void add_seq(std::span<const int32_t> ids, int32_t n_past, std::span<const int32_t> block_table,
-               int32_t n_logit_rows);
+               int32_t n_logit_rows, int32_t long_rope_from = kNoLongRope);
   // Appends n padding rows after the sequences (a CUDA-graph bucket's spare
   // rows): each is one token (id 0, position 0) with its own logit row and a
   // sequence record of n_tokens = 0, n_past = 0 and no block table, which
@@ -51,6 +56,9 @@ class StepMetadata {
   const int32_t* positions() const { return packed_.data() + n_tokens_; }           // [n_tokens]
   const int32_t* logit_rows() const { return packed_.data() + 2 * n_tokens_; }      // [n_logits]
   const AttentionSeq* seqs() const { return seqs_.data(); }                         // [n_seqs], host pointers
+  // [n_tokens] on the host: 1 where the token rotates with the long rope
+  // table; nullptr when none does (the step's every token takes the first).
+  const uint8_t* long_rope() const { return long_rope_.empty() ? nullptr : long_rope_.data(); }
   std::span<const int32_t> packed() const { return packed_; }
   // Offsets into packed() of each part, for a device copy of it.
   int64_t seq_records_offset() const { return 2 * n_tokens_ + n_logits_; }
@@ -60,11 +68,13 @@ class StepMetadata {
   struct Pending {
     int32_t n_tokens, n_past, table_offset, n_table;
     int32_t n_logit_rows;  // the last n_logit_rows tokens
+    int32_t long_rope_from;
   };
   std::vector<int32_t> ids_, tables_;  // staging of add_seq
   std::vector<Pending> pending_;
   std::vector<int32_t> packed_;
   std::vector<AttentionSeq> seqs_;
+  std::vector<uint8_t> long_rope_;  // host only: no device kernel reads it (CUDA refuses the long table)
   int64_t n_tokens_ = 0, n_logits_ = 0, n_padding_ = 0, n_padding_pending_ = 0;
 };
 

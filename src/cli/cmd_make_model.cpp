@@ -85,6 +85,9 @@ void setup(CLI::App& app) {
   sub->add_option("--head-dim", o->synth.head_dim, "Override head_dim (default hidden/heads when either changes)");
   sub->add_option("--sliding-window", o->synth.sliding_window,
                   "Positions a windowed layer attends to: Gemma 3's local layers; every layer of Mistral, Mixtral, Phi-3 (0: the model's)");
+  sub->add_option("--original-max-position", o->synth.original_max_position,
+                  "LongRoPE models: original_max_position_embeddings, where the long rope factors take over "
+                  "(max_position_embeddings keeps its ratio to it)");
   sub->add_option("--experts", o->synth.n_experts, "MoE: experts per layer (0: the model's)");
   sub->add_option("--experts-per-token", o->synth.n_experts_per_token, "MoE: experts routed per token (0: the model's)");
   sub->add_option("--moe-intermediate", o->synth.moe_intermediate_size, "MoE: each expert's intermediate size (0: the model's)");

@@ -16,6 +16,7 @@ ForwardBatch make_forward_batch(const StepPlan& plan) {
     c.block_table = s.block_table;
     c.need_logits = s.need_logits;
     c.all_logits = s.all_logits;
+    c.long_context = s.long_context;
     batch.seqs.push_back(std::move(c));
     // Drafts: one single-token row each over the same block table, at the
     // positions after the fed token; on the batch-invariant kernels row j
@@ -28,6 +29,7 @@ ForwardBatch make_forward_batch(const StepPlan& plan) {
       d.n_past = s.n_past + s.n_tokens + static_cast<int32_t>(j);
       d.block_table = s.block_table;
       d.need_logits = true;
+      d.long_context = s.long_context;
       batch.seqs.push_back(std::move(d));
     }
   }

@@ -43,7 +43,7 @@ std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch) {
   for (const auto& s : batch.seqs) {
     m.push_back(s.n_tokens);
     m.push_back(s.n_past);
-    m.push_back((s.need_logits ? 1 : 0) | (s.all_logits ? 2 : 0));
+    m.push_back((s.need_logits ? 1 : 0) | (s.all_logits ? 2 : 0) | (s.long_context ? 4 : 0));
     m.push_back(static_cast<int32_t>(s.block_table.size()));
     m.insert(m.end(), s.block_table.begin(), s.block_table.end());
   }
@@ -71,9 +71,10 @@ bool decode_forward_batch(const std::vector<int32_t>& m, ForwardBatch* batch) {
     if (at + 4 > m.size()) bad("sequence header past the end");
     s.n_tokens = m[at];
     s.n_past = m[at + 1];
-    if (m[at + 2] & ~3) bad("unknown logits flags");
+    if (m[at + 2] & ~7) bad("unknown chunk flags");
     s.need_logits = (m[at + 2] & 1) != 0;
     s.all_logits = (m[at + 2] & 2) != 0;
+    s.long_context = (m[at + 2] & 4) != 0;
     const int32_t n_blocks = m[at + 3];
     at += 4;
     if (n_blocks < 0 || at + static_cast<size_t>(n_blocks) > m.size()) bad("block table past the end");
@@ -328,7 +329,9 @@ GenerateResult generate_mpi(Communicator& world, const std::filesystem::path& mo
   GenerateResult r;
   try {
     auto step = [&](const ForwardBatch& batch, float* logits) { executor.execute(batch, logits); };
-    r = generate_steps(step, spec.vocab_size, mo.n_blocks, prompt, opt, false, nullptr, true);
+    GenerateOptions o = opt;
+    o.long_context = o.long_context || spec.long_context(static_cast<int64_t>(prompt.size()));
+    r = generate_steps(step, spec.vocab_size, mo.n_blocks, prompt, o, false, nullptr, true);
   } catch (const std::exception& e) {
     // The workers wait for the next batch: stop them with the reason.
     std::string what = std::string("rank 0 failed generating: ") + e.what();

@@ -18,6 +18,11 @@ BlockHash cache_root(std::string_view salt) {
   return XXH3_64bits_withSeed(salt.data(), salt.size(), ~kRootBlockHash);
 }
 
+BlockHash long_context_root(BlockHash root) {
+  static constexpr char kTag[] = "longrope-long-factors";
+  return XXH3_64bits_withSeed(kTag, sizeof(kTag) - 1, root ^ ~kRootBlockHash);
+}
+
 BlockPool::BlockPool(int32_t n_blocks, int32_t block_size, bool enable_prefix_caching)
     : n_blocks_(n_blocks), block_size_(block_size), enable_prefix_caching_(enable_prefix_caching) {
   if (n_blocks < 1)

@@ -32,6 +32,9 @@ BlockHash hash_block(BlockHash parent, std::span<const int32_t> tokens);
 // none, else a hash of the salt, so that only requests with the same salt
 // share cached blocks (and learn from cached_tokens that a prefix was seen).
 BlockHash cache_root(std::string_view salt);
+// The root of a chain whose blocks hold KV computed another way for the same
+// tokens (LongRoPE's long factors): derived from `root`, and no block's hash.
+BlockHash long_context_root(BlockHash root);
 
 // Counters in tokens, as vLLM's prefix_cache_queries / prefix_cache_hits.
 struct PrefixCacheStats {

@@ -89,9 +89,9 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
 namespace {
 
 // LongRoPE (Phi-3-mini-128k, Phi-4-mini): short_factor / long_factor, one
-// per rotary frequency; attention_factor as transformers derives it. Only
-// the short factors are implemented, so positions are bounded by
-// original_max_position_embeddings (top level, as Phi-3 writes it).
+// per rotary frequency; attention_factor as transformers derives it;
+// original_max_position_embeddings at the top level (as Phi-3 writes it) or
+// in rope_scaling. Which factors a position takes: ModelSpec::long_context.
 void parse_longrope(const json& config, const json& rs, ModelSpec& spec, const std::string& source) {
   RopeScaling& r = spec.rope_scaling;
   const int64_t half = spec.rotary_dim() / 2;
@@ -118,9 +118,6 @@ void parse_longrope(const json& config, const json& rs, ModelSpec& spec, const s
       rs, "attention_factor",
       factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(original))),
       source + " rope_scaling");
-  // Past original_max_position_embeddings transformers switches to the long
-  // factors (and re-rotates nothing already cached); shardlm stops there.
-  spec.max_position_embeddings = std::min(spec.max_position_embeddings, original);
 }
 
 // The fields of a flat config.json (a causal LM's, or the language model's of
@@ -292,9 +289,6 @@ json model_config_json(const ModelSpec& spec) {
 }
 
 std::string ModelSpec::max_position_source() const {
-  if (rope_scaling.type == "longrope")
-    return "original_max_position_embeddings in config.json: past it LongRoPE switches to its long factors, "
-           "which shardlm does not implement yet";
   return "max_position_embeddings in config.json";
 }
 

@@ -104,10 +104,22 @@ struct ModelSpec {
   std::string tensor_prefix;
   std::vector<std::string> ignored_tensor_prefixes;
 
-  // What bounds a sequence's positions, for messages: max_position_embeddings,
-  // or LongRoPE's original_max_position_embeddings (the long factors past it
-  // are not implemented, so max_position_embeddings is set to it).
+  // What bounds a sequence's positions, for messages.
   std::string max_position_source() const;
+  // LongRoPE (transformers' rule): a forward whose positions reach past
+  // original_max_position_embeddings rotates with the long factors, and what
+  // it cached before keeps the short ones. So a sequence whose prompt of
+  // n_prompt tokens is longer rotates every position with the long factors,
+  // and a shorter one switches at original_max_position_embeddings.
+  // long_context(n_prompt) says which; false for every other rope.
+  bool long_context(int64_t n_prompt) const {
+    return rope_scaling.type == "longrope" && n_prompt > rope_scaling.original_max_position_embeddings;
+  }
+  // The first position that always rotates with LongRoPE's long factors
+  // (original_max_position_embeddings); 0 for every other rope.
+  int64_t long_rope_from() const {
+    return rope_scaling.type == "longrope" ? rope_scaling.original_max_position_embeddings : 0;
+  }
   bool is_moe() const { return n_experts > 0; }
   bool is_sliding_layer(int64_t layer) const {
     return layer >= 0 && static_cast<size_t>(layer) < sliding_layers.size() && sliding_layers[static_cast<size_t>(layer)];

@@ -137,6 +137,16 @@ ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
     spec.tie_word_embeddings = false;
   }
   check_positive(o.sliding_window, "--sliding-window");
+  check_positive(o.original_max_position, "--original-max-position");
+  if (o.original_max_position > 0) {
+    RopeScaling& r = spec.rope_scaling;
+    if (r.type != "longrope")
+      fail(ErrorCode::kInvalidArgument, "make-model: --original-max-position applies to LongRoPE models ",
+           "(phi-3-mini-128k, phi-4-mini); ", o.like, " has no LongRoPE scaling");
+    // The same factor (and so the same attention factor) on a shorter context.
+    r.original_max_position_embeddings = o.original_max_position;
+    spec.max_position_embeddings = static_cast<int64_t>(std::llround(r.factor * static_cast<double>(o.original_max_position)));
+  }
   if (o.sliding_window > 0) {
     // Mistral, Mixtral and Phi-3 window every layer (transformers' reading
     // of their sliding_window); Gemma 3 its local layers.

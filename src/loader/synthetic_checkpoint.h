@@ -58,6 +58,9 @@ struct SyntheticModelOptions {
   int64_t head_dim = 0;
   std::optional<bool> tie_word_embeddings;  // unset: the catalog's
   int64_t sliding_window = 0;               // local layers' window (Gemma 3); 0: the catalog's
+  // LongRoPE: original_max_position_embeddings, where the long factors take
+  // over (max_position_embeddings keeps its ratio to it); 0: the catalog's.
+  int64_t original_max_position = 0;
   // MoE reductions (0 / unset keeps the catalog value): experts per layer,
   // experts per token, each expert's width (Mixtral: intermediate_size, which
   // --intermediate also sets), and Qwen3-MoE's dense-layer placement.

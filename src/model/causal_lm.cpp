@@ -60,10 +60,18 @@ CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int
   dims_.norm_offset = spec.norm_weight_offset;
   dims_.activation = spec.mlp_activation;
   dims_.heads = {shard_.q_heads.size(), shard_.q_heads.begin, shard_.kv_heads.begin, spec.group_size()};
-  const backend::RopeConfig rope = rope_config(spec);
-  std::vector<float> inv_freq(static_cast<size_t>(rope.head_dim / 2));
+  backend::RopeConfig rope = rope_config(spec);
+  const int64_t half = rope.head_dim / 2;
+  // LongRoPE: [2, half], the short factors' frequencies, then the long ones'.
+  const int64_t n_tables = spec.rope_scaling.type == "longrope" ? 2 : 1;
+  std::vector<float> inv_freq(static_cast<size_t>(n_tables * half));
   backend::rope_inv_freq(rope, inv_freq.data());
-  inv_freq_ = backend_->alloc(DType::kF32, {rope.head_dim / 2});
+  if (n_tables == 2) {
+    rope.ext_factors = spec.rope_scaling.long_factor;
+    backend::rope_inv_freq(rope, inv_freq.data() + half);
+    long_rope_from_ = spec.long_rope_from();
+  }
+  inv_freq_ = n_tables == 2 ? backend_->alloc(DType::kF32, {2, half}) : backend_->alloc(DType::kF32, {half});
   backend_->upload(inv_freq.data(), inv_freq_);
   if (spec.rope_scaling.type == "longrope") dims_.rope_mscale = static_cast<float>(spec.rope_scaling.attention_factor);
   if (spec.rope_local_theta > 0.0) {
@@ -342,8 +350,11 @@ void CausalLM::pack_step(const ForwardBatch& batch, const KvCache& cache, int64_
     if (static_cast<int64_t>(c.block_table.size()) < need)
       fail(ErrorCode::kInvalidArgument, "forward batch: a block table has ", c.block_table.size(), " blocks; ",
            c.n_past + c.n_tokens, " positions need ", need);
+    const int64_t long_from = long_rope_from_ == 0 ? backend::StepMetadata::kNoLongRope
+                              : c.long_context        ? 0
+                                                      : long_rope_from_;
     meta_.add_seq(std::span<const int32_t>(batch.token_ids).subspan(static_cast<size_t>(begin), static_cast<size_t>(c.n_tokens)),
-                  c.n_past, c.block_table, c.n_logit_rows());
+                  c.n_past, c.block_table, c.n_logit_rows(), static_cast<int32_t>(long_from));
     begin += c.n_tokens;
   }
   if (begin != batch.n_tokens())

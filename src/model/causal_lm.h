@@ -143,7 +143,8 @@ class CausalLM {
   int64_t weight_bytes_ = 0;
   int64_t copied_bytes_ = 0;
   RankDims dims_;
-  Tensor inv_freq_;                            // [head_dim / 2] f32
+  Tensor inv_freq_;                            // [rotary_dim / 2] f32; LongRoPE: [2, rotary_dim / 2], short then long
+  int64_t long_rope_from_ = 0;                 // LongRoPE: original_max_position_embeddings; 0 for other ropes
   Tensor inv_freq_local_;                      // [head_dim / 2] f32 of local layers (Gemma 3); undefined otherwise
   float embed_scale_ = 1.0f;                   // Gemma: sqrt(hidden) in the checkpoint dtype
   std::vector<DecoderLayerWeights> layers_;    // this stage's layers, in order

@@ -20,6 +20,11 @@ struct SequenceChunk {
   // order (rows n_past .. n_past+n_tokens-1), not only the last. The engine
   // bounds how many such rows a step holds (SchedulerConfig::max_prompt_logit_rows).
   bool all_logits = false;
+  // LongRoPE (ModelSpec::long_context): the sequence's prompt was longer than
+  // original_max_position_embeddings, so every position rotates with the long
+  // factors; otherwise only positions from there on do. Fixed for the life of
+  // the sequence (a recomputed one keeps it).
+  bool long_context = false;
   // Logit rows this chunk asks for: n_tokens (all_logits), 1 (need_logits) or 0.
   int32_t n_logit_rows() const { return all_logits ? n_tokens : need_logits ? 1 : 0; }
 };

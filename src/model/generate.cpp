@@ -85,6 +85,7 @@ GenerateResult generate_steps(const GenerateStep& step, int64_t vocab_size, int6
           c.n_past = static_cast<int32_t>(n_past + j);
           c.block_table = table;
           c.need_logits = true;
+          c.long_context = opt.long_context;
           batch.seqs.push_back(c);
         }
         verify_logits.resize(static_cast<size_t>((d + 1) * vocab_size));
@@ -136,6 +137,7 @@ GenerateResult generate_steps(const GenerateStep& step, int64_t vocab_size, int6
       c.n_past = static_cast<int32_t>(n_past);
       c.block_table = table;
       c.need_logits = take == static_cast<int64_t>(pending.size());
+      c.long_context = opt.long_context;
       batch.seqs.push_back(c);
       step(batch, logits.data());
       n_past += take;
@@ -195,6 +197,7 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
     }
     GenerateStep step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
     GenerateOptions o = opt;
+    o.long_context = o.long_context || spec.long_context(static_cast<int64_t>(prompt.size()));
     backend::DeviceSampleRow row = opt.device_row;
     int32_t sampled = 0;
     if (opt.device_sampling) {

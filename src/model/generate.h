@@ -49,6 +49,11 @@ struct GenerateOptions {
   // with a device sampler (kUnsupported otherwise); prompt_logits stay empty.
   bool device_sampling = false;
   backend::DeviceSampleRow device_row;
+  // LongRoPE: rotate every position with the long factors
+  // (SequenceChunk::long_context). generate sets it from the prompt
+  // (ModelSpec::long_context); perplexity from each window, as transformers'
+  // one forward over the window would.
+  bool long_context = false;
   // Picks the next token from logits [vocab_size] on the driver; nullptr = greedy.
   std::function<int32_t(const float* logits, int64_t vocab_size, const std::vector<int32_t>& generated)> pick;
 };

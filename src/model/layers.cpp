@@ -139,7 +139,7 @@ backend::RopeConfig rope_config(const ModelSpec& spec) {
     rc.factor = s.factor;
   } else if (s.type == "longrope") {
     rc.scaling = backend::RopeConfig::Scaling::kLongRope;
-    rc.ext_factors = s.short_factor;  // positions stop at original_max_position_embeddings
+    rc.ext_factors = s.short_factor;  // CausalLM builds the long factors' table beside it
   } else if (s.type == "llama3") {
     rc.scaling = backend::RopeConfig::Scaling::kLlama3;
     rc.factor = s.factor;

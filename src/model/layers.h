@@ -91,7 +91,7 @@ class Workspace {
 // The step every layer sees: the packed metadata and the rope table.
 struct StepContext {
   const backend::StepMetadata& meta;
-  const Tensor& inv_freq;        // [rotary_dim / 2] f32
+  const Tensor& inv_freq;        // [rotary_dim / 2] f32 (LongRoPE: [2, rotary_dim / 2], Backend::rope)
   const Tensor& inv_freq_local;  // [head_dim / 2] f32 of local layers (Gemma 3); undefined otherwise
 };
 

@@ -75,6 +75,7 @@ PerplexityResult perplexity_local(const ModelSpec& spec, std::shared_ptr<const W
     for (const auto& [begin, end] : windows) {
       GenerateOptions w = g;
       w.max_tokens = end - begin;
+      w.long_context = spec.long_context(end - begin);
       // The driver scores the true next token and feeds it instead of a sampled one.
       w.pick = [&, begin = begin](const float* logits, int64_t vocab, const std::vector<int32_t>& generated) {
         const int32_t target = ids[static_cast<size_t>(begin + 1) + generated.size()];

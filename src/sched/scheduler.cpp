@@ -51,7 +51,8 @@ void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_token
   s->tokens = std::move(prompt);
   s->max_new_tokens = max_new_tokens;
   s->after = after;
-  s->cache_root = cache_root;
+  s->long_context = config_.long_context_after > 0 && s->n_prompt > config_.long_context_after;
+  s->cache_root = s->long_context ? long_context_root(cache_root) : cache_root;
   s->prompt_logits = prompt_logits;
   seqs_.emplace(id, std::move(s));
   waiting_.push_back(id);
@@ -86,6 +87,7 @@ ScheduledSeq Scheduler::make_scheduled(const Seq& s, int32_t n_new, bool first) 
   sc.need_logits = s.n_computed + n_new == static_cast<int32_t>(s.tokens.size());
   sc.first_chunk = first;
   sc.all_logits = s.prompt_logits;
+  sc.long_context = s.long_context;
   return sc;
 }
 

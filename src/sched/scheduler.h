@@ -44,6 +44,11 @@ struct SchedulerConfig {
   // (2,048 positions x 152K vocab would be 1.2 GB). The engine derives it
   // from the vocabulary (EngineConfig::prompt_logits_bytes).
   int32_t max_prompt_logit_rows = 256;
+  // LongRoPE models: ModelSpec::long_rope_from() (0 for other ropes). A
+  // prompt longer than it is computed with the long factors at every
+  // position (ScheduledSeq::long_context), so its blocks hold other KV than a
+  // short prompt's of the same tokens: they are hashed on a chain of their own.
+  int32_t long_context_after = 0;
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
@@ -145,6 +150,7 @@ class Scheduler {
     bool in_flight = false;       // in a plan not yet committed
     bool held = false;            // set_held
     bool prompt_logits = false;   // logits at every prompt position still wanted (add's prompt_logits)
+    bool long_context = false;    // SchedulerConfig::long_context_after: the prompt is longer
   };
   Seq& get(SeqId id);
   const Seq& get(SeqId id) const;

@@ -22,6 +22,7 @@ struct ScheduledSeq {
   // positions), not only the last; at most max_prompt_logit_rows such rows
   // per step, over all sequences.
   bool all_logits = false;
+  bool long_context = false;           // LongRoPE: the prompt is longer than original_max_position_embeddings
   // Speculative decoding (Scheduler::add_draft): a decode (n_tokens == 1)
   // may carry drafted tokens [n_draft] fed at positions n_past + 1 ..; each
   // of its 1 + n_draft rows produces logits (engine/speculation.h).

@@ -253,6 +253,10 @@ void EngineBackend::load() {
     report_.max_model_len = std::min(spec.max_position_embeddings, report_.kv_tokens);
   }
   if (report_.n_kv_blocks > INT32_MAX) report_.n_kv_blocks = INT32_MAX;
+  if (!options_.device.is_cpu() && spec.long_rope_from() > 0 && report_.max_model_len > spec.long_rope_from())
+    fail(ErrorCode::kUnsupported, "LongRoPE's long factors (positions past original_max_position_embeddings ",
+         spec.long_rope_from(), ", or a prompt longer than it) run on the CPU backend only; on ",
+         options_.device.to_string(), " pass --max-model-len ", spec.long_rope_from(), " or less");
 
   EngineConfig ec;
   ec.scheduler.n_blocks = static_cast<int32_t>(report_.n_kv_blocks);
@@ -260,6 +264,7 @@ void EngineBackend::load() {
   ec.scheduler.max_num_seqs = static_cast<int32_t>(options_.max_num_seqs);
   ec.scheduler.max_num_batched_tokens = static_cast<int32_t>(options_.max_num_batched_tokens);
   ec.scheduler.max_model_len = static_cast<int32_t>(report_.max_model_len);
+  ec.scheduler.long_context_after = static_cast<int32_t>(spec.long_rope_from());
   ec.scheduler.enable_prefix_caching = options_.enable_prefix_caching;
   for (int64_t id : load_eos_token_ids(dir, spec)) ec.eos_token_ids.push_back(static_cast<int32_t>(id));
   ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);

@@ -357,6 +357,38 @@ TEST(Ops, PartialRotaryWithLongRopeFactors) {
   }
 }
 
+// LongRoPE's two tables: the tokens marked use_long rotate with the long
+// factors' frequencies, each other token with the short ones', as the
+// reference does token by token with the one it takes.
+TEST(Ops, LongRopeTakesTheLongTableWhereMarked) {
+  std::mt19937 rng(9);
+  const int64_t n = 5, heads = 3, hd = 8;
+  RopeConfig rc;
+  rc.head_dim = hd;
+  rc.scaling = RopeConfig::Scaling::kLongRope;
+  rc.ext_factors = {1.0, 1.2, 1.7, 2.5};
+  std::vector<float> inv_short(hd / 2), inv_long(hd / 2);
+  rope_inv_freq(rc, inv_short.data());
+  rc.ext_factors = {1.0, 3.0, 9.0, 27.0};
+  rope_inv_freq(rc, inv_long.data());
+  const std::vector<int32_t> pos{14, 15, 16, 17, 3};
+  const std::vector<uint8_t> use_long{0, 0, 1, 1, 1};
+  auto x = random_f32(n * heads * hd, rng);
+  auto got = x;
+  rope(got.data(), n, heads, hd, pos.data(), inv_short.data(), hd, 1.5f, inv_long.data(), use_long.data());
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float> want(x.begin() + t * heads * hd, x.begin() + (t + 1) * heads * hd);
+    ref::rope(want.data(), 1, heads, hd, &pos[t], use_long[t] ? inv_long.data() : inv_short.data(), hd, 1.5f);
+    expect_close(std::vector<float>(got.begin() + t * heads * hd, got.begin() + (t + 1) * heads * hd), want, 1e-6f,
+                 1e-6f);
+  }
+  auto short_only = x;
+  rope(short_only.data(), n, heads, hd, pos.data(), inv_short.data(), hd, 1.5f);
+  EXPECT_EQ(std::vector<float>(short_only.begin(), short_only.begin() + 2 * heads * hd),
+            std::vector<float>(got.begin(), got.begin() + 2 * heads * hd));
+  EXPECT_NE(short_only, got);  // the marked tokens turned otherwise
+}
+
 TEST(Ops, Llama3RopeScalingBands) {
   // Llama-3.1-8B: theta 500000, factor 8, low 1, high 4, original 8192.
   RopeConfig rc;

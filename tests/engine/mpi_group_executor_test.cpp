@@ -28,7 +28,7 @@ TEST(MpiBatchWire, RoundTripsAndRejectsCutMessages) {
   b.token_ids = {5, 6, 7, 8};
   b.seqs.resize(2);
   b.seqs[0] = {3, 0, {4, 9}, true, /*all_logits=*/true};  // prompt logprobs: a row per token
-  b.seqs[1] = {1, 17, {1, 2, 3}, false};
+  b.seqs[1] = {1, 17, {1, 2, 3}, false, false, /*long_context=*/true};  // LongRoPE's long factors
   const std::vector<int32_t> m = encode_forward_batch(b);
   EXPECT_EQ(m.size(), 3u + 4u + (4u + 2u) + (4u + 3u));
   ForwardBatch d;
@@ -41,6 +41,7 @@ TEST(MpiBatchWire, RoundTripsAndRejectsCutMessages) {
     EXPECT_EQ(d.seqs[i].block_table, b.seqs[i].block_table);
     EXPECT_EQ(d.seqs[i].need_logits, b.seqs[i].need_logits);
     EXPECT_EQ(d.seqs[i].all_logits, b.seqs[i].all_logits);
+    EXPECT_EQ(d.seqs[i].long_context, b.seqs[i].long_context);
   }
   EXPECT_EQ(d.n_logits(), 3);
   EXPECT_FALSE(decode_forward_batch(encode_shutdown(), &d));
@@ -50,7 +51,7 @@ TEST(MpiBatchWire, RoundTripsAndRejectsCutMessages) {
   wrong_sum[7] = 2;  // seq 0 claims 2 tokens: 2 + 1 != 4
   EXPECT_THROW(decode_forward_batch(wrong_sum, &d), Error);
   std::vector<int32_t> bad_flags = m;
-  bad_flags[9] = 4;  // seq 0's logits flags: only bits 1 and 2 exist
+  bad_flags[9] = 8;  // seq 0's chunk flags: only bits 1, 2 and 4 exist
   EXPECT_THROW(decode_forward_batch(bad_flags, &d), Error);
 }
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/local_group_executor.h"
+#include "loader/synthetic_checkpoint.h"
 #include "model/generate.h"
 #include "random_weights.h"
 
@@ -114,6 +115,77 @@ TEST(EngineRealModel, TinyPoolWithPreemptionMatchesGenerateLocal) {
 }
 
 TEST(EngineRealModel, Tp3Pp2MatchesGenerateLocal) { run_engine_against_reference(3, 2, 64, false); }
+
+// LongRoPE (Phi-3-mini-128k's shape, original_max_position_embeddings 12):
+// a prompt longer than 12 rotates every position with the long factors,
+// though chunked prefill computes its first 12 in a chunk that does not reach
+// past them; a shorter one switches at position 12 as it generates; and a long
+// prompt that starts with a cached short one's tokens takes none of its
+// blocks (their KV is rotated with the short factors). Each must give the
+// tokens of its own generate_local, which tests/reference checks against
+// transformers' rule.
+TEST(EngineRealModel, LongRopeMatchesGenerateLocalUnderChunkingAndPrefixCaching) {
+  SyntheticModelOptions so;
+  so.like = "phi-3-mini-128k";
+  so.n_layers = 2;
+  so.vocab_size = 384;
+  so.hidden_size = 128;
+  so.n_heads = 4;
+  so.n_kv_heads = 4;
+  so.intermediate_size = 256;
+  so.original_max_position = 12;
+  so.dtype = DType::kF32;
+  const ModelSpec spec = synthetic_model_spec(so);
+  ASSERT_EQ(spec.long_rope_from(), 12);
+  auto weights = testing::random_weights(spec, 21);
+  constexpr int kMaxTokens = 6;
+  const std::vector<int32_t> short_prompt = prompt_for(1, spec.vocab_size);  // 11 tokens: switches at 12
+  std::vector<int32_t> long_prompt = short_prompt;                           // 16 tokens, the first 11 shared
+  for (int32_t t : {5, 77, 200, 31, 9}) long_prompt.push_back(t);
+  // The long prompt last again: from the cache of its own chain.
+  const std::vector<std::vector<int32_t>> prompts{short_prompt, long_prompt, prompt_for(3, spec.vocab_size),
+                                                  long_prompt};
+
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) {
+    GenerateOptions opt;
+    opt.max_tokens = kMaxTokens;
+    opt.kv_dtype = DType::kF32;
+    opt.block_size = 4;
+    want.push_back(generate_local(spec, weights, p, opt).tokens);
+  }
+  LocalGroupOptions gopt;
+  gopt.n_blocks = 64;
+  gopt.block_size = 4;
+  gopt.kv_dtype = DType::kF32;
+  gopt.n_threads_per_rank = 1;
+  LocalGroupExecutor executor(spec, weights, gopt);
+  EngineConfig cfg;
+  cfg.scheduler.n_blocks = 64;
+  cfg.scheduler.block_size = 4;
+  cfg.scheduler.max_num_batched_tokens = 8;  // the 16- and 21-token prompts in chunks of 8
+  cfg.scheduler.max_model_len = 64;
+  cfg.scheduler.long_context_after = static_cast<int32_t>(spec.long_rope_from());
+  Engine engine(cfg, executor);
+  // The short prompt first and alone, so that its blocks are cached when the
+  // long one arrives.
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EngineRequest r;
+    r.request_id = std::to_string(i);
+    r.prompt_token_ids = prompts[i];
+    r.sampling.temperature = 0.0;
+    r.stop.max_tokens = kMaxTokens;
+    std::vector<int32_t> got;
+    engine.submit(r, {[&](const SequenceOutput& o) {
+      got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }});
+    engine.run_until_idle();
+    EXPECT_EQ(got, want[i]) << "prompt " << i << " of " << prompts[i].size() << " tokens";
+    const int64_t hits = engine.metrics().snapshot().prefix_cache_hits_total;
+    if (i < 3) EXPECT_EQ(hits, 0) << "prompt " << i << " took blocks of another rotation";
+    else EXPECT_GE(hits, 12) << "the long prompt's second time missed its own cached blocks";
+  }
+}
 
 // Micro-batches in flight: with PP stages the engine keeps up to PP batches
 // of disjoint sequences moving, so stage 0 starts batch k+1 while stage 1

@@ -149,15 +149,19 @@ TEST(FamilyTable, PhiConfigsParseOrAreRefusedByName) {
   ASSERT_EQ(mini4k.sliding_layers.size(), static_cast<size_t>(mini4k.n_layers));
   for (int64_t l = 0; l < mini4k.n_layers; ++l) EXPECT_TRUE(mini4k.is_sliding_layer(l)) << l;
   // Phi-3-mini-128k ("su") and Phi-4-mini (partial rotary 0.75): LongRoPE's
-  // short factors, one per rotary frequency, and positions up to 4096.
+  // short and long factors, one per rotary frequency; the long ones from 4096
+  // on, over the whole 131,072 positions.
   for (auto [file, rotary] : {std::pair{"Phi-3-mini-128k-instruct.json", 96}, std::pair{"Phi-4-mini-instruct.json", 96}}) {
     const ModelSpec m = load_model_config(dir / file);
     EXPECT_EQ(m.rope_scaling.type, "longrope") << file;
     EXPECT_EQ(m.rotary_dim(), rotary) << file;
     EXPECT_EQ(m.rope_scaling.short_factor.size(), static_cast<size_t>(rotary / 2)) << file;
-    EXPECT_EQ(m.max_position_embeddings, 4096) << file;
+    EXPECT_EQ(m.rope_scaling.long_factor.size(), static_cast<size_t>(rotary / 2)) << file;
+    EXPECT_EQ(m.max_position_embeddings, 131072) << file;
+    EXPECT_EQ(m.long_rope_from(), 4096) << file;
+    EXPECT_FALSE(m.long_context(4096)) << file;
+    EXPECT_TRUE(m.long_context(4097)) << file;
     EXPECT_NEAR(m.rope_scaling.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12) << file;
-    EXPECT_NE(m.max_position_source().find("original_max_position_embeddings"), std::string::npos);
   }
   auto bad = nlohmann::json::parse(std::ifstream(dir / "Phi-4-mini-instruct.json"));
   bad["rope_scaling"]["short_factor"].erase(0);

@@ -245,15 +245,14 @@ TEST(Planner, RejectsAContextBeyondTheModel) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_TRUE(contains(e.what(), "context of 32768 tokens (max_position_embeddings in config.json)")) << e.what();
   }
-  // LongRoPE models stop at their original context, and say why.
-  o.max_model_len = 8192;
-  try {
-    make_plan(catalog_model_spec("phi-4-mini"), parse_device_inventory("1xH100-80GB"), o);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "context of 4096 tokens (original_max_position_embeddings")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "long factors")) << e.what();
-  }
+  // LongRoPE models run past their original context on the long factors:
+  // their whole max_position_embeddings is plannable.
+  o.max_model_len = 131072;
+  Plan long_rope = make_plan(catalog_model_spec("phi-4-mini"), parse_device_inventory("1xH100-80GB"), o);
+  ASSERT_GE(long_rope.recommended, 0);
+  EXPECT_EQ(long_rope.layouts[long_rope.recommended].max_model_len, 131072);
+  o.max_model_len = 131073;
+  EXPECT_THROW(make_plan(catalog_model_spec("phi-4-mini"), parse_device_inventory("1xH100-80GB"), o), Error);
 }
 
 TEST(Planner, AutoMaxModelLenIsWhatFitsNotTheModelMaximum) {

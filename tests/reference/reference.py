@@ -34,9 +34,11 @@ transformers forward (Qwen2Model, Qwen3Model, LlamaModel) in float64:
     up * silu(gate)). Full rotary and no rope scaling only (refused
     otherwise, like shardlm).
   * Phi-3-mini-128k / Phi-4-mini: rope on the first partial_rotary_factor of
-    each head, LongRoPE's short factors dividing the frequencies and its
-    attention factor on cos and sin (positions up to
-    original_max_position_embeddings only, like shardlm).
+    each head, LongRoPE's factors dividing the frequencies and its attention
+    factor on cos and sin. As transformers' dynamic longrope update: a
+    forward whose positions reach original_max_position_embeddings (seq_len =
+    max position + 1 above it) rotates every token with the long factors, any
+    other with the short ones; what was cached keeps its rotation.
   * Mistral, Mixtral and Phi-3 with a sliding_window below
     max_position_embeddings: every layer sees the keys q - W < k <= q.
   * Gemma 3 text (transformers' Gemma3DecoderLayer, Gemma3RMSNorm,
@@ -204,7 +206,8 @@ class Model:
         self.rot = rot = int(d * c.get("partial_rotary_factor", 1.0))
         inv_freq = 1.0 / (theta ** (np.arange(0, rot, 2, dtype=np.int64).astype(np.float64) / rot))
         self.rope_mscale = 1.0
-        self.max_positions = None
+        self.long_from = None  # LongRoPE: original_max_position_embeddings
+        self.long_inv_freq = None
         rs = c.get("rope_scaling")
         if rs:
             kind = rs.get("rope_type", rs.get("type"))
@@ -217,10 +220,11 @@ class Model:
                 # original_max_position_embeddings); cos and sin times the attention factor.
                 original = c["original_max_position_embeddings"]
                 factor = c.get("max_position_embeddings", 4096) / original
+                self.long_inv_freq = inv_freq / np.array(rs["long_factor"], dtype=np.float64)
                 inv_freq = inv_freq / np.array(rs["short_factor"], dtype=np.float64)
                 self.rope_mscale = rs.get("attention_factor") or (
                     1.0 if factor <= 1.0 else math.sqrt(1.0 + math.log(factor) / math.log(original)))
-                self.max_positions = original
+                self.long_from = original
             elif kind != "default":
                 raise SystemExit(f"reference: rope_scaling {kind} not supported")
         self.inv_freq = inv_freq
@@ -285,9 +289,8 @@ class Model:
         mscale = 1.0
         if inv_freq is None or inv_freq is self.inv_freq:
             inv_freq, mscale = self.inv_freq, self.rope_mscale
-        if self.max_positions is not None and positions.max() >= self.max_positions:
-            raise SystemExit(f"reference: position {positions.max()} past original_max_position_embeddings "
-                             f"{self.max_positions} (LongRoPE's long factors are not implemented)")
+            if self.long_from is not None and positions.max() + 1 > self.long_from:
+                inv_freq = self.long_inv_freq
         freqs = np.outer(positions.astype(np.float64), inv_freq)  # [n_tokens, rot/2]
         emb = np.concatenate([freqs, freqs], axis=-1)
         cos, sin = np.cos(emb) * mscale, np.sin(emb) * mscale

@@ -271,6 +271,33 @@ TEST(Scheduler, CacheSaltSeparatesPrefixCaches) {
   EXPECT_NE(cache_root("alice"), cache_root("bob"));
 }
 
+// LongRoPE: a prompt longer than long_context_after is computed with the
+// long factors at every position, so its blocks hold other KV than a shorter
+// prompt's of the same tokens: it neither takes nor leaves them for one, and
+// every chunk it schedules says so (ScheduledSeq::long_context).
+TEST(Scheduler, LongContextPromptsCacheOnTheirOwnChain) {
+  SchedulerConfig c = small_config();
+  c.long_context_after = 13;
+  Driver d(c);
+  const auto p = prompt_of(13, 500);  // 3 full blocks of 4 + 1: not longer
+  auto longer = p;
+  longer.push_back(7);  // 14 tokens: longer
+  auto hit_of = [&](SeqId id, const std::vector<int32_t>& prompt, bool long_context) {
+    d.add(id, prompt, 2);
+    const StepPlan first = d.step();
+    for (const ScheduledSeq& s : first.seqs) EXPECT_EQ(s.long_context, long_context) << "sequence " << id;
+    const int32_t hit = d.sched.n_prefix_hit_tokens(id);
+    d.run();
+    return hit;
+  };
+  EXPECT_EQ(hit_of(1, p, false), 0);
+  EXPECT_EQ(hit_of(2, longer, true), 0) << "a long-context prompt took a short one's cached blocks";
+  EXPECT_EQ(hit_of(3, longer, true), 12);
+  EXPECT_EQ(hit_of(4, p, false), 12);
+  EXPECT_NE(long_context_root(kRootBlockHash), kRootBlockHash);
+  EXPECT_NE(long_context_root(cache_root("alice")), long_context_root(kRootBlockHash));
+}
+
 TEST(Scheduler, PrefixHitSkipsCachedTokens) {
   Driver d(small_config());
   auto p = prompt_of(13, 500);  // 3 full blocks of 4 + 1

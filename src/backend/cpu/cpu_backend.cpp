@@ -169,10 +169,16 @@ void CpuBackend::add(Tensor& y, const Tensor& x) {
 }
 
 void CpuBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) {
-  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && inv_freq.numel() > 0 && inv_freq.numel() * 2 <= x.dim(2),
+  const int64_t half = inv_freq.rank() == 2 ? inv_freq.dim(1) : inv_freq.numel();
+  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && half > 0 && half * 2 <= x.dim(2) &&
+                    (inv_freq.rank() == 1 || (inv_freq.rank() == 2 && inv_freq.dim(0) == 2)),
                 "rope: x ", x.describe(), ", inv_freq ", inv_freq.describe(), ", ", meta.n_tokens(), " tokens");
-  backend::rope(f32_mut(x, "rope x"), x.dim(0), x.dim(1), x.dim(2), meta.positions(), f32(inv_freq, "inv_freq"),
-                inv_freq.numel() * 2, mscale);
+  const float* freq = f32(inv_freq, "inv_freq");
+  const bool has_long = inv_freq.rank() == 2;
+  SHARDLM_CHECK(has_long || meta.long_rope() == nullptr, "rope: the step marks long-rope tokens, but inv_freq ",
+                inv_freq.describe(), " has no long table");
+  backend::rope(f32_mut(x, "rope x"), x.dim(0), x.dim(1), x.dim(2), meta.positions(), freq, half * 2, mscale,
+                has_long ? freq + half : nullptr, has_long ? meta.long_rope() : nullptr);
 }
 
 void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {

@@ -354,11 +354,18 @@ void CudaBackend::scale(Tensor& x, float s) { scale_f32(f32_mut(x, "scale x"), x
 
 void CudaBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) {
   check_step(meta, "rope");
-  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && inv_freq.numel() > 0 && inv_freq.numel() * 2 <= x.dim(2),
+  const int64_t half = inv_freq.rank() == 2 ? inv_freq.dim(1) : inv_freq.numel();
+  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && half > 0 && half * 2 <= x.dim(2),
                 "rope: x ", x.describe(), ", inv_freq ", inv_freq.describe(), ", ", meta.n_tokens(), " tokens");
+  // Row 0 of a LongRoPE table is the short factors'; the long ones are not
+  // carried to the device yet.
+  if (meta.long_rope() != nullptr)
+    fail(ErrorCode::kUnsupported, "LongRoPE's long factors (positions past original_max_position_embeddings, or a "
+         "prompt longer than it) run on the CPU backend only; on ", name(), " keep --max-model-len at most "
+         "original_max_position_embeddings");
   const int32_t* positions = static_cast<const int32_t*>(meta_dev_.data) + step_n_tokens_;
   backend::cuda::rope(f32_mut(x, "rope x"), x.dim(0), x.dim(1), x.dim(2), x.dim(1) * x.dim(2), positions,
-                      f32(inv_freq, "rope inv_freq"), inv_freq.numel() * 2, mscale, stream_);
+                      f32(inv_freq, "rope inv_freq"), half * 2, mscale, stream_);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
