@@ -263,6 +263,26 @@ void Engine::drain_queue() {
   update_gauges();
 }
 
+void Engine::mask_draft_rows(std::span<const int32_t> draft, grammar::GrammarMatcher& matcher, int64_t first_row) {
+  // Row j + 1 follows draft[j]: its mask is the grammar's after draft[0..j].
+  // The drafts were cut to what the grammar accepts (propose_drafts); the
+  // matcher is put back where it was, and the tokens produced are accepted
+  // one by one as without drafts.
+  static thread_local std::vector<uint32_t> mask;
+  const size_t words = size_t(matcher.grammar().vocabulary().n_mask_words());
+  mask.resize(words);
+  int32_t n_accepted = 0;
+  for (size_t j = 0; j < draft.size(); ++j) {
+    if (!matcher.accept_token(draft[j])) break;  // the row verifying draft[j] rejects it: no later row is read
+    ++n_accepted;
+    if (matcher.is_terminated()) break;
+    if (!matcher.fill_next_token_bitmask(mask)) break;
+    float* row = logits_.data() + (first_row + int64_t(j) + 1) * vocab_size_;
+    apply_token_bitmask(std::span<float>(row, size_t(vocab_size_)), mask);
+  }
+  matcher.rollback(n_accepted);
+}
+
 void Engine::add_request(Command&& cmd) {
   auto rs = std::make_unique<RequestState>();
   rs->request = std::move(cmd.request);
@@ -544,6 +564,7 @@ bool Engine::step_inner() {
             any = m.fill_next_token_bitmask(mask);
           }
           if (!any) mask_errors[size_t(i)] = "structured output: the grammar allows no token of this vocabulary here";
+          if (any) mask_draft_rows(plan.seqs[jobs[size_t(i)].k].draft_ids, m, jobs[size_t(i)].row);
         } catch (const std::exception& e) {
           mask_errors[size_t(i)] = std::string("structured output: ") + e.what();
         }
@@ -572,11 +593,16 @@ bool Engine::step_inner() {
                             std::span<const uint32_t>(masks_.data() + j * n_words, n_words));
       }
       banned.clear();
-      if (static_cast<int32_t>(seq.output_ids.size()) < r.stop.min_tokens && !seq.matcher) {
+      const int64_t n_out = static_cast<int64_t>(seq.output_ids.size());
+      if (n_out < r.stop.min_tokens && !seq.matcher) {
         banned = r.stop.stop_token_ids;
         if (!r.stop.ignore_eos) banned.insert(banned.end(), config_.eos_token_ids.begin(), config_.eos_token_ids.end());
       }
-      for (int32_t t : banned) row_logits[t] = -std::numeric_limits<float>::infinity();
+      // Row j of a drafted sequence (1 + d rows) produces output n_out + j:
+      // each of them below min_tokens bans the stop tokens, as a plain step there would.
+      const int64_t n_rows = 1 + static_cast<int64_t>(plan.seqs[k].draft_ids.size());
+      for (int64_t j = 0; j < n_rows && n_out + j < r.stop.min_tokens && !banned.empty(); ++j)
+        for (int32_t t : banned) row_logits[j * vocab_size_ + t] = -std::numeric_limits<float>::infinity();
       sample_jobs_.push_back({k, row_logits, &seq, nullptr});
     }
     verified_.assign(plan.seqs.size(), VerifiedDraft{});

@@ -200,6 +200,9 @@ class Engine {
   // Speculation (engine/speculation.cpp): drafts for the decodes of a new
   // plan; then the verified tokens of plan.seqs[k], each through process_token.
   void propose_drafts(StepPlan& plan);
+  // Structured output with drafts: the grammar masks of rows 1..d of a
+  // drafted sequence whose first row (first_row in logits_) is masked as usual.
+  void mask_draft_rows(std::span<const int32_t> draft, grammar::GrammarMatcher& matcher, int64_t first_row);
   void emit_verified(SeqId id, const ScheduledSeq& sc, VerifiedDraft& verified, Clock::time_point now);
   void finish_seq(SeqState& seq, SequenceOutput& out);
   void emit(RequestState& request, const SequenceOutput& out);

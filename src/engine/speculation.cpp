@@ -22,6 +22,23 @@ TokenLogprobs raw_token_logprobs(SampleResult& res, const float* row, int64_t vo
 
 }  // namespace
 
+size_t grammar_draft_prefix(grammar::GrammarMatcher& matcher, std::span<const int32_t> draft) {
+  static thread_local std::vector<uint32_t> mask;
+  mask.resize(size_t(matcher.grammar().vocabulary().n_mask_words()));
+  size_t n = 0;
+  while (n < draft.size() && matcher.accept_token(draft[n])) {
+    ++n;
+    if (matcher.is_terminated()) break;  // nothing may follow it
+    if (!matcher.fill_next_token_bitmask(mask)) {  // a dead end: no token may follow it
+      matcher.rollback(1);
+      --n;
+      break;
+    }
+  }
+  matcher.rollback(static_cast<int32_t>(n));
+  return n;
+}
+
 VerifiedDraft verify_draft_rows(Sampler& sampler, std::span<const int32_t> draft, const float* rows, int64_t vocab,
                                 bool want_logprobs) {
   VerifiedDraft v;
@@ -53,14 +70,16 @@ void Engine::propose_drafts(StepPlan& plan) {
     if (live == seqs_.end()) continue;
     const SeqState& seq = *live->second;
     const EngineRequest& r = seq.request->request;
-    // Not drafted (README): structured output (each row would need its own
-    // grammar state's mask) and sequences still below min_tokens (whose rows
-    // would each need their own bans).
-    if (seq.matcher || static_cast<int32_t>(seq.output_ids.size()) < r.stop.min_tokens) continue;
+    // Structured output: each row gets the mask of its own grammar state
+    // (Engine::mask_draft_rows), a walk of the vocabulary per new state, so
+    // a grammar whose walks are slow is not drafted for. Below min_tokens
+    // each row gets its own bans.
+    if (seq.matcher && seq.matcher->grammar().last_walk_ms() >= config_.defer_mask_walk_ms) continue;
     // The fed token is the last output; verifying d drafts may produce d + 1 more.
     const int64_t room = int64_t(r.stop.max_tokens) - int64_t(seq.output_ids.size()) - 1;
     if (room < 1) continue;
-    const std::vector<int32_t> draft = ngram_draft(sched_.tokens(sc.seq_id), so, room);
+    std::vector<int32_t> draft = ngram_draft(sched_.tokens(sc.seq_id), so, room);
+    if (seq.matcher) draft.resize(grammar_draft_prefix(*seq.matcher, draft));
     if (!draft.empty()) sched_.add_draft(plan, k, draft);
   }
 }

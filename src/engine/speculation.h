@@ -1,8 +1,8 @@
 // n-gram (prompt-lookup) speculative decoding in the engine, `serve
 // --speculative-config` (the same drafting as generate: model/speculative.h).
 //
-// Per step, each decoding sequence that may draft (no grammar, past
-// min_tokens, and the step holds at most speculative_max_decodes decodes)
+// Per step, each decoding sequence (when the step holds at most
+// speculative_max_decodes decodes; under a grammar, one whose walks are fast)
 // gets up to k tokens proposed by ngram_draft over its prompt + output,
 // clamped by what it may still produce and the model length;
 // Scheduler::add_draft gives it KV slots for them (free blocks only: a
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "grammar/compiled_grammar.h"
 #include "model/speculative.h"
 #include "sampling/sampler.h"
 
@@ -41,6 +42,12 @@ struct VerifiedDraft {
   int32_t token = -1;      // the token after them: the target's correction, or the bonus after all d
   std::vector<std::optional<TokenLogprobs>> logprobs;  // [n_accepted + 1] when asked for, else empty
 };
+
+// Structured output: how many leading tokens of `draft` the grammar accepts
+// from the matcher's state, each leaving a state where some token may follow
+// (or the last ending the grammar). The matcher is left as it was; the masks
+// it walked are cached for the rows (Engine::mask_draft_rows).
+size_t grammar_draft_prefix(grammar::GrammarMatcher& matcher, std::span<const int32_t> draft);
 
 // rows: [draft.size() + 1, vocab] logits, row j after the fed token and
 // drafts [0, j). Samples row by row with `sampler` (its penalties and RNG

@@ -999,7 +999,7 @@ TEST(EngineSpeculation, StopStringsEosAndMaxTokensEndExactlyAsWithout) {
   EngineRequest eos = greedy("eos", prompt, 48);
   eos.stop.ignore_eos = false;
   eos.stop.stop_token_ids = {ref[26]};  // a stop token the drafts carry past
-  eos.stop.min_tokens = 4;              // no drafting below it; then drafts as usual
+  eos.stop.min_tokens = 4;              // rows below it ban the stop token
   reqs.push_back(eos);
   const SpecRun plain = run_requests(speculative_config(false), reqs);
   const SpecRun spec = run_requests(speculative_config(true), reqs);
@@ -1012,6 +1012,73 @@ TEST(EngineSpeculation, StopStringsEosAndMaxTokensEndExactlyAsWithout) {
   EXPECT_EQ(spec.out.at("stop20/0").finish, FinishReason::kStop);
   EXPECT_EQ(spec.out.at("eos/0").finish, FinishReason::kStop);
   EXPECT_GT(spec.metrics.spec_decode_num_accepted_tokens_total, 0);
+}
+
+// Below min_tokens each verified row bans the stop tokens for the output
+// position it produces. The stop token recurs in the greedy cycle, so the
+// drafts (looked up in the context) propose it; the row that would produce
+// it must ban it as a plain step does, and the output diverge from the
+// reference in the same way with speculation on or off. The whole request
+// lies below min_tokens, so every draft was made there.
+TEST(EngineSpeculation, DraftsBelowMinTokensBanTheStopTokensRowByRow) {
+  const std::vector<int32_t> prompt = make_prompt(8, 91);
+  const std::vector<int32_t> ref = reference_greedy(prompt, 48, kVocab, 1);
+  std::vector<EngineRequest> reqs;
+  for (size_t at : {size_t(3), size_t(12), size_t(26)}) {
+    EngineRequest r = greedy("min" + std::to_string(at), prompt, 40);
+    r.stop.ignore_eos = false;
+    r.stop.stop_token_ids = {ref[at]};
+    r.stop.min_tokens = 40;
+    reqs.push_back(r);
+  }
+  const SpecRun plain = run_requests(speculative_config(false), reqs);
+  const SpecRun spec = run_requests(speculative_config(true), reqs);
+  expect_same_outputs(spec, plain);
+  for (size_t at : {size_t(3), size_t(12), size_t(26)}) {
+    const SeqResult& s = spec.out.at("min" + std::to_string(at) + "/0");
+    ASSERT_EQ(s.tokens.size(), size_t(40));
+    for (int32_t t : s.tokens) EXPECT_NE(t, ref[at]) << "a banned stop token was produced below min_tokens";
+  }
+  EXPECT_GT(spec.metrics.spec_decode_num_accepted_tokens_total, 0);
+  EXPECT_GT(spec.metrics.spec_decode_num_draft_tokens_total, spec.metrics.spec_decode_num_accepted_tokens_total)
+      << "no draft was rejected: no row's ban was tested";
+}
+
+// Structured output: the drafts are cut to what the grammar accepts and each
+// verified row is masked with its own grammar state, so the constrained
+// outputs (greedy and seeded) are those without speculation, valid, and
+// drafts were accepted under the grammar.
+TEST(EngineSpeculation, GrammarConstrainedRowsAreMaskedRowByRow) {
+  using grammar_tests::bytes_of;
+  using grammar_tests::kToyEos;
+  using grammar_tests::toy_grammar;
+  std::vector<EngineRequest> reqs;
+  const auto g = toy_grammar(
+      R"({"type":"array","items":{"type":"integer","minimum":0,"maximum":9},"minItems":12,"maxItems":16})");
+  for (int i = 0; i < 4; ++i) {
+    EngineRequest r = greedy("g" + std::to_string(i), make_prompt(6 + i, 700 + i), 60);
+    r.stop.ignore_eos = false;
+    if (i % 2) {
+      r.sampling.temperature = 0.8;
+      r.sampling.seed = 90 + i;
+    }
+    r.grammar = g;
+    reqs.push_back(r);
+  }
+  EngineConfig plain_config = speculative_config(false), spec_config = speculative_config(true);
+  plain_config.eos_token_ids = spec_config.eos_token_ids = {kToyEos};
+  const SpecRun plain = run_requests(plain_config, reqs);
+  const SpecRun spec = run_requests(spec_config, reqs);
+  expect_same_outputs(spec, plain);
+  for (int i = 0; i < 4; ++i) {
+    const SeqResult& s = spec.out.at("g" + std::to_string(i) + "/0");
+    std::vector<int32_t> toks = s.tokens;
+    if (!toks.empty() && toks.back() == kToyEos) toks.pop_back();
+    if (s.finish == FinishReason::kStop) {
+      EXPECT_TRUE(nlohmann::json::parse(bytes_of(toks)).is_array()) << bytes_of(toks);
+    }
+  }
+  EXPECT_GT(spec.metrics.spec_decode_num_accepted_tokens_total, 0) << "no draft was accepted under the grammar";
 }
 
 TEST(EngineSpeculation, SeededSamplingDrawsTheSameTokensWithOrWithout) {
