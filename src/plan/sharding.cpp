@@ -183,10 +183,18 @@ std::vector<int64_t> pipeline_partition(const ModelSpec& spec, const ModelTensor
   // and norm + lm_head on the last. Dynamic programme over (stage, layers so
   // far) minimising the largest stage, then the sum of squares, so equal-cost
   // stages get equal layers (28 layers, 3 stages, tiny vocab: 9, 10, 9).
+  // The embedding and head weigh what their tensors store: a quantized
+  // lm_head (GPTQModel's lm_head: true) is a fraction of a bf16 one.
   const double per_layer = static_cast<double>(tensors.mean_layer_bytes);
-  const double dsize = static_cast<double>(dtype_size(spec.dtype));
-  const double embed = static_cast<double>(spec.vocab_size) * spec.hidden_size * dsize;
-  const double head = embed + spec.hidden_size * dsize;  // lm_head (or tied embedding rows) + norm
+  double embed = 0, lm_head = 0, norm = 0;
+  for (const TensorSpec& t : tensors.all) {
+    if (t.layer >= 0) continue;
+    const double b = static_cast<double>(shape_numel(t.shape) * element_bytes(spec, t));
+    if (t.slot == TensorSlot::kEmbedding) embed += b;
+    else if (t.slot == TensorSlot::kLmHead && !spec.tie_word_embeddings) lm_head += b;
+    else if (t.slot == TensorSlot::kFinalNorm) norm += b;
+  }
+  const double head = (spec.tie_word_embeddings ? embed : lm_head) + norm;  // lm_head (or tied embedding rows) + norm
   const int64_t n = spec.n_layers;
   struct Cell { double max_cost; double sum_sq; int64_t prev; bool ok; };
   std::vector<std::vector<Cell>> dp(pp + 1, std::vector<Cell>(n + 1, {0, 0, -1, false}));

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "loader/model_catalog.h"
+#include "loader/quant_config.h"
 #include "plan/sharding.h"
 
 namespace shardlm {
@@ -64,6 +65,21 @@ TEST(Sharding, PipelineSplitsAnyLayerCount) {
   EXPECT_EQ(parts[0] + parts[1] + parts[2], 28);
   EXPECT_GT(parts[1], parts[0]);
   EXPECT_EQ(pipeline_partition(real, Layout{1, 3, 1, {10, 9, 9}}), (std::vector<int64_t>{10, 9, 9}));
+}
+
+// The last stage's lm_head weighs what it stores: GPTQ-int8 with the lm_head
+// quantized (GPTQModel's lm_head: true) is a quarter of the bf16 head's bytes,
+// so the last stage takes back layers the bf16 head pushed off it.
+TEST(Sharding, PipelineWeighsAQuantizedLmHeadByItsBytes) {
+  ModelSpec spec = catalog_model_spec("llama-3.1-8b");  // untied 128256 x 4096 head: about 4 layers of bf16
+  spec.n_layers = 8;
+  spec.quant = published_quant_config("gptq-int8", 128, false, true, "--quantize");
+  const std::vector<int64_t> bf16_head = pipeline_partition(spec, Layout{1, 2, 1, {}});
+  enable_quantized_lm_head(spec.quant, "--lm-head");
+  const std::vector<int64_t> int8_head = pipeline_partition(spec, Layout{1, 2, 1, {}});
+  EXPECT_EQ(bf16_head[0] + bf16_head[1], 8);
+  EXPECT_EQ(int8_head[0] + int8_head[1], 8);
+  EXPECT_GT(int8_head[1], bf16_head[1]) << "the quantized head still counted as bf16";
 }
 
 TEST(Sharding, RejectsLayoutsTheRanksCannotRun) {
