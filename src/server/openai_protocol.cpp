@@ -294,8 +294,11 @@ ParsedRequest parse_request(Endpoint endpoint, ordered_json body, const ServingB
     req.echo = bool_param(body, "echo", false);
     // With echo, the legacy logprobs object covers the prompt's tokens first:
     // their logprobs come from the prefill (prompt_logprobs below).
-    if (req.echo && base.logprobs >= 0 && req.stream)
-      bad_request("echo", "'echo' together with 'logprobs' is not supported when streaming; send \"stream\": false");
+    // Streamed, the prompt's logprobs arrive with choice 0's first token:
+    // with n > 1 a sibling's first chunk could come before them.
+    if (req.echo && base.logprobs >= 0 && req.stream && base.n > 1)
+      bad_request("echo", "'echo' with 'logprobs' and 'n' > 1 is not supported when streaming; send \"stream\": false "
+                          "or \"n\": 1");
   }
   // vLLM's prompt_logprobs: an integer in [0, --max-logprobs].
   if (find(body, "prompt_logprobs")) {
@@ -665,9 +668,24 @@ std::vector<ordered_json> stream_chunks(const ParsedRequest& request, const std:
     choice["delta"] = delta;
     choice["logprobs"] = wants_logprobs(request) ? chat_logprobs(event.tokens, event.logprobs, event.top_logprobs) : ordered_json();
   } else {
-    choice["text"] = event.text;
-    choice["logprobs"] = wants_logprobs(request) ? completion_logprobs(event.tokens, event.logprobs, event.top_logprobs, 0)
-                                                 : ordered_json();
+    // echo: a choice's first chunk opens with its prompt's text, and with
+    // logprobs the prompt's tokens come first in its logprobs (as vLLM
+    // streams it); they ride on the event that brings the prompt's logprobs.
+    const bool echo_now = request.echo && (wants_logprobs(request) ? !event.prompt_logprobs.empty() : first);
+    const size_t n_per_prompt = request.prompts.empty() ? 1 : static_cast<size_t>(std::max(1, request.prompts[0].n));
+    const size_t p = static_cast<size_t>(choice_index) / n_per_prompt;
+    choice["text"] = (echo_now && p < request.prompt_texts.size() ? request.prompt_texts[p] : std::string()) + event.text;
+    if (!wants_logprobs(request)) {
+      choice["logprobs"] = ordered_json();
+    } else if (echo_now) {
+      ChoiceResult generated;
+      generated.tokens = event.tokens;
+      generated.logprobs = event.logprobs;
+      generated.top_logprobs = event.top_logprobs;
+      choice["logprobs"] = echo_completion_logprobs(event.prompt_logprobs, generated, request.prompts[0].logprobs);
+    } else {
+      choice["logprobs"] = completion_logprobs(event.tokens, event.logprobs, event.top_logprobs, 0);
+    }
   }
   choice["finish_reason"] = finish ? ordered_json(*finish) : ordered_json();
   out["choices"] = ordered_json::array({choice});

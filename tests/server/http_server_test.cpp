@@ -1,6 +1,8 @@
 #include "server/http_server.h"
 
 #include <gtest/gtest.h>
+
+#include <map>
 #include <httplib.h>
 
 #include <arpa/inet.h>
@@ -148,8 +150,62 @@ TEST_F(HttpServerTest, CompletionsEchoWithLogprobsCoversThePromptFirst) {
   EXPECT_DOUBLE_EQ(lp["top_logprobs"][1]["A"].get<double>(), -0.1f);
   EXPECT_DOUBLE_EQ(lp["top_logprobs"][1]["i"].get<double>(), -0.25);
   EXPECT_TRUE(lp["top_logprobs"][3].contains("a")) << lp.dump();
-  // Streaming has no echo of the prompt's logprobs: refused naming echo.
-  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"echo", true}, {"logprobs", 0}, {"stream", true}}), 400, "echo");
+  // Streamed with n > 1, a sibling's first chunk may precede the prompt's
+  // logprobs: refused naming echo.
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"echo", true}, {"logprobs", 0}, {"n", 2}, {"stream", true}}),
+               400, "echo");
+}
+
+// Streamed echo, as vLLM streams it: each choice's first chunk opens with its
+// prompt's text; with logprobs, that chunk's logprobs cover the prompt's
+// tokens first (the first unscored), and the whole stream adds up to the
+// non-streamed response.
+TEST_F(HttpServerTest, CompletionsStreamEchoesThePromptInTheFirstChunk) {
+  start();
+  auto stream_of = [&](json body) {
+    body["stream"] = true;
+    auto r = client_->Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    std::vector<json> chunks;
+    size_t pos = 0;
+    while (r && (pos = r->body.find("data: ", pos)) != std::string::npos) {
+      const size_t end = r->body.find("\n\n", pos);
+      const std::string payload = r->body.substr(pos + 6, end - pos - 6);
+      pos = end;
+      if (payload != "[DONE]") chunks.push_back(json::parse(payload));
+    }
+    return chunks;
+  };
+  // Two prompts, n = 2: every choice's text starts with its own prompt, once.
+  std::map<int, std::string> texts;
+  for (const json& c : stream_of({{"prompt", {"ab", "cde"}}, {"max_tokens", 3}, {"n", 2}, {"echo", true}}))
+    texts[c["choices"][0]["index"].get<int>()] += c["choices"][0]["text"].get<std::string>();
+  ASSERT_EQ(texts.size(), 4u);
+  EXPECT_EQ(texts[0], "ababc");
+  EXPECT_EQ(texts[1], "ababc");
+  EXPECT_EQ(texts[2], "cdeabc");
+  EXPECT_EQ(texts[3], "cdeabc");
+  // With logprobs: the first chunk carrying text holds the prompt's tokens, then its own.
+  const std::vector<json> chunks =
+      stream_of({{"prompt", {104, 105, 106}}, {"max_tokens", 2}, {"echo", true}, {"logprobs", 1}});
+  std::string text;
+  json tokens = json::array(), token_logprobs = json::array();
+  for (const json& c : chunks) {
+    const json& choice = c["choices"][0];
+    text += choice["text"].get<std::string>();
+    if (choice["logprobs"].is_null()) continue;
+    for (const json& t : choice["logprobs"]["tokens"]) tokens.push_back(t);
+    for (const json& t : choice["logprobs"]["token_logprobs"]) token_logprobs.push_back(t);
+  }
+  EXPECT_EQ(text, "hijab");
+  EXPECT_EQ(tokens, json({"h", "i", "j", "a", "b"}));
+  ASSERT_EQ(token_logprobs.size(), 5u);
+  EXPECT_TRUE(token_logprobs[0].is_null());
+  EXPECT_DOUBLE_EQ(token_logprobs[1].get<double>(), -0.25);  // the fake's prompt token 1
+  EXPECT_DOUBLE_EQ(token_logprobs[3].get<double>(), -0.5);   // generated
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks[0]["choices"][0]["text"].get<std::string>().rfind("hij", 0), 0u) << chunks[0].dump();
 }
 
 // vLLM's prompt_logprobs: per choice on completions (every choice of a
