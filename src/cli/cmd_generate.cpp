@@ -31,6 +31,7 @@
 #include "engine/mpi_group_executor.h"
 #include "loader/model_spec.h"
 #include "model/decode_bench.h"
+#include "model/draft_model.h"
 #include "model/generate.h"
 #include "sampling/device_sampling.h"
 #include "sampling/sampler.h"
@@ -243,6 +244,9 @@ int run_generate(const GenerateCliOptions& o) {
   g.batch_invariant = o.batch_invariant;
   g.speculative = parse_speculative_config(o.speculative_config);
   if (g.speculative.enabled()) g.batch_invariant = true;  // verification's rows must equal 1-row decode steps
+  if (g.speculative.uses_draft_model())
+    check_draft_vocabulary(dir, spec, g.speculative.draft_model,
+                           load_model_config(std::filesystem::path(g.speculative.draft_model) / "config.json"));
   const bool under_mpi = mpi_world_size() > 1;
   if (!under_mpi) g.device = device_for_thread_ranks(o.device, tp_auto ? 1 : g.layout.tp * g.layout.pp);
   if (!under_mpi) g.graphs.enabled = backend::parse_cuda_graphs_flag(o.cuda_graphs, !g.device.is_cpu());
@@ -393,6 +397,10 @@ int run_generate(const GenerateCliOptions& o) {
       j["speculative"] = {{"num_drafts", r.speculative.n_drafts},
                           {"num_draft_tokens", r.speculative.n_draft_tokens},
                           {"num_accepted_tokens", r.speculative.n_accepted_tokens}};
+    if (g.speculative.uses_draft_model()) {
+      j["speculative"]["draft_weight_bytes"] = r.draft_weight_bytes;
+      j["speculative"]["draft_kv_bytes"] = r.draft_kv_bytes;
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("token_ids:");
@@ -405,8 +413,8 @@ int run_generate(const GenerateCliOptions& o) {
                  g.layout.to_string().c_str(), prompt.size(), r.prefill_seconds, prompt.size() / r.prefill_seconds,
                  decode_tps);
     if (g.speculative.enabled())
-      std::fprintf(stderr, "speculative (ngram): %lld drafts, %lld draft tokens, %lld accepted (%.1f%%)\n",
-                   static_cast<long long>(r.speculative.n_drafts), static_cast<long long>(r.speculative.n_draft_tokens),
+      std::fprintf(stderr, "speculative (%s): %lld drafts, %lld draft tokens, %lld accepted (%.1f%%)\n",
+                   g.speculative.uses_draft_model() ? "draft model" : "ngram", static_cast<long long>(r.speculative.n_drafts), static_cast<long long>(r.speculative.n_draft_tokens),
                    static_cast<long long>(r.speculative.n_accepted_tokens),
                    r.speculative.n_draft_tokens > 0
                        ? 100.0 * r.speculative.n_accepted_tokens / r.speculative.n_draft_tokens

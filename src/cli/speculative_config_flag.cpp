@@ -1,5 +1,7 @@
 #include "cli/speculative_config_flag.h"
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -8,7 +10,8 @@ namespace shardlm::cli {
 
 const char* const kSpeculativeConfigHelp =
     "Speculative decoding, vLLM's JSON: {\"method\":\"ngram\",\"num_speculative_tokens\":4,"
-    "\"prompt_lookup_max\":4,\"prompt_lookup_min\":2} (prompt lookup; verified on the batch-invariant "
+    "\"prompt_lookup_max\":4,\"prompt_lookup_min\":2} (prompt lookup), or {\"model\":DIR,\"num_speculative_tokens\":4} "
+    "(a draft model with the target's tokenizer; generate only); verified on the batch-invariant "
     "kernels, which it turns on: greedy tokens are those without it, sampled ones keep the target distribution)";
 
 // --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
@@ -27,23 +30,44 @@ SpeculativeOptions parse_speculative_config(const std::string& text) {
   };
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
-    if (key == "model")
-      fail(ErrorCode::kUnsupported, "--speculative-config: \"model\" (a draft model) is not implemented; use "
-           "\"method\": \"ngram\"");
-    if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_max" && key != "prompt_lookup_min" &&
-        key != "disable_by_batch_size")
+    if (key != "method" && key != "model" && key != "num_speculative_tokens" && key != "prompt_lookup_max" &&
+        key != "prompt_lookup_min" && key != "disable_by_batch_size")
       fail(ErrorCode::kInvalidArgument, "--speculative-config: unknown key \"", key,
-           "\" (shardlm implements method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min, "
+           "\" (shardlm implements method, model, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min, "
            "disable_by_batch_size)");
   }
-  if (!j.contains("method") || !j["method"].is_string() || j["method"].get<std::string>() != "ngram")
-    fail(ErrorCode::kUnsupported, "--speculative-config: \"method\" must be \"ngram\" (the one method implemented)");
+  // vLLM infers "draft_model" from "model"; "ngram" is prompt lookup.
+  std::string method = j.contains("model") ? "draft_model" : "";
+  if (j.contains("method")) {
+    if (!j["method"].is_string()) fail(ErrorCode::kInvalidArgument, "--speculative-config: \"method\" must be a string");
+    method = j["method"].get<std::string>();
+  }
+  if (method != "ngram" && method != "draft_model")
+    fail(ErrorCode::kUnsupported, "--speculative-config: \"method\" must be \"ngram\" or \"draft_model\" (with "
+         "\"model\"), got \"", method, "\"");
   if (!int_key("num_speculative_tokens", &so.num_speculative_tokens) || so.num_speculative_tokens < 1)
     fail(ErrorCode::kInvalidArgument, "--speculative-config: \"num_speculative_tokens\" must be given, at least 1");
-  so.prompt_lookup_min = 1;
-  if (!int_key("prompt_lookup_max", &so.prompt_lookup_max))
-    fail(ErrorCode::kInvalidArgument, "--speculative-config: \"prompt_lookup_max\" must be given for method ngram");
-  int_key("prompt_lookup_min", &so.prompt_lookup_min);
+  if (method == "draft_model") {
+    if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty())
+      fail(ErrorCode::kInvalidArgument, "--speculative-config: method draft_model needs \"model\": the draft "
+           "checkpoint's directory");
+    for (const char* key : {"prompt_lookup_max", "prompt_lookup_min"})
+      if (j.contains(key))
+        fail(ErrorCode::kInvalidArgument, "--speculative-config: \"", key, "\" is a key of method ngram, not of a "
+             "draft model");
+    so.draft_model = j["model"].get<std::string>();
+    const std::filesystem::path dir(so.draft_model);
+    if (!std::filesystem::is_regular_file(dir / "config.json"))
+      fail(ErrorCode::kNotFound, "--speculative-config \"model\": ", (dir / "config.json").string(),
+           " not found; \"model\" must be a local checkpoint directory (config.json and *.safetensors)");
+  } else {
+    if (j.contains("model"))
+      fail(ErrorCode::kInvalidArgument, "--speculative-config: \"model\" with method ngram; drop one of them");
+    so.prompt_lookup_min = 1;
+    if (!int_key("prompt_lookup_max", &so.prompt_lookup_max))
+      fail(ErrorCode::kInvalidArgument, "--speculative-config: \"prompt_lookup_max\" must be given for method ngram");
+    int_key("prompt_lookup_min", &so.prompt_lookup_min);
+  }
   if (int_key("disable_by_batch_size", &so.disable_by_batch_size) && so.disable_by_batch_size < 1)
     fail(ErrorCode::kInvalidArgument, "--speculative-config: \"disable_by_batch_size\" must be at least 1, got ",
          so.disable_by_batch_size);

@@ -56,6 +56,9 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
   if (config.max_batches_in_flight < 0)
     fail(ErrorCode::kInvalidArgument, "engine: max_batches_in_flight must be >= 0, got ", config.max_batches_in_flight);
   config.speculative.validate();
+  if (config.speculative.uses_draft_model())
+    fail(ErrorCode::kUnsupported, "engine: speculative decoding with a draft model is not implemented in the engine "
+         "(prompt lookup only); a draft model runs in generate");
   if (config.speculative_max_decodes < 0)
     fail(ErrorCode::kInvalidArgument, "engine: speculative_max_decodes must be >= 0, got ", config.speculative_max_decodes);
   max_in_flight_ = std::max(1, executor.max_in_flight());

@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "loader/model_spec.h"
+#include "model/draft_model.h"
 #include "model/generate.h"
 #if defined(SHARDLM_HAVE_NCCL)
 #include "backend/cuda/cuda_backend.h"
@@ -331,7 +332,19 @@ GenerateResult generate_mpi(Communicator& world, const std::filesystem::path& mo
     auto step = [&](const ForwardBatch& batch, float* logits) { executor.execute(batch, logits); };
     GenerateOptions o = opt;
     o.long_context = o.long_context || spec.long_context(static_cast<int64_t>(prompt.size()));
+    std::unique_ptr<DraftModel> draft;  // on the driver (rank 0), on a backend of its own
+    if (opt.speculative.uses_draft_model()) {
+      draft = std::make_unique<DraftModel>(opt.speculative.draft_model, spec.vocab_size,
+                                           backend::make_backend({opt.device, 0, false}),
+                                           static_cast<int64_t>(prompt.size()) + opt.max_tokens, opt.block_size,
+                                           opt.kv_dtype);
+      o.draft = [&](std::span<const int32_t> context, int64_t k) { return draft->propose(context, k); };
+    }
     r = generate_steps(step, spec.vocab_size, mo.n_blocks, prompt, o, false, nullptr, true);
+    if (draft) {
+      r.draft_weight_bytes = draft->weight_bytes();
+      r.draft_kv_bytes = draft->kv_bytes();
+    }
   } catch (const std::exception& e) {
     // The workers wait for the next batch: stop them with the reason.
     std::string what = std::string("rank 0 failed generating: ") + e.what();

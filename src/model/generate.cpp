@@ -10,6 +10,7 @@
 #include "comm/local_comm.h"
 #include "core/error.h"
 #include "model/causal_lm.h"
+#include "model/draft_model.h"
 #include "model/rank_group.h"
 
 namespace shardlm {
@@ -71,7 +72,21 @@ GenerateResult generate_steps(const GenerateStep& step, int64_t vocab_size, int6
       std::vector<int32_t> context(prompt);
       context.insert(context.end(), generated.begin(), generated.end());
       const int64_t room = opt.max_tokens - static_cast<int64_t>(generated.size()) - 1;
-      const std::vector<int32_t> draft = ngram_draft(context, opt.speculative, room);
+      std::vector<int32_t> draft;
+      if (!opt.speculative.uses_draft_model()) {
+        draft = ngram_draft(context, opt.speculative, room);  // the same on every rank
+      } else {
+        // The driver's draft model proposes; the other ranks get its tokens.
+        std::vector<int32_t> wire(static_cast<size_t>(opt.speculative.num_speculative_tokens + 1), 0);
+        if (is_driver) {
+          SHARDLM_CHECK(opt.draft);
+          draft = opt.draft(context, std::min<int64_t>(room, opt.speculative.num_speculative_tokens));
+          wire[0] = static_cast<int32_t>(draft.size());
+          std::copy(draft.begin(), draft.end(), wire.begin() + 1);
+        }
+        if (group) group->broadcast(wire.data(), wire.size() * sizeof(int32_t), 0);
+        draft.assign(wire.begin() + 1, wire.begin() + 1 + wire[0]);
+      }
       if (!draft.empty()) {
         const int64_t d = static_cast<int64_t>(draft.size());
         ForwardBatch batch;
@@ -197,6 +212,13 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
     }
     GenerateStep step = [&](const ForwardBatch& batch, float* logits) { model->forward(batch, cache, logits); };
     GenerateOptions o = opt;
+    std::unique_ptr<DraftModel> draft;  // on the driver, on its backend (model/draft_model.h)
+    if (opt.speculative.uses_draft_model() && model->is_driver()) {
+      draft = std::make_unique<DraftModel>(opt.speculative.draft_model, spec.vocab_size, r.backend,
+                                           static_cast<int64_t>(prompt.size()) + opt.max_tokens, opt.block_size,
+                                           opt.kv_dtype);
+      o.draft = [&](std::span<const int32_t> context, int64_t k) { return draft->propose(context, k); };
+    }
     o.long_context = o.long_context || spec.long_context(static_cast<int64_t>(prompt.size()));
     backend::DeviceSampleRow row = opt.device_row;
     int32_t sampled = 0;
@@ -216,6 +238,10 @@ GenerateResult generate_local(const ModelSpec& spec, std::shared_ptr<const Weigh
     if (opt.device_sampling) local.prompt_logits.clear();  // never left the device
     if (model->is_driver()) {
       local.weight_bytes_rank0 = model->weight_bytes();
+      if (draft) {
+        local.draft_weight_bytes = draft->weight_bytes();
+        local.draft_kv_bytes = draft->kv_bytes();
+      }
       model->dump_tensors(nullptr);
       if (dump) local.tensors = dump->tensors();
       local.graphs = graphs;

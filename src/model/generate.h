@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,10 @@ struct GenerateOptions {
   // (ModelSpec::long_context); perplexity from each window, as transformers'
   // one forward over the window would.
   bool long_context = false;
+  // speculative.uses_draft_model(): the driver's draft (model/draft_model.h),
+  // up to max_draft tokens after context; the other ranks get its tokens by
+  // broadcast. generate_local / generate_mpi set it from speculative.draft_model.
+  std::function<std::vector<int32_t>(std::span<const int32_t> context, int64_t max_draft)> draft;
   // Picks the next token from logits [vocab_size] on the driver; nullptr = greedy.
   std::function<int32_t(const float* logits, int64_t vocab_size, const std::vector<int32_t>& generated)> pick;
 };
@@ -71,6 +76,8 @@ struct GenerateResult {
   std::string graphs;                 // the driver's "CUDA graphs: ..." line ("" when not asked for)
   int64_t graph_replays = 0;          // decode steps the driver replayed from a graph
   SpeculativeStats speculative;       // drafts, drafted and accepted tokens (speculative.enabled())
+  int64_t draft_weight_bytes = 0;     // a draft model's, on the driver (measured, beside weight_bytes_rank0)
+  int64_t draft_kv_bytes = 0;
 };
 
 // Greedy with the lowest id on ties.

@@ -11,6 +11,7 @@ void SpeculativeOptions::validate() const {
   if (num_speculative_tokens > 64)
     fail(ErrorCode::kInvalidArgument, "--speculative-config: num_speculative_tokens must be 1 to 64, got ",
          num_speculative_tokens);
+  if (!draft_model.empty()) return;  // no lookup
   if (prompt_lookup_min < 1 || prompt_lookup_max < prompt_lookup_min)
     fail(ErrorCode::kInvalidArgument, "--speculative-config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got ",
          prompt_lookup_min, " and ", prompt_lookup_max);

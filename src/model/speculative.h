@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace shardlm {
@@ -21,9 +22,14 @@ struct SpeculativeOptions {
   // vLLM's disable_by_batch_size: no drafting in a step holding more decodes
   // than this (serve; 0: the engine's measured default, engine/speculation.h).
   int32_t disable_by_batch_size = 0;
+  // vLLM's "model": a draft checkpoint's directory (model/draft_model.h)
+  // instead of prompt lookup; "" for method ngram.
+  std::string draft_model;
   bool enabled() const { return num_speculative_tokens > 0; }
-  // When enabled: 1 <= num_speculative_tokens <= 64 and 1 <= prompt_lookup_min
-  // <= prompt_lookup_max; throws kInvalidArgument naming the key (--speculative-config).
+  bool uses_draft_model() const { return enabled() && !draft_model.empty(); }
+  // When enabled: 1 <= num_speculative_tokens <= 64 and, for ngram, 1 <=
+  // prompt_lookup_min <= prompt_lookup_max; throws kInvalidArgument naming
+  // the key (--speculative-config).
   void validate() const;
 };
 

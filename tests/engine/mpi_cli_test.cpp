@@ -171,6 +171,21 @@ TEST_F(MpiGenerate, Tp2Pp2WithPassiveCollectiveWaits) {
 }
 // Experts whole over the processes (128 over 3 = 43, 43, 42; 8 over 4 = 2 each),
 // with PP; and without EP, every expert's columns split over 3 processes.
+// A draft model under mpirun: it runs whole on rank 0 while the target's
+// ranks verify; the target as its own draft has every draft accepted and the
+// greedy tokens of the plain single-process run.
+TEST_F(MpiGenerate, DraftModelOnRankZeroKeepsTheGreedyTokens) {
+  const std::string base = cli_ + " generate " + m14_ + " --prompt-ids 3,141,59,26,5,35,8 --max-tokens 12 --json";
+  Proc one = run_command(base + " --batch-invariant");
+  ASSERT_EQ(one.rc, 0) << one.out << one.err;
+  Proc r = run_command(mpirun(4) + base + " --tp 2 --pp 2 --speculative-config '{\"model\":\"" + m14_ +
+                       "\",\"num_speculative_tokens\":3}'");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const auto j = nlohmann::json::parse(r.out), j1 = nlohmann::json::parse(one.out);
+  EXPECT_EQ(j["token_ids"], j1["token_ids"]);
+  EXPECT_GT(j["speculative"]["num_drafts"].get<int64_t>(), 0) << r.out;
+  EXPECT_EQ(j["speculative"]["num_accepted_tokens"], j["speculative"]["num_draft_tokens"]) << r.out;
+}
 TEST_F(MpiGenerate, Qwen3MoeEp3) { expect_same_as_tp1(moe_, 3, 1, true); }
 TEST_F(MpiGenerate, Qwen3MoeEp2Pp2) { expect_same_as_tp1(moe_, 2, 2, true); }
 TEST_F(MpiGenerate, Qwen3MoeTp3WithoutEp) { expect_same_as_tp1(moe_, 3, 1); }

@@ -269,9 +269,9 @@ TEST_F(GenerateCli, SpeculativeNgramKeepsGreedyTokensAndRefusesWhatItLacks) {
   EXPECT_EQ(s["token_ids"], p["token_ids"]);
   EXPECT_GT(s["speculative"]["num_accepted_tokens"].get<int64_t>(), 0) << spec.out;
   EXPECT_LE(s["speculative"]["num_accepted_tokens"].get<int64_t>(), s["speculative"]["num_draft_tokens"].get<int64_t>());
-  Proc model = sh(base + R"( --speculative-config '{"model":"/tmp/draft","num_speculative_tokens":4}')");
+  Proc model = sh(base + R"( --speculative-config '{"model":"/nonexistent/draft","num_speculative_tokens":4}')");
   EXPECT_EQ(model.rc, 1);
-  EXPECT_NE(model.out.find("\"model\" (a draft model) is not implemented"), std::string::npos) << model.out;
+  EXPECT_NE(model.out.find("/nonexistent/draft/config.json not found"), std::string::npos) << model.out;
   Proc unknown = sh(base + R"( --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"typo":1}')");
   EXPECT_EQ(unknown.rc, 1);
   EXPECT_NE(unknown.out.find("unknown key \"typo\""), std::string::npos) << unknown.out;
@@ -286,6 +286,64 @@ TEST_F(GenerateCli, SpeculativeNgramKeepsGreedyTokensAndRefusesWhatItLacks) {
   ASSERT_EQ(hot_plain.rc, 0) << hot_plain.out;
   ASSERT_EQ(hot.rc, 0) << hot.out;
   EXPECT_EQ(nlohmann::json::parse(hot.out)["token_ids"], nlohmann::json::parse(hot_plain.out)["token_ids"]);
+}
+
+// --speculative-config '{"model": DIR}': a draft model proposes, the target
+// verifies, and the greedy tokens are the target's alone, at TP 1 and over
+// uneven TP 2 (the draft runs whole on the driver). The target as its own
+// draft has every draft accepted (so verification's accept path is taken);
+// a one-layer draft has some rejected (its rollback path). A draft with
+// another tokenizer is refused naming both directories; serve refuses the key.
+TEST_F(GenerateCli, DraftModelKeepsTheTargetsGreedyTokens) {
+  const std::string small = dir_ + ".draft1", other = dir_ + ".vocab512";
+  ASSERT_EQ(sh(cli_ + " make-model --like qwen2.5-0.5b --layers 1 --vocab 400 --intermediate 1024 --dtype bf16 "
+               "--seed 12 --out " + small).rc, 0);
+  ASSERT_EQ(sh(cli_ + " make-model --like qwen2.5-0.5b --layers 1 --vocab 512 --intermediate 1024 --dtype bf16 "
+               "--seed 12 --out " + other).rc, 0);
+  const std::string base = cli_ + " generate " + dir_ + " --prompt-ids 3,141,59,26,5,35,89,79 --max-tokens 20 --json";
+  auto draft_cfg = [](const std::string& d) {
+    return " --speculative-config '{\"model\":\"" + d + "\",\"num_speculative_tokens\":3}'";
+  };
+  Proc plain = sh(base + " --batch-invariant");
+  ASSERT_EQ(plain.rc, 0) << plain.out;
+  const auto want = nlohmann::json::parse(plain.out)["token_ids"];
+  for (const std::string tp : {"1", "2"}) {
+    Proc self = sh(base + " -tp " + tp + draft_cfg(dir_));
+    ASSERT_EQ(self.rc, 0) << self.out;
+    const auto s = nlohmann::json::parse(self.out);
+    EXPECT_EQ(s["token_ids"], want) << "tp " << tp;
+    EXPECT_GT(s["speculative"]["num_drafts"].get<int64_t>(), 0) << self.out;
+    EXPECT_EQ(s["speculative"]["num_accepted_tokens"], s["speculative"]["num_draft_tokens"])
+        << "the target as its own draft: every draft is what it produces; " << self.out;
+    EXPECT_GT(s["speculative"]["draft_weight_bytes"].get<int64_t>(), 0) << self.out;
+    EXPECT_GT(s["speculative"]["draft_kv_bytes"].get<int64_t>(), 0) << self.out;
+    Proc one_layer = sh(base + " -tp " + tp + draft_cfg(small));
+    ASSERT_EQ(one_layer.rc, 0) << one_layer.out;
+    const auto o = nlohmann::json::parse(one_layer.out);
+    EXPECT_EQ(o["token_ids"], want) << "tp " << tp;
+    EXPECT_LT(o["speculative"]["num_accepted_tokens"].get<int64_t>(),
+              o["speculative"]["num_draft_tokens"].get<int64_t>())
+        << "no draft of the one-layer model was rejected: the rollback went untested; " << one_layer.out;
+  }
+  // Sampled: the same seeded tokens as plain decoding on the same kernels.
+  Proc hot_plain = sh(base + " --temperature 0.8 --seed 3 --batch-invariant");
+  Proc hot = sh(base + " --temperature 0.8 --seed 3" + draft_cfg(small));
+  ASSERT_EQ(hot.rc, 0) << hot.out;
+  EXPECT_EQ(nlohmann::json::parse(hot.out)["token_ids"], nlohmann::json::parse(hot_plain.out)["token_ids"]);
+  Proc mismatch = sh(base + draft_cfg(other));
+  EXPECT_EQ(mismatch.rc, 1);
+  EXPECT_NE(mismatch.out.find("the draft's tokenizer is not the target's"), std::string::npos) << mismatch.out;
+  EXPECT_NE(mismatch.out.find("target " + dir_), std::string::npos) << mismatch.out;
+  EXPECT_NE(mismatch.out.find("draft " + other), std::string::npos) << mismatch.out;
+  Proc lookup = sh(base + R"( --speculative-config '{"model":")" + small +
+                   R"(","num_speculative_tokens":3,"prompt_lookup_max":4}')");
+  EXPECT_EQ(lookup.rc, 1);
+  EXPECT_NE(lookup.out.find("\"prompt_lookup_max\" is a key of method ngram"), std::string::npos) << lookup.out;
+  Proc serve = sh(cli_ + " serve " + dir_ + " --port 0" + draft_cfg(small));
+  EXPECT_EQ(serve.rc, 1);
+  EXPECT_NE(serve.out.find("serve drafts by prompt lookup only"), std::string::npos) << serve.out;
+  std::filesystem::remove_all(small);
+  std::filesystem::remove_all(other);
 }
 
 }  // namespace
