@@ -3,6 +3,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace shardlm::backend {
@@ -51,6 +52,14 @@ void Backend::copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin) {
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(static_cast<char*>(dst.data()) + static_cast<size_t>(r * dst.dim(1) + col_begin) * e,
                 static_cast<const char*>(src.data()) + static_cast<size_t>(r * w) * e, static_cast<size_t>(w) * e);
+}
+
+void Backend::softcap(Tensor& x, float cap) {
+  SHARDLM_CHECK(x.dtype() == DType::kF32 && x.device().is_cpu() && cap > 0.0f,
+                "softcap: the base implementation takes host f32 and a positive cap, got ", x.describe(), " cap ", cap);
+  float* p = static_cast<float*>(x.data());
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = cap * std::tanh(p[i] * inv);
 }
 
 void require_device_support(const Device& device) {

@@ -138,6 +138,9 @@ class Backend {
   virtual void add(Tensor& y, const Tensor& x) = 0;
   // x *= s, in place (Gemma's embedding scale).
   virtual void scale(Tensor& x, float s) = 0;
+  // x = cap × tanh(x / cap), in place: Gemma's final_logit_softcapping over
+  // logits [rows, vocab] f32. The base implementation works on host memory.
+  virtual void softcap(Tensor& x, float cap);
   // Rotate-half rotary embedding in place at the step's positions, over the
   // first 2 × inv_freq.numel() dims of each head (all of them, or Phi's
   // partial_rotary_factor of them; the rest pass through), cos and sin times

@@ -351,6 +351,7 @@ void CudaBackend::add(Tensor& y, const Tensor& x) {
 }
 
 void CudaBackend::scale(Tensor& x, float s) { scale_f32(f32_mut(x, "scale x"), x.numel(), s, stream_); }
+void CudaBackend::softcap(Tensor& x, float cap) { softcap_f32(f32_mut(x, "softcap x"), x.numel(), cap, stream_); }
 
 void CudaBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) {
   check_step(meta, "rope");

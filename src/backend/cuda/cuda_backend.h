@@ -70,6 +70,7 @@ class CudaBackend final : public Backend {
   void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) override;
   void add(Tensor& y, const Tensor& x) override;
   void scale(Tensor& x, float s) override;
+  void softcap(Tensor& x, float cap) override;
   void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
