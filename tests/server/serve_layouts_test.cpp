@@ -187,6 +187,7 @@ TEST_F(ServeLayouts, ALayoutTheRanksCannotRunIsRefusedWithTheReason) {
 // (the kernels speculation runs on) bit for bit, a stop string and max_tokens
 // end them exactly as without, and /metrics shows drafts accepted (so the
 // identity is not vacuous). The shutdown log reports the acceptance rate.
+// Then the same with a draft model.
 TEST_F(ServeLayouts, SpeculativeNgramGivesThePlainTextAndCountsAcceptedDrafts) {
   std::vector<json> requests;
   for (int i = 0; i < 3; ++i) {
@@ -254,6 +255,28 @@ TEST_F(ServeLayouts, SpeculativeNgramGivesThePlainTextAndCountsAcceptedDrafts) {
             std::string::npos) << metrics;
   EXPECT_EQ(s->stop(), 0) << s->log();
   EXPECT_NE(s->log().find("speculative decoding (ngram):"), std::string::npos) << s->log();
+
+  // A draft model (vLLM's "model" key): the target as its own draft. Its
+  // drafts for the three sequences are computed together (catch-up chunks,
+  // then one row each per draft step) on the same batch-invariant kernels, so
+  // every one is what the target produces: all accepted, and the text is the
+  // plain text. A draft computed over the wrong KV blocks or positions would
+  // be rejected somewhere.
+  const std::string draft_cfg = R"({"model":")" + dir_ + R"(","num_speculative_tokens":3,"disable_by_batch_size":8})";
+  auto d = start({"--speculative-config", draft_cfg});
+  ASSERT_GT(d->pid, 0);
+  EXPECT_EQ(run_all(d->port, requests), plain);
+  const std::string dm = httplib::Client("127.0.0.1", d->port).Get("/metrics")->body;
+  auto dcounter = [&](const std::string& name) {
+    const size_t at = dm.find(name + "{");
+    return at == std::string::npos ? int64_t(-1) : int64_t(std::stoll(dm.substr(dm.find("} ", at) + 2)));
+  };
+  EXPECT_GT(dcounter("vllm:spec_decode_num_draft_tokens_total"), 0) << dm;
+  EXPECT_EQ(dcounter("vllm:spec_decode_num_accepted_tokens_total"), dcounter("vllm:spec_decode_num_draft_tokens_total"))
+      << dm;
+  EXPECT_EQ(d->stop(), 0) << d->log();
+  EXPECT_NE(d->log().find("draft model " + dir_ + " beside each replica's driver"), std::string::npos) << d->log();
+  EXPECT_NE(d->log().find("speculative decoding (draft model):"), std::string::npos) << d->log();
 }
 
 }  // namespace
