@@ -63,12 +63,12 @@ class Evaluator {
 
   std::vector<int64_t> bytes_partition(const Layout& layout) const { return pipeline_partition(spec_, tensors_, layout); }
 
-  // KV tokens every rank must hold: --max-model-len or the auto minimum, in whole blocks.
+  // KV tokens every rank must hold: one sequence of --max-model-len or the
+  // auto minimum, in whole blocks (only its window's when every layer slides).
   int64_t required_tokens() const {
-    const int64_t block = options_.budget.block_size;
     const int64_t wanted = options_.max_model_len > 0 ? options_.max_model_len
                                                        : std::min(kMinAutoModelLen, spec_.max_position_embeddings);
-    return (wanted + block - 1) / block * block;
+    return kv_tokens_per_sequence(spec_, wanted, options_.budget.block_size, options_.budget.max_num_batched_tokens);
   }
 
   // See time_balanced_partition in the header.
@@ -168,9 +168,11 @@ class Evaluator {
       e.budgets.push_back(std::move(replica));
     }
     e.fits = e.headroom_bytes >= 0 && e.kv_tokens > 0;
+    const int64_t bs = options_.budget.block_size, chunk = options_.budget.max_num_batched_tokens;
     e.max_model_len = options_.max_model_len > 0 ? options_.max_model_len
-                                                 : std::min(e.kv_tokens, spec_.max_position_embeddings);
-    e.max_concurrency = e.max_model_len > 0 ? e.kv_tokens / e.max_model_len : 0;
+                                                 : max_context_for_pool(spec_, e.kv_tokens, bs, chunk);
+    // Sequences of max_model_len at once: a sliding window over every layer bounds each one's blocks.
+    e.max_concurrency = e.max_model_len > 0 ? e.kv_tokens / kv_tokens_per_sequence(spec_, e.max_model_len, bs, chunk) : 0;
 
     // Which hosts the groups span.
     for (int d = 0; d < layout.dp; ++d) {
@@ -201,7 +203,8 @@ class Evaluator {
     e.step_seconds_single = worst_single;
     e.single_stream_tok_s = worst_single > 0 ? 1.0 / worst_single : 0;
     if (e.fits) {
-      e.batch = std::clamp<int64_t>(e.kv_tokens / e.context_tokens, 1, options_.budget.max_num_seqs);
+      e.batch = std::clamp<int64_t>(e.kv_tokens / kv_tokens_per_sequence(spec_, e.context_tokens, bs, chunk), 1,
+                                    options_.budget.max_num_seqs);
       double worst = std::numeric_limits<double>::max();
       double sum = 0;
       for (int d = 0; d < layout.dp; ++d) {
