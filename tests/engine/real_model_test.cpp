@@ -192,7 +192,7 @@ TEST(EngineRealModel, LongRopeMatchesGenerateLocalUnderChunkingAndPrefixCaching)
 // of 12 blocks runs sequences of up to 50 tokens (13 blocks of whole past
 // each: without the window not one would be admitted), five at once, with
 // chunked prefill (chunks of 8), preemption and a prefix hit, at TP 1 and
-// at TP 2 with uneven KV heads (3 over 2 ranks). Tokens must be those of
+// at TP 2 with uneven KV heads (3 over 2 ranks) and at PP 2. Tokens must be those of
 // generate_local, which keeps every block (its kernels read the window);
 // tests/reference checks generate_local against the numpy reference
 // (mistral_window_*). Then one long sequence in a big pool: the engine's own
@@ -211,7 +211,7 @@ ModelSpec mistral_window_spec(int64_t window) {
   return synthetic_model_spec(so);
 }
 
-void run_sliding_window_engine(int tp) {
+void run_sliding_window_engine(int tp, int pp = 1) {
   const ModelSpec spec = mistral_window_spec(6);
   ASSERT_EQ(spec.sliding_window, 6);
   ASSERT_EQ(spec.sliding_layers, std::vector<bool>(2, true));
@@ -231,6 +231,7 @@ void run_sliding_window_engine(int tp) {
   constexpr int32_t kBlocks = 12;
   LocalGroupOptions gopt;
   gopt.layout.tp = tp;
+  gopt.layout.pp = pp;
   gopt.n_blocks = kBlocks;
   gopt.block_size = 4;
   gopt.kv_dtype = DType::kF32;
@@ -260,7 +261,7 @@ void run_sliding_window_engine(int tp) {
     }});
   }
   engine.run_until_idle();
-  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << " TP=" << tp;
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << " TP=" << tp << " PP=" << pp;
   // Request 1's 11-token prompt twice more: the first time's block 0 leaves
   // the window at its last chunk but stays cached, so the second one hits
   // (11 - 1) / 4 whole blocks. (Behind the five above, the 12-block pool had
@@ -291,6 +292,8 @@ void run_sliding_window_engine(int tp) {
 
 TEST(EngineRealModel, SlidingWindowFreesBlocksTp1) { run_sliding_window_engine(1); }
 TEST(EngineRealModel, SlidingWindowFreesBlocksTp2UnevenKvHeads) { run_sliding_window_engine(2); }
+// Two stages, two micro-batches in flight: a sequence slides only when its own plan lands.
+TEST(EngineRealModel, SlidingWindowFreesBlocksPp2) { run_sliding_window_engine(1, 2); }
 
 TEST(EngineRealModel, SlidingWindowBoundsTheBlocksOfOneLongSequence) {
   const ModelSpec spec = mistral_window_spec(6);
