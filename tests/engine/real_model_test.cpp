@@ -285,6 +285,10 @@ void run_sliding_window_engine(int tp, int pp = 1) {
   const MetricsSnapshot m = engine.metrics().snapshot();
   EXPECT_EQ(m.prefix_cache_hits_total - hits_before, 8);
   EXPECT_GT(m.num_preemptions_total, 0);
+  EXPECT_GT(m.kv_blocks_slid_total, 0);
+  EXPECT_NE(engine.metrics().render_prometheus().find("shardlm:kv_blocks_slid_total " +
+                                                      std::to_string(m.kv_blocks_slid_total)),
+            std::string::npos);
   EXPECT_LE(m.kv_blocks_in_use_peak, kBlocks);
   EXPECT_EQ(m.kv_blocks_in_use, 0);
   EXPECT_DOUBLE_EQ(m.kv_cache_usage_perc, 0.0);
@@ -332,7 +336,10 @@ TEST(EngineRealModel, SlidingWindowBoundsTheBlocksOfOneLongSequence) {
     const MetricsSnapshot m = engine.metrics().snapshot();
     if (window == 0) {
       EXPECT_EQ(m.kv_blocks_in_use_peak, 14);  // positions 0 .. 54 (the last token is never fed)
+      EXPECT_EQ(m.kv_blocks_slid_total, 0);
     } else {
+      // Every block but those the last step's window held: 14 - (at most 3) released.
+      EXPECT_GE(m.kv_blocks_slid_total, 11);
       // ceil((6 - 1 + 8) / 4) + 1 = 5 (kv's max_blocks_held); a decode holds 2 or 3.
       EXPECT_EQ(max_blocks_held(55, 4, 6, 8), 5);
       EXPECT_LE(m.kv_blocks_in_use_peak, 5);

@@ -208,6 +208,10 @@ TEST_F(ServeLayouts, SlidingWindowModelServesPastItsKvPool) {
   const int64_t peak = std::stoll(metrics.substr(metrics.find("} ", at) + 2));
   EXPECT_GE(peak, 2);
   EXPECT_LE(peak, 3);
+  // 204 positions stored in 13 blocks of 16, all but the last window's released.
+  const size_t slid = metrics.find("shardlm:kv_blocks_slid_total{");
+  ASSERT_NE(slid, std::string::npos) << metrics;
+  EXPECT_GE(std::stoll(metrics.substr(metrics.find("} ", slid) + 2)), 10) << metrics;
   EXPECT_EQ(s->stop(), 0) << s->log();
   // The same shapes without the window (Mistral v0.3): that pool cannot hold the context asked for.
   const std::string full = dir_ + "/mistral_full";
