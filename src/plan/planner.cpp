@@ -727,6 +727,7 @@ nlohmann::json plan_json(const Plan& plan) {
   nlohmann::json layouts = nlohmann::json::array();
   for (const auto& e : plan.layouts) layouts.push_back(layout_json(plan, e, false));
   const MemoryBudgetOptions& b = plan.options.budget;
+  const KvLayerTypes kvt = kv_layer_types(s, b.kv_cache_dtype);
   nlohmann::json j = {
       {"model",
        {{"name", plan.model_name},
@@ -743,7 +744,16 @@ nlohmann::json plan_json(const Plan& plan) {
         {"max_position_embeddings", s.max_position_embeddings},
         {"weight_bytes", plan.checkpoint_bytes},
         {"quantization", s.quant.enabled() ? nlohmann::json(s.quant.describe()) : nlohmann::json()},
-        {"kv_bytes_per_token", model_kv_bytes_per_token(s, b.kv_cache_dtype)}}},
+        {"kv_bytes_per_token", model_kv_bytes_per_token(s, b.kv_cache_dtype)},
+        // KV per layer type (issue #22): local layers are read over their window only;
+        // cache_sliding_window > 0 when the cache releases the blocks that leave it.
+        {"kv_layer_types",
+         {{"n_global_layers", kvt.n_global_layers},
+          {"n_local_layers", kvt.n_local_layers},
+          {"sliding_window", kvt.window},
+          {"global_bytes_per_token", kvt.global_bytes_per_token},
+          {"local_bytes_per_token", kvt.local_bytes_per_token},
+          {"cache_sliding_window", cache_sliding_window(s)}}}}},
       {"devices", devices},
       {"n_nodes", plan.devices.n_nodes},
       {"inter_node_bandwidth_gb_per_s", plan.devices.inter_node_bandwidth / kGB},

@@ -123,6 +123,15 @@ TEST_F(PlanCli, Gemma3SaysWhatItsSlidingLayersKeep) {
                          "542,136,320 bytes more per sequence of that length")) << r.out;
   EXPECT_TRUE(has(r.out, "Total number of attention heads (4) must be divisible by tensor parallel size (3).")) << r.out;
   EXPECT_TRUE(has(r.out, "vllm serve google/gemma-3-1b-it")) << r.out;
+  Result j = run("plan gemma-3-1b --gpus 3xA100-40GB --json");
+  ASSERT_EQ(j.rc, 0) << j.err;
+  const nlohmann::json t = nlohmann::json::parse(j.out)["model"]["kv_layer_types"];
+  EXPECT_EQ(t["n_global_layers"], 4);
+  EXPECT_EQ(t["n_local_layers"], 22);
+  EXPECT_EQ(t["sliding_window"], 512);
+  EXPECT_EQ(t["global_bytes_per_token"], 4096);
+  EXPECT_EQ(t["local_bytes_per_token"], 22528);
+  EXPECT_EQ(t["cache_sliding_window"], 0);  // the global layers share the blocks: nothing is released yet
 }
 
 // Phi-3-mini-4k slides on every layer (window 2,047): the cache releases the

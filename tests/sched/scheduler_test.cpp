@@ -671,7 +671,7 @@ TEST(SlidingWindow, TinyPoolPreemptionAndPrefixHitsGiveTheOutputsOfAFullCache) {
     auto got = run_window_workload(w, window, 1, &w_max, &n_pre);
     EXPECT_EQ(ref, got) << "window " << window;
     EXPECT_LT(w_max, full_max / 2) << "window " << window;
-    // The longest sequence is 65 tokens (17 blocks): the whole past never fits in 8.
+    // The longest sequence is 70 tokens (18 blocks): the whole past never fits in 8 (65 tokens need 16).
     SchedulerConfig tiny = window_config(window);
     tiny.n_blocks = 8;
     tiny.max_num_batched_tokens = 8;  // a sequence holds at most ceil((window - 1 + 8) / 4) + 1 <= 5 blocks
