@@ -180,14 +180,15 @@ TEST_F(ServeLayouts, DeploymentAndMetricsReportEveryRankOfEveryReplica) {
 // max-model-len with plan's kv_tokens_per_sequence, so a KV pool of 128
 // tokens (64 KiB at 512 B/token: 8 blocks of 16) serves the model's full
 // 32,768 positions, and a 5 + 200 token completion runs in it: its blocks
-// are released as they leave the window (at most ceil((7 + 16) / 16) + 1 = 3).
+// are released as they leave the window (at most ceil((7 + 16) / 16) + 1 = 3),
+// with the text of generate, which keeps every block.
 TEST_F(ServeLayouts, SlidingWindowModelServesPastItsKvPool) {
   const std::string model = dir_ + "/mistral_window";
   const std::string cmd = cli_ + " make-model --like mistral-7b --layers 2 --vocab 512 --hidden 128 --heads 4 " +
                           "--kv-heads 2 --head-dim 32 --intermediate 256 --sliding-window 8 --seed 3 --out " + model +
                           " > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
-  auto s = start({"--max-num-batched-tokens", "16"}, false, model, "64KiB");
+  auto s = start({"--max-num-batched-tokens", "16", "--batch-invariant"}, false, model, "64KiB");
   ASSERT_GT(s->pid, 0);
   const std::string log = s->log();
   EXPECT_NE(log.find("KV cache holds 128 tokens per replica (512 B/token on rank 0); max model len 32,768 tokens; "
@@ -202,6 +203,15 @@ TEST_F(ServeLayouts, SlidingWindowModelServesPastItsKvPool) {
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 200);
+  // The text of generate, whose cache keeps every block (and which tests/reference checks against numpy).
+  const std::string gen_out = dir_ + "/mistral_window.generate.json";
+  const std::string gen = cli_ + " generate " + model + " --prompt-ids 5,17,230,41,9 --max-tokens 200 --json " +
+                          "--kv-cache-dtype bf16 --batch-invariant > " + gen_out + " 2>/dev/null";
+  ASSERT_EQ(std::system(gen.c_str()), 0);
+  std::ifstream gen_in(gen_out);
+  const json g = json::parse(std::string(std::istreambuf_iterator<char>(gen_in), {}));
+  ASSERT_EQ(g["token_ids"].size(), 200u);
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], g["text"]);
   const std::string metrics = c.Get("/metrics")->body;
   const size_t at = metrics.find("shardlm:kv_blocks_in_use_peak{");
   ASSERT_NE(at, std::string::npos) << metrics;
