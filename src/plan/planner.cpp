@@ -71,6 +71,16 @@ class Evaluator {
     return kv_tokens_per_sequence(spec_, wanted, options_.budget.block_size, options_.budget.max_num_batched_tokens);
   }
 
+  // Layer-positions the decode kernels read per sequence over layers
+  // [begin, end) at context `context`: every position on a global layer, the
+  // last sliding_window on a local one (KV per layer type, issue #22).
+  double kv_read_layer_tokens(int64_t begin, int64_t end, int64_t context) const {
+    double n = 0;
+    for (int64_t l = begin; l < end; ++l)
+      n += static_cast<double>(spec_.is_sliding_layer(l) ? std::min(context, spec_.sliding_window) : context);
+    return n;
+  }
+
   // See time_balanced_partition in the header.
   std::vector<int64_t> time_partition(const Layout& layout) {
     const int pp = layout.pp, tp = layout.tp;
@@ -102,7 +112,8 @@ class Evaluator {
           const int64_t cap = avail <= 0 ? 0 : static_cast<int64_t>(std::floor(avail / per_layer_mem));
           StageModel& m = st[static_cast<size_t>(s)];
           m.cap = std::min(m.cap, cap);
-          m.per_layer_s = std::max(m.per_layer_s, (p.layer_read + static_cast<double>(ctx) * p.kv) / nl / dev.memory_bandwidth);
+          m.per_layer_s = std::max(m.per_layer_s, (p.layer_read + kv_read_layer_tokens(0, n, ctx) / nl * p.kv) / nl /
+                                                      dev.memory_bandwidth);
           if (last) m.fixed_s = std::max(m.fixed_s, p.head_read / dev.memory_bandwidth);
         }
       }
@@ -324,15 +335,21 @@ class Evaluator {
     const double a = static_cast<double>(dtype_size(spec_.dtype));
     const double expert_fraction = moe_expert_fraction(spec_, batch);
     const double msg = static_cast<double>(batch) * spec_.hidden_size * a;  // one activation message
+    int64_t layer_begin = 0;
     for (int s = 0; s < layout.pp; ++s) {
       const int first = d * per_replica + s * layout.tp;
       double compute = 0;
       double link = std::numeric_limits<double>::max();
+      const int64_t n_stage_layers = layout.pp_layer_partition[s];
+      // KV read per sequence, in layer-positions: a local layer reads its window only.
+      const double kv_read = kv_read_layer_tokens(layer_begin, layer_begin + n_stage_layers, context);
+      layer_begin += n_stage_layers;
       for (int r = 0; r < layout.tp; ++r) {
         const DeviceSpec& dev = devices_.devices[first + r];
         const RankRead& rr = read(layout, r, s);
+        const double kv_per_layer = static_cast<double>(kv_per_token(layout, r, s)) / static_cast<double>(n_stage_layers);
         const double bytes = static_cast<double>(rr.dense) + expert_fraction * static_cast<double>(rr.experts) +
-                             static_cast<double>(batch * context * kv_per_token(layout, r, s));
+                             static_cast<double>(batch) * kv_read * kv_per_layer;
         compute = std::max(compute, bytes / dev.memory_bandwidth);
         link = std::min(link, dev.link_bandwidth);
       }
