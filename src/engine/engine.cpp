@@ -809,6 +809,7 @@ void Engine::update_gauges() {
     m.kv_blocks_in_use = st.n_blocks_used;
     m.kv_blocks_in_use_peak = std::max<int64_t>(m.kv_blocks_in_use_peak, st.n_blocks_used);
     m.num_preemptions_total = st.n_preemptions;
+    m.kv_blocks_slid_total = st.n_blocks_slid;
     m.prefix_cache_queries_total = st.prefix_cache.n_query_tokens;
     m.prefix_cache_hits_total = st.prefix_cache.n_hit_tokens;
   });

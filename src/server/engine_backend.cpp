@@ -166,8 +166,13 @@ std::string LoadReport::text() const {
     }
   }
   out << "KV cache holds " << with_commas(kv_tokens) << " tokens per replica (" << with_commas(per_token)
-      << " B/token on rank 0); max model len " << with_commas(max_model_len) << " tokens; "
-      << "max concurrency at max model len: " << (max_model_len > 0 ? kv_tokens / max_model_len : 0) << " sequences";
+      << " B/token on rank 0); max model len " << with_commas(max_model_len) << " tokens; ";
+  if (sliding_window > 0)
+    out << "sliding window of " << with_commas(sliding_window) << " positions on every layer: blocks that leave it "
+        << "are released, so a sequence of max model len holds at most " << with_commas(kv_tokens_per_seq)
+        << " tokens; ";
+  out << "max concurrency at max model len: " << (kv_tokens_per_seq > 0 ? kv_tokens / kv_tokens_per_seq : 0)
+      << " sequences";
   if (!graphs.empty()) out << "\n" << graphs;
   if (!draft_dir.empty())
     out << "\ndraft model " << draft_dir << " beside each replica's driver (allocated, measured): weights "
@@ -246,18 +251,29 @@ void EngineBackend::load() {
          "--gpu-memory-utilization");
   report_.n_kv_blocks = b0.n_kv_blocks;
   report_.kv_tokens = b0.n_kv_tokens;
+  // A sliding window over every layer: a sequence holds only its window's blocks (plan's kv_tokens_per_sequence).
+  const int64_t cache_window = cache_sliding_window(spec);
   if (options_.max_model_len > 0) {
     if (options_.max_model_len > spec.max_position_embeddings)
       fail(ErrorCode::kInvalidArgument, "--max-model-len ", options_.max_model_len, " exceeds the model's context of ",
            spec.max_position_embeddings, " tokens (", spec.max_position_source(), ")");
-    if (options_.max_model_len > report_.kv_tokens)
-      fail(ErrorCode::kOutOfMemory, "--max-model-len ", options_.max_model_len, " needs that many tokens of KV cache for one ",
-           "sequence, but the KV cache holds ", report_.kv_tokens, " tokens (", b0.n_kv_blocks, " blocks of ", b0.block_size,
+    const int64_t need =
+        kv_tokens_per_sequence(spec, options_.max_model_len, options_.block_size, options_.max_num_batched_tokens);
+    if (need > report_.kv_tokens)
+      fail(ErrorCode::kOutOfMemory, "--max-model-len ", options_.max_model_len, " needs ", need, " tokens of KV cache for one ",
+           "sequence", cache_window > 0 ? str_cat(" (its sliding window of ", cache_window, " and a chunk of ",
+                                                  options_.max_num_batched_tokens, " batched tokens, in whole blocks)")
+                                        : std::string(),
+           ", but the KV cache holds ", report_.kv_tokens, " tokens (", b0.n_kv_blocks, " blocks of ", b0.block_size,
            ", ", with_commas(b0.kv_bytes_per_token), " B/token); lower --max-model-len or raise --kv-cache-memory");
     report_.max_model_len = options_.max_model_len;
   } else {
-    report_.max_model_len = std::min(spec.max_position_embeddings, report_.kv_tokens);
+    report_.max_model_len =
+        max_context_for_pool(spec, report_.kv_tokens, options_.block_size, options_.max_num_batched_tokens);
   }
+  report_.sliding_window = cache_window;
+  report_.kv_tokens_per_seq =
+      kv_tokens_per_sequence(spec, report_.max_model_len, options_.block_size, options_.max_num_batched_tokens);
   if (report_.n_kv_blocks > INT32_MAX) report_.n_kv_blocks = INT32_MAX;
   if (!options_.device.is_cpu() && spec.long_rope_from() > 0 && report_.max_model_len > spec.long_rope_from())
     fail(ErrorCode::kUnsupported, "LongRoPE's long factors (positions past original_max_position_embeddings ",
@@ -271,6 +287,7 @@ void EngineBackend::load() {
   ec.scheduler.max_num_batched_tokens = static_cast<int32_t>(options_.max_num_batched_tokens);
   ec.scheduler.max_model_len = static_cast<int32_t>(report_.max_model_len);
   ec.scheduler.long_context_after = static_cast<int32_t>(spec.long_rope_from());
+  ec.scheduler.sliding_window = static_cast<int32_t>(std::min<int64_t>(cache_window, INT32_MAX));
   ec.scheduler.enable_prefix_caching = options_.enable_prefix_caching;
   for (int64_t id : load_eos_token_ids(dir, spec)) ec.eos_token_ids.push_back(static_cast<int32_t>(id));
   ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);
