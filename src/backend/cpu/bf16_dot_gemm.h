@@ -1,0 +1,41 @@
+// y[n, m] = bf16(x)[n, k] · W[m, k]ᵀ for bf16 weights W: the opt-in
+// DenseActivations::kBf16 path of backend::matmul (backend/ops.h). Each
+// activation row is rounded to bf16 once per call (round to nearest even;
+// inputs and results below 2^-126 count as zero, as VCVTNE2PS2BF16 and
+// VDPBF16PS do), then multiplied against the stored bf16 weights with
+// AVX512_BF16 VDPBF16PS, which sums pairs of exact bf16 products into f32.
+//
+// The result is NOT the exact path's: each x[i] moves by up to 2^-8 |x[i]|,
+// so |y − y_exact| <= 2^-8 Σ_i |x[i] w[i]| plus f32 summation error (tests/
+// backend/bf16_dot_gemm_test.cpp checks that bound). What it keeps: one
+// reduction order per output element whatever n is (lane l of the element's
+// accumulator takes the pairs of the 32-wide k chunks in increasing k, the
+// k % 32 tail zero-padded into a last chunk; then a fixed pairwise tree over
+// the 16 lanes). Tile shapes, the thread split and the token blocking change
+// with n, that order does not: a row's output is bit-identical alone or
+// among any others, so the path is allowed under --batch-invariant.
+//
+// Register tiles of RB weight rows × TB token rows (4 × 6 for prefill,
+// 8 × ≤3 for decode), threaded over row blocks like backend/rows_gemm.h.
+// The kernel carries its own target attributes (it builds without
+// -march=native) and runs only where CPUID reports AVX512_BF16 and
+// SHARDLM_ISA does not cap it (backend/cpu_isa.h). Internal to the backend.
+#pragma once
+
+#include <cstdint>
+
+namespace shardlm::backend {
+
+// Whether this build compiled the kernel (x86-64, a compiler with AVX512_BF16).
+bool bf16_dot_gemm_built();
+// Built, and active_cpu_isa() is avx512bf16 (the CPU has AVX512_BF16 and
+// SHARDLM_ISA does not cap it below).
+bool bf16_dot_gemm_runs();
+// Why bf16_dot_gemm_runs() is false ("" when it is true), for error messages.
+const char* bf16_dot_gemm_missing();
+
+// x: [n, k] f32; w: [m, k] bf16 (raw bits); y: [n, m] f32 (overwritten).
+// Throws Error(kUnsupported) where bf16_dot_gemm_runs() is false.
+void bf16_dot_gemm(const float* x, int64_t n, const uint16_t* w, int64_t m, int64_t k, float* y);
+
+}  // namespace shardlm::backend
