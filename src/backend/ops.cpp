@@ -41,7 +41,7 @@ void set_batch_invariant(bool on) { g_batch_invariant.store(on, std::memory_orde
 bool batch_invariant() { return g_batch_invariant.load(std::memory_order_relaxed); }
 
 MatmulPath matmul_path(int64_t n, DType weight_dtype) {
-  // Row-invariant itself, so it stays under batch invariance too.
+  // Under batch invariance it keeps to its row-invariant kernel.
   if (weight_dtype == DType::kBF16 && default_dense_activations() == DenseActivations::kBf16)
     return MatmulPath::kBf16Dot;
   if (!batch_invariant() && packed_matmul_available(weight_dtype) && n >= packed_matmul_min_tokens(weight_dtype))

@@ -40,7 +40,8 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
 //   kAmx:    the same GEMM on AMX tiles (bf16 on CPUs that have them).
 //   kBf16Dot: backend/cpu/bf16_dot_gemm.h, bf16 weights under
 //            DenseActivations::kBf16 only (every n): activations rounded to
-//            bf16, AVX512_BF16 dot products; one order per element for every n.
+//            bf16, AVX512_BF16 dot products; in batch-invariant mode on its
+//            kernel whose order is the same for every n.
 // The two GEMMs sum in another order than kRows, so with them a row's
 // output depends (in the last bits) on how many rows share the call.
 enum class MatmulPath { kRows, kPacked, kAmx, kBf16Dot };

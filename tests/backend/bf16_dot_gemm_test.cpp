@@ -5,9 +5,11 @@
 // where x̂ = bf16(x) rounded to nearest even (a rounding of at most 2^-8 |x|,
 // the unit roundoff of bf16's 8-bit significand), the products x̂·w are exact
 // in f32, and γ_d = d·u / (1 − d·u), u = 2^-24, bounds f32 summation along
-// the d = 2·⌈k/32⌉ + 4 additions an element's sum takes (two pairs per 32-wide
-// chunk in its lane, then the 4-level tree over 16 lanes).
-// Then: a row alone or among others is bit-identical (row-invariant order),
+// the d additions an element's sum takes: for the dot kernel (n < 16, or any
+// n in batch-invariant mode) 2·⌈k/32⌉ + 4 (two products per 32-wide chunk
+// in its lane, then the 4-level tree over 16 lanes); for the token-vector
+// kernel k (every product added in turn).
+// Then: in batch-invariant mode a row alone or among others is bit-identical,
 // and backend::matmul takes the kernel only when asked and the CPU has it.
 #include <gtest/gtest.h>
 
@@ -56,8 +58,10 @@ std::vector<uint16_t> random_bf16(int64_t n, std::mt19937& rng) {
   return v;
 }
 
-double gamma_for(int64_t k) {
-  const double d = 2.0 * static_cast<double>((k + 31) / 32) + 4.0, u = std::ldexp(1.0, -24);
+double gamma_for(int64_t n, int64_t k) {
+  const bool dot = n < kBf16TokenVectorMinRows || batch_invariant();
+  const double d = dot ? 2.0 * static_cast<double>((k + 31) / 32) + 4.0 : static_cast<double>(k);
+  const double u = std::ldexp(1.0, -24);
   return d * u / (1.0 - d * u);
 }
 
@@ -73,15 +77,28 @@ struct Shape {
 const Shape kShapes[] = {{1, 37, 203},  {3, 37, 203}, {17, 37, 203}, {64, 37, 203}, {1, 13, 7},  {17, 13, 7},
                          {64, 50, 33},  {3, 50, 33},  {1, 64, 896},  {17, 66, 896}, {64, 19, 96}, {5, 4099, 64}};
 
+// Restores the process's choices when a test ends.
+struct Restore {
+  ~Restore() {
+    set_default_dense_activations(DenseActivations::kF32);
+    set_batch_invariant(false);
+  }
+};
+
+// Both kernels: 17 and 64 rows take the token-vector one, and the dot one
+// in batch-invariant mode.
 TEST(Bf16DotGemm, MatchesTheReferenceWithinTheBf16Bound) {
   if (!runs_here()) GTEST_SKIP() << "bf16 dot kernel cannot run here: " << bf16_dot_gemm_missing();
+  Restore restore;
   std::mt19937 rng(2027);
+  for (bool invariant : {false, true})
   for (const Shape& s : kShapes) {
+    set_batch_invariant(invariant);
     const std::vector<float> x = random_f32(s.n * s.k, rng);
     const std::vector<uint16_t> w = random_bf16(s.m * s.k, rng);
     std::vector<float> y(static_cast<size_t>(s.n * s.m), NAN);
     bf16_dot_gemm(x.data(), s.n, w.data(), s.m, s.k, y.data());
-    const double g = gamma_for(s.k), bf16_u = std::ldexp(1.0, -8);
+    const double g = gamma_for(s.n, s.k), bf16_u = std::ldexp(1.0, -8);
     int64_t differs_from_exact = 0;
     for (int64_t t = 0; t < s.n; ++t)
       for (int64_t j = 0; j < s.m; ++j) {
@@ -96,7 +113,7 @@ TEST(Bf16DotGemm, MatchesTheReferenceWithinTheBf16Bound) {
           abs_rounded += std::fabs(xr * wv);
         }
         const double got = y[static_cast<size_t>(t * s.m + j)];
-        const std::string where = "n" + std::to_string(s.n) + " m" + std::to_string(s.m) + " k" +
+        const std::string where = std::string(invariant ? "invariant " : "") + "n" + std::to_string(s.n) + " m" + std::to_string(s.m) + " k" +
                                   std::to_string(s.k) + " at [" + std::to_string(t) + ", " + std::to_string(j) + "]";
         ASSERT_LE(std::fabs(got - rounded), g * abs_rounded) << where << ": got " << got << ", bf16(x)·w " << rounded;
         ASSERT_LE(std::fabs(got - exact), bf16_u * abs_exact + g * abs_rounded) << where << ": exact " << exact;
@@ -107,10 +124,13 @@ TEST(Bf16DotGemm, MatchesTheReferenceWithinTheBf16Bound) {
   }
 }
 
-// A row alone, then at (n − 1)·2/3 among 3, 5, 16 and 64 random rows:
-// bit-identical (the order of an element's sum depends on k alone).
+// In batch-invariant mode, a row alone, then at (n − 1)·2/3 among 3, 5, 16
+// and 64 random rows: bit-identical (the order of an element's sum depends on
+// k alone).
 TEST(Bf16DotGemm, ARowIsBitIdenticalAloneOrInABatch) {
   if (!runs_here()) GTEST_SKIP() << bf16_dot_gemm_missing();
+  Restore restore;
+  set_batch_invariant(true);
   std::mt19937 rng(9);
   for (auto [m, k] : {std::pair<int64_t, int64_t>{37, 203}, {150, 896}}) {
     const std::vector<uint16_t> w = random_bf16(m * k, rng);
@@ -128,14 +148,6 @@ TEST(Bf16DotGemm, ARowIsBitIdenticalAloneOrInABatch) {
     }
   }
 }
-
-// Restores the process's choices when a test ends.
-struct Restore {
-  ~Restore() {
-    set_default_dense_activations(DenseActivations::kF32);
-    set_batch_invariant(false);
-  }
-};
 
 // backend::matmul takes the kernel for bf16 weights only when asked and only
 // where it runs; f32 and f16 weights stay on the exact kernels; asking where

@@ -196,6 +196,119 @@ void run(const uint16_t* xb, int64_t n, int64_t kp, const uint16_t* w, int64_t m
   }
 }
 
+
+// ---- Token-vector kernel (prefill, large batches) ----
+// Tokens go along the vector: the activations are laid out once per call as
+// panels of 16 tokens, xv[g][p] = one zmm holding, for each token l of panel
+// g, its bf16 pair (x[2p], x[2p+1]) as one 32-bit word (VDPBF16PS's pair
+// layout). A weight row's pair W[j, 2p..2p+1] is one 32-bit word of the
+// stored row, broadcast to all lanes: no copy or repacking of W, and no
+// horizontal sum (lane l of column j's accumulator is y[16g + l, j]). Each
+// element sums its pairs in increasing k, an odd k's last element alone.
+
+constexpr int64_t kPanel = 16;  // tokens per zmm
+
+// xv for tokens [0, n): [ceil(n / 16), kp / 2, 16] words, zero past n.
+SHARDLM_BF16_TARGET void pack_panel(const uint16_t* xb, int64_t n, int64_t kp, int64_t g, uint32_t* xv) {
+  const int64_t pairs = kp / 2, t0 = g * kPanel;
+  uint32_t* out = xv + g * pairs * kPanel;
+  const int64_t valid = std::min<int64_t>(kPanel, n - t0);
+  // Whole 16 × 16 word blocks through registers: gather each token's row (16
+  // pairs) as a column, 16 tokens at once.
+  const __m512i lane_rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                               _mm512_set1_epi32(static_cast<int>(kp / 2)));
+  const __mmask16 live = static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1);
+  const int* base = reinterpret_cast<const int*>(xb + t0 * kp);
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, lane_rows, base + p, 4);
+    _mm512_storeu_si512(out + p * kPanel, v);
+  }
+}
+
+// y[16·g0 + 16v + l, j0 + r] for r < MR, v < NV, over all of k. W rows are
+// read where they are stored.
+template <int MR, int NV>
+SHARDLM_BF16_TARGET inline void tv_tile(const uint32_t* xv, int64_t pairs, const uint16_t* w, int64_t k, int64_t m,
+                                        int64_t j0, int64_t g0, int64_t n, float* y) {
+  const uint16_t* wrow[MR];
+  for (int r = 0; r < MR; ++r) wrow[r] = w + (j0 + r) * k;
+  const uint32_t* xp[NV];
+  for (int v = 0; v < NV; ++v) xp[v] = xv + (g0 + v) * pairs * kPanel;
+  __m512 acc[MR * NV];
+  for (int o = 0; o < MR * NV; ++o) acc[o] = _mm512_setzero_ps();
+  const int64_t full = k / 2;
+  for (int64_t p = 0; p < full; ++p) {
+    __m512bh xvv[NV];
+    for (int v = 0; v < NV; ++v) xvv[v] = as_bh(_mm512_loadu_si512(xp[v] + p * kPanel));
+    for (int r = 0; r < MR; ++r) {
+      int32_t word;
+      std::memcpy(&word, wrow[r] + 2 * p, 4);
+      const __m512bh wb = as_bh(_mm512_set1_epi32(word));
+      for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_dpbf16_ps(acc[r * NV + v], wb, xvv[v]);
+    }
+  }
+  if (k % 2) {  // the last element alone: its pair's high half is zero (never the next row's)
+    __m512bh xvv[NV];
+    for (int v = 0; v < NV; ++v) xvv[v] = as_bh(_mm512_loadu_si512(xp[v] + full * kPanel));
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh wb = as_bh(_mm512_set1_epi32(static_cast<int>(wrow[r][k - 1])));
+      for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_dpbf16_ps(acc[r * NV + v], wb, xvv[v]);
+    }
+  }
+  alignas(64) float out[MR * NV * kPanel];
+  for (int o = 0; o < MR * NV; ++o) _mm512_store_ps(out + o * kPanel, acc[o]);
+  for (int v = 0; v < NV; ++v) {
+    const int64_t t0 = (g0 + v) * kPanel, valid = std::min<int64_t>(kPanel, n - t0);
+    for (int64_t l = 0; l < valid; ++l) {
+      float* yr = y + (t0 + l) * m + j0;
+      for (int r = 0; r < MR; ++r) yr[r] = out[(r * NV + v) * kPanel + l];
+    }
+  }
+}
+
+// Weight rows [j0, j0 + MR) against token panels [g0, g1): pairs of panels
+// (32 tokens), a last odd one alone.
+template <int MR>
+SHARDLM_BF16_TARGET void tv_rows(const uint32_t* xv, int64_t pairs, const uint16_t* w, int64_t k, int64_t m,
+                                 int64_t j0, int64_t g0, int64_t g1, int64_t n, float* y) {
+  int64_t g = g0;
+  for (; g + 2 <= g1; g += 2) tv_tile<MR, 2>(xv, pairs, w, k, m, j0, g, n, y);
+  if (g < g1) tv_tile<MR, 1>(xv, pairs, w, k, m, j0, g, n, y);
+}
+
+constexpr int64_t kTvRows = 12;  // 12 rows × 2 panels: 24 accumulators + 2 x vectors + 1 broadcast
+
+// Row block b (kTvRows rows; the last, partial one by 4s and then 1s).
+SHARDLM_BF16_TARGET void tv_block(int64_t b, const uint32_t* xv, int64_t pairs, const uint16_t* w, int64_t k,
+                                  int64_t m, int64_t g0, int64_t g1, int64_t n, float* y) {
+  int64_t j = b * kTvRows;
+  if (j + kTvRows <= m) return tv_rows<kTvRows>(xv, pairs, w, k, m, j, g0, g1, n, y);
+  for (; j + 4 <= m; j += 4) tv_rows<4>(xv, pairs, w, k, m, j, g0, g1, n, y);
+  for (; j < m; ++j) tv_rows<1>(xv, pairs, w, k, m, j, g0, g1, n, y);
+}
+
+void run_tv(const uint16_t* xb, int64_t n, int64_t kp, const uint16_t* w, int64_t m, int64_t k, float* y) {
+  const int64_t pairs = kp / 2, n_panels = (n + kPanel - 1) / kPanel;
+  static thread_local std::vector<uint32_t> xv_buf;
+  if (xv_buf.size() < static_cast<size_t>(n_panels * pairs * kPanel))
+    xv_buf.resize(static_cast<size_t>(n_panels * pairs * kPanel));
+  uint32_t* xv = xv_buf.data();
+  // Panels per token block: about 1 MiB of xv, kept in L2 while a row
+  // block's weights are reused across it; an even count (32-token tiles).
+  const int64_t per_block = std::min(n_panels, std::max<int64_t>(2, ((int64_t{1} << 20) / (pairs * 64)) / 2 * 2));
+  const int64_t n_blocks = (m + kTvRows - 1) / kTvRows;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < n_panels; ++g) pack_panel(xb, n, kp, g, xv);
+    for (int64_t g0 = 0; g0 < n_panels; g0 += per_block) {
+      const int64_t g1 = std::min(n_panels, g0 + per_block);
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t b = 0; b < n_blocks; ++b) tv_block(b, xv, pairs, w, k, m, g0, g1, n, y);
+    }
+  }
+}
+
 }  // namespace
 
 bool bf16_dot_gemm_built() { return true; }
@@ -231,7 +344,8 @@ void bf16_dot_gemm(const float* x, int64_t n, const uint16_t* w, int64_t m, int6
 #pragma omp parallel for schedule(static) if (n * k > 65536)
   for (int64_t t = 0; t < n; ++t) round_row(x + t * k, k, kp, xb + t * kp);
   if (n <= 3) return run<8>(xb, n, kp, w, m, k, y);
-  run<4>(xb, n, kp, w, m, k, y);
+  if (n < kBf16TokenVectorMinRows || batch_invariant()) return run<4>(xb, n, kp, w, m, k, y);
+  run_tv(xb, n, kp, w, m, k, y);
 #endif
 }
 

@@ -5,26 +5,34 @@
 // VDPBF16PS do), then multiplied against the stored bf16 weights with
 // AVX512_BF16 VDPBF16PS, which sums pairs of exact bf16 products into f32.
 //
-// The result is NOT the exact path's: each x[i] moves by up to 2^-8 |x[i]|,
-// so |y − y_exact| <= 2^-8 Σ_i |x[i] w[i]| plus f32 summation error (tests/
-// backend/bf16_dot_gemm_test.cpp checks that bound). What it keeps: one
-// reduction order per output element whatever n is (lane l of the element's
-// accumulator takes the pairs of the 32-wide k chunks in increasing k, the
-// k % 32 tail zero-padded into a last chunk; then a fixed pairwise tree over
-// the 16 lanes). Tile shapes, the thread split and the token blocking change
-// with n, that order does not: a row's output is bit-identical alone or
-// among any others, so the path is allowed under --batch-invariant.
+// The result is NOT the exact path's: each x[i] moves by up to 2^-8 |x[i]|
+// (bf16 keeps 8 significant bits), so |y − y_exact| <= 2^-8 Σ_i |x[i] w[i]|
+// plus f32 summation error (tests/backend/bf16_dot_gemm_test.cpp checks it).
 //
-// Register tiles of RB weight rows × TB token rows (4 × 6 for prefill,
-// 8 × ≤3 for decode), threaded over row blocks like backend/rows_gemm.h.
-// The kernel carries its own target attributes (it builds without
-// -march=native) and runs only where CPUID reports AVX512_BF16 and
+// Two kernels, register-tiled, threaded over weight-row blocks like
+// backend/rows_gemm.h (dynamic chunks), token-blocked to stay in L2:
+//   dot (n < kBf16TokenVectorMinRows, and every n in batch-invariant mode):
+//     tiles of RB weight rows × TB tokens (8 × ≤3 for decode, 4 × ≤6), each
+//     element's 16-lane accumulator takes the 32-wide k chunks in order (the
+//     k % 32 tail zero-padded into a last chunk), then a fixed pairwise tree
+//     over the lanes. That order depends on k alone, not on n, the tile or
+//     the thread: a row's output is bit-identical alone or among any others,
+//     so the path keeps --batch-invariant's guarantee.
+//   token-vector (prefill, large batches): tokens along the vector (the bf16
+//     activations re-laid as panels of 16 tokens × k pairs), each weight pair
+//     broadcast from where W is stored (no copy of W), 12 rows × 32 tokens
+//     per tile, no horizontal sum: each element sums its pairs in k order.
+// The kernels carry their own target attributes (they build without
+// -march=native) and run only where CPUID reports AVX512_BF16 and
 // SHARDLM_ISA does not cap it (backend/cpu_isa.h). Internal to the backend.
 #pragma once
 
 #include <cstdint>
 
 namespace shardlm::backend {
+
+// From how many rows the token-vector kernel runs (outside batch-invariant mode).
+constexpr int64_t kBf16TokenVectorMinRows = 16;
 
 // Whether this build compiled the kernel (x86-64, a compiler with AVX512_BF16).
 bool bf16_dot_gemm_built();
