@@ -32,7 +32,7 @@ constexpr int kChains = 12;  // independent FMA chains per thread: > latency (4)
   T c0 = SET1(1.00f), c1 = SET1(1.01f), c2 = SET1(1.02f), c3 = SET1(1.03f), c4 = SET1(1.04f);  \
   T c5 = SET1(1.05f), c6 = SET1(1.06f), c7 = SET1(1.07f), c8 = SET1(1.08f), c9 = SET1(1.09f);  \
   T c10 = SET1(1.10f), c11 = SET1(1.11f);                                                      \
-  const T m = SET1(0.999999f), a = SET1(1e-7f);                                                \
+  [[maybe_unused]] const T m = SET1(0.999999f), a = SET1(1e-7f);  /* unused by VDPBF16PS */      \
   for (long i = 0; i < iters; ++i) {                                                           \
     c0 = FMA(c0, m, a); c1 = FMA(c1, m, a); c2 = FMA(c2, m, a); c3 = FMA(c3, m, a);            \
     c4 = FMA(c4, m, a); c5 = FMA(c5, m, a); c6 = FMA(c6, m, a); c7 = FMA(c7, m, a);            \
@@ -67,10 +67,10 @@ double fma_pass_avx512(long iters, float* sink) {
 #define SHARDLM_PEAK_BF16 1
 __attribute__((target("avx512f,avx512bf16"))) double bf16_dot_pass(long iters, float* sink) {
   // c += 1.0 · 2^-24 per pair (bf16 0x3F80, 0x3380); m and a are the f32 chains' and go unused.
-  auto dp = [](__m512 c, __m512, __m512) __attribute__((target("avx512f,avx512bf16"))) {
-    return _mm512_dpbf16_ps(c, (__m512bh)_mm512_set1_epi16(0x3F80), (__m512bh)_mm512_set1_epi16(0x3380));
-  };
-  SHARDLM_FMA_CHAINS(__m512, dp, _mm512_set1_ps, _mm512_add_ps, _mm512_store_ps, 32)
+  const __m512bh one = (__m512bh)_mm512_set1_epi16(0x3F80), tiny = (__m512bh)_mm512_set1_epi16(0x3380);
+#define SHARDLM_BF16_DP(c, m, a) _mm512_dpbf16_ps((c), one, tiny)
+  SHARDLM_FMA_CHAINS(__m512, SHARDLM_BF16_DP, _mm512_set1_ps, _mm512_add_ps, _mm512_store_ps, 32)
+#undef SHARDLM_BF16_DP
 }
 #endif
 

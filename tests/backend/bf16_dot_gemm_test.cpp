@@ -91,36 +91,41 @@ TEST(Bf16DotGemm, MatchesTheReferenceWithinTheBf16Bound) {
   if (!runs_here()) GTEST_SKIP() << "bf16 dot kernel cannot run here: " << bf16_dot_gemm_missing();
   Restore restore;
   std::mt19937 rng(2027);
-  for (bool invariant : {false, true})
-  for (const Shape& s : kShapes) {
+  for (bool invariant : {false, true}) {
     set_batch_invariant(invariant);
-    const std::vector<float> x = random_f32(s.n * s.k, rng);
-    const std::vector<uint16_t> w = random_bf16(s.m * s.k, rng);
-    std::vector<float> y(static_cast<size_t>(s.n * s.m), NAN);
-    bf16_dot_gemm(x.data(), s.n, w.data(), s.m, s.k, y.data());
-    const double g = gamma_for(s.n, s.k), bf16_u = std::ldexp(1.0, -8);
-    int64_t differs_from_exact = 0;
-    for (int64_t t = 0; t < s.n; ++t)
-      for (int64_t j = 0; j < s.m; ++j) {
-        double exact = 0, rounded = 0, abs_exact = 0, abs_rounded = 0;
-        for (int64_t i = 0; i < s.k; ++i) {
-          const double xv = x[static_cast<size_t>(t * s.k + i)];
-          const double xr = bf16_bits_to_f32(f32_to_bf16_rne(x[static_cast<size_t>(t * s.k + i)]));
-          const double wv = bf16_bits_to_f32(w[static_cast<size_t>(j * s.k + i)]);
-          exact += xv * wv;
-          rounded += xr * wv;
-          abs_exact += std::fabs(xv * wv);
-          abs_rounded += std::fabs(xr * wv);
+    for (const Shape& s : kShapes) {
+      const std::vector<float> x = random_f32(s.n * s.k, rng);
+      const std::vector<uint16_t> w = random_bf16(s.m * s.k, rng);
+      std::vector<float> y(static_cast<size_t>(s.n * s.m), NAN);
+      bf16_dot_gemm(x.data(), s.n, w.data(), s.m, s.k, y.data());
+      const double g = gamma_for(s.n, s.k), bf16_u = std::ldexp(1.0, -8);
+      int64_t differs_from_exact = 0;
+      for (int64_t t = 0; t < s.n; ++t)
+        for (int64_t j = 0; j < s.m; ++j) {
+          double exact = 0, rounded = 0, abs_exact = 0, abs_rounded = 0;
+          for (int64_t i = 0; i < s.k; ++i) {
+            const double xv = x[static_cast<size_t>(t * s.k + i)];
+            const double xr = bf16_bits_to_f32(f32_to_bf16_rne(x[static_cast<size_t>(t * s.k + i)]));
+            const double wv = bf16_bits_to_f32(w[static_cast<size_t>(j * s.k + i)]);
+            exact += xv * wv;
+            rounded += xr * wv;
+            abs_exact += std::fabs(xv * wv);
+            abs_rounded += std::fabs(xr * wv);
+          }
+          const double got = y[static_cast<size_t>(t * s.m + j)];
+          const std::string where = std::string(invariant ? "invariant " : "") + "n" + std::to_string(s.n) + " m" +
+                                    std::to_string(s.m) + " k" + std::to_string(s.k) + " at [" + std::to_string(t) +
+                                    ", " + std::to_string(j) + "]";
+          ASSERT_LE(std::fabs(got - rounded), g * abs_rounded)
+              << where << ": got " << got << ", bf16(x)·w " << rounded;
+          ASSERT_LE(std::fabs(got - exact), bf16_u * abs_exact + g * abs_rounded) << where << ": exact " << exact;
+          if (std::fabs(got - exact) > g * abs_exact) ++differs_from_exact;
         }
-        const double got = y[static_cast<size_t>(t * s.m + j)];
-        const std::string where = std::string(invariant ? "invariant " : "") + "n" + std::to_string(s.n) + " m" + std::to_string(s.m) + " k" +
-                                  std::to_string(s.k) + " at [" + std::to_string(t) + ", " + std::to_string(j) + "]";
-        ASSERT_LE(std::fabs(got - rounded), g * abs_rounded) << where << ": got " << got << ", bf16(x)·w " << rounded;
-        ASSERT_LE(std::fabs(got - exact), bf16_u * abs_exact + g * abs_rounded) << where << ": exact " << exact;
-        if (std::fabs(got - exact) > g * abs_exact) ++differs_from_exact;
+      // The rounding is real: most elements sit outside the exact path's f32 bound.
+      if (s.k >= 32) {
+        EXPECT_GT(differs_from_exact, s.n * s.m / 4) << "n" << s.n << " m" << s.m << " k" << s.k;
       }
-    // The rounding is real: most elements sit outside the exact path's f32 bound.
-    if (s.k >= 32) EXPECT_GT(differs_from_exact, s.n * s.m / 4) << "n" << s.n << " m" << s.m << " k" << s.k;
+    }
   }
 }
 
@@ -155,7 +160,9 @@ TEST(Bf16DotGemm, ARowIsBitIdenticalAloneOrInABatch) {
 TEST(Bf16DotChoice, TakenOnlyWhenAskedAndTheCpuHasIt) {
   Restore restore;
   const char* env = std::getenv("SHARDLM_DENSE_ACTIVATIONS");
-  if (!env || !*env) EXPECT_EQ(default_dense_activations(), DenseActivations::kF32);  // exact by default
+  if (!env || !*env) {
+    EXPECT_EQ(default_dense_activations(), DenseActivations::kF32);  // exact by default
+  }
   set_default_dense_activations(DenseActivations::kF32);
   for (int64_t n : {1, 16, 512}) EXPECT_NE(matmul_path(n, DType::kBF16), MatmulPath::kBf16Dot) << n;
   const bool cpu_has = detected_cpu_isa() >= CpuIsa::kAvx512Bf16 && active_cpu_isa() >= CpuIsa::kAvx512Bf16;
