@@ -196,7 +196,6 @@ void run(const uint16_t* xb, int64_t n, int64_t kp, const uint16_t* w, int64_t m
   }
 }
 
-
 // ---- Token-vector kernel (prefill, large batches) ----
 // Tokens go along the vector: the activations are laid out once per call as
 // panels of 16 tokens, xv[g][p] = one zmm holding, for each token l of panel
@@ -213,8 +212,7 @@ SHARDLM_BF16_TARGET void pack_panel(const uint16_t* xb, int64_t n, int64_t kp, i
   const int64_t pairs = kp / 2, t0 = g * kPanel;
   uint32_t* out = xv + g * pairs * kPanel;
   const int64_t valid = std::min<int64_t>(kPanel, n - t0);
-  // Whole 16 × 16 word blocks through registers: gather each token's row (16
-  // pairs) as a column, 16 tokens at once.
+  // Pair p of the panel's 16 tokens, gathered into one vector (lanes past n: zero).
   const __m512i lane_rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                _mm512_set1_epi32(static_cast<int>(kp / 2)));
   const __mmask16 live = static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1);
