@@ -110,7 +110,7 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
     // Replica ranks ordered as in the world: tp fastest, then pp.
     replica_ = world.split(dp_rank_, world.rank());
     // The driver's KV geometry wins: it sized the cache for its scheduler.
-    // So are its kernel choices: batch invariance, and the dense activations
+    // So do its kernel choices: batch invariance, and the dense activations
     // (--dense-activations; a rank whose CPU lacks AVX512_BF16 refuses bf16).
     int64_t geometry[5] = {options_.n_blocks, options_.block_size, static_cast<int64_t>(options_.kv_dtype),
                            options_.batch_invariant ? 1 : 0,
