@@ -17,7 +17,8 @@
 
 #include "bandwidth.h"
 
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -31,7 +32,7 @@ constexpr int kChains = 12;  // independent FMA chains per thread: > latency (4)
   T c0 = SET1(1.00f), c1 = SET1(1.01f), c2 = SET1(1.02f), c3 = SET1(1.03f), c4 = SET1(1.04f);  \
   T c5 = SET1(1.05f), c6 = SET1(1.06f), c7 = SET1(1.07f), c8 = SET1(1.08f), c9 = SET1(1.09f);  \
   T c10 = SET1(1.10f), c11 = SET1(1.11f);                                                      \
-  const T m = SET1(0.999999f), a = SET1(1e-7f);                                                \
+  [[maybe_unused]] const T m = SET1(0.999999f), a = SET1(1e-7f);  /* unused by VDPBF16PS */      \
   for (long i = 0; i < iters; ++i) {                                                           \
     c0 = FMA(c0, m, a); c1 = FMA(c1, m, a); c2 = FMA(c2, m, a); c3 = FMA(c3, m, a);            \
     c4 = FMA(c4, m, a); c5 = FMA(c5, m, a); c6 = FMA(c6, m, a); c7 = FMA(c7, m, a);            \
@@ -57,9 +58,31 @@ double fma_pass_avx512(long iters, float* sink) {
 }
 #endif
 
-// Best GFLOP/s of `passes` timed passes over `threads` threads (one chain set per thread).
+// The same chains of AVX512_BF16 VDPBF16PS (32 bf16 products, 64 flops, per
+// instruction), the instruction of --dense-activations bf16
+// (backend/cpu/bf16_dot_gemm.h): beside the f32 FMA peak it says whether bf16
+// dot products can beat f32 FMAs on this CPU at all. The kernels carry their
+// own target attribute, as this function does, so it is measured in any build.
+#if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 9 : __GNUC__ >= 10)
+#define SHARDLM_PEAK_BF16 1
+__attribute__((target("avx512f,avx512bf16"))) double bf16_dot_pass(long iters, float* sink) {
+  // c += 1.0 · 2^-24 per pair (bf16 0x3F80, 0x3380); m and a are the f32 chains' and go unused.
+  const __m512bh one = (__m512bh)_mm512_set1_epi16(0x3F80), tiny = (__m512bh)_mm512_set1_epi16(0x3380);
+#define SHARDLM_BF16_DP(c, m, a) _mm512_dpbf16_ps((c), one, tiny)
+  SHARDLM_FMA_CHAINS(__m512, SHARDLM_BF16_DP, _mm512_set1_ps, _mm512_add_ps, _mm512_store_ps, 32)
+#undef SHARDLM_BF16_DP
+}
+#endif
+
+// Best GFLOP/s of `passes` timed passes over `threads` threads (one chain
+// set per thread); width 32: VDPBF16PS (0 where the CPU lacks AVX512_BF16).
 double fma_peak_gflops(int threads, int passes, int width) {
   double (*pass)(long, float*) = nullptr;
+#ifdef SHARDLM_PEAK_BF16
+  __builtin_cpu_init();
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (width == 32 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5))) pass = bf16_dot_pass;
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
   if (width == 8) pass = fma_pass_avx2;
 #endif
@@ -103,15 +126,17 @@ int main(int argc, char** argv) {
   const double avx2 = fma_peak_gflops(threads, 8, 8);
   const double avx512 = fma_peak_gflops(threads, 8, 16);
   const double avx2_1t = fma_peak_gflops(1, 8, 8);
+  const double bf16 = fma_peak_gflops(threads, 8, 32);
   const double peak = std::max(avx2, avx512);
   if (json) {
     std::printf("{\"threads\": %d, \"read_GBps\": %.3f, \"triad_GBps\": %.3f, \"fma_gflops\": %.2f, "
-                "\"fma_gflops_avx2\": %.2f, \"fma_gflops_avx512\": %.2f, \"fma_gflops_avx2_1t\": %.2f}\n",
-                threads, bw.read / 1e9, bw.triad / 1e9, peak, avx2, avx512, avx2_1t);
+                "\"fma_gflops_avx2\": %.2f, \"fma_gflops_avx512\": %.2f, \"fma_gflops_avx2_1t\": %.2f, "
+                "\"bf16_dot_gflops\": %.2f}\n",
+                threads, bw.read / 1e9, bw.triad / 1e9, peak, avx2, avx512, avx2_1t, bf16);
   } else {
     std::printf("threads %d: read %.2f GB/s, triad %.2f GB/s; f32 FMA peak %.1f GFLOP/s (AVX2 %.1f, AVX-512 %.1f; "
-                "AVX2 on 1 thread %.1f)\n",
-                threads, bw.read / 1e9, bw.triad / 1e9, peak, avx2, avx512, avx2_1t);
+                "AVX2 on 1 thread %.1f); AVX512_BF16 VDPBF16PS peak %.1f GFLOP/s (0: not on this CPU)\n",
+                threads, bw.read / 1e9, bw.triad / 1e9, peak, avx2, avx512, avx2_1t, bf16);
   }
   return 0;
 }

@@ -15,6 +15,9 @@
 // (backend::set_batch_invariant) would take another path, the same calls are
 // timed in that mode too, interleaved with the default (call by call), and
 // the column inv/def gives the ratio of the times: what invariance costs there.
+// For bf16 weights on a CPU with AVX512_BF16, the column bf16/def gives the
+// same for --dense-activations bf16 (backend/cpu/bf16_dot_gemm.h), timed
+// interleaved call by call with the default: below 1.00 it is faster.
 #include <omp.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/bf16_dot_gemm.h"
 #include "backend/cpu_isa.h"
 #include "backend/ops.h"
 #include "bandwidth.h"
@@ -87,8 +91,11 @@ int main(int argc, char** argv) {
   std::printf("cpu %s (kernels: %s), threads %d, %s weights; bandwidth: read %.2f GB/s, triad %.2f GB/s\n",
               backend::cpu_model_name().c_str(), backend::cpu_isa_name(backend::active_cpu_isa()),
               omp_get_max_threads(), dtype_safetensors_name(dtype), bw.read / 1e9, bw.triad / 1e9);
-  std::printf("%-14s %7s %6s %5s %-12s %10s %9s %9s %8s %8s\n", "shape", "m", "k", "n", "path", "us/call", "GB/s",
-              "GFLOP/s", "read%", "inv/def");
+  std::printf("%-14s %7s %6s %5s %-12s %10s %9s %9s %8s %8s %9s\n", "shape", "m", "k", "n", "path", "us/call", "GB/s",
+              "GFLOP/s", "read%", "inv/def", "bf16/def");
+  const backend::DenseActivations def_acts = backend::default_dense_activations();
+  const bool bf16_differs = dtype == DType::kBF16 && backend::bf16_dot_gemm_runs() &&
+                            def_acts != backend::DenseActivations::kBf16;
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (const Shape& s : kShapes) {
@@ -111,13 +118,18 @@ int main(int argc, char** argv) {
       const bool inv_differs = backend::matmul_path(n, dtype) != path;
       backend::set_batch_invariant(false);
       for (size_t c = 0; c < n_copies; ++c) one_call();  // warm-up: page in every copy
-      double t = 1e30, t_inv = 1e30;
+      double t = 1e30, t_inv = 1e30, t_bf16 = 1e30;
       for (int r = 0; r < reps; ++r) {  // interleaved: default, invariant, default, ...
         t = std::min(t, seconds_best(1, one_call));
         if (inv_differs) {
           backend::set_batch_invariant(true);
           t_inv = std::min(t_inv, seconds_best(1, one_call));
           backend::set_batch_invariant(false);
+        }
+        if (bf16_differs) {
+          backend::set_default_dense_activations(backend::DenseActivations::kBf16);
+          t_bf16 = std::min(t_bf16, seconds_best(1, one_call));
+          backend::set_default_dense_activations(def_acts);
         }
       }
       const double gbs = static_cast<double>(wbytes) / t / 1e9;
@@ -126,9 +138,11 @@ int main(int argc, char** argv) {
       if (path == backend::MatmulPath::kRows) path_name += std::string("/") + backend::cpu_isa_name(backend::active_cpu_isa());
       char inv[16] = "-";
       if (inv_differs) std::snprintf(inv, sizeof inv, "%.2f", t_inv / t);
-      std::printf("%-14s %7lld %6lld %5lld %-12s %10.1f %9.2f %9.2f %7.1f%% %8s\n", s.name,
+      char bf16[16] = "-";
+      if (bf16_differs) std::snprintf(bf16, sizeof bf16, "%.2f", t_bf16 / t);
+      std::printf("%-14s %7lld %6lld %5lld %-12s %10.1f %9.2f %9.2f %7.1f%% %8s %9s\n", s.name,
                   static_cast<long long>(s.m), static_cast<long long>(s.k), static_cast<long long>(n),
-                  path_name.c_str(), t * 1e6, gbs, gflops, 100.0 * gbs * 1e9 / bw.read, inv);
+                  path_name.c_str(), t * 1e6, gbs, gflops, 100.0 * gbs * 1e9 / bw.read, inv, bf16);
     }
   }
   return 0;

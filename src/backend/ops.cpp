@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 
+#include "backend/cpu/bf16_dot_gemm.h"
 #include "backend/packed_gemm.h"
 #include "backend/rows_gemm.h"
 #include "backend/simd.h"
@@ -40,6 +41,9 @@ void set_batch_invariant(bool on) { g_batch_invariant.store(on, std::memory_orde
 bool batch_invariant() { return g_batch_invariant.load(std::memory_order_relaxed); }
 
 MatmulPath matmul_path(int64_t n, DType weight_dtype) {
+  // Under batch invariance it keeps to its row-invariant kernel.
+  if (weight_dtype == DType::kBF16 && default_dense_activations() == DenseActivations::kBf16)
+    return MatmulPath::kBf16Dot;
   if (!batch_invariant() && packed_matmul_available(weight_dtype) && n >= packed_matmul_min_tokens(weight_dtype))
     return packed_uses_amx(weight_dtype) ? MatmulPath::kAmx : MatmulPath::kPacked;
   return MatmulPath::kRows;
@@ -50,6 +54,7 @@ const char* matmul_path_name(MatmulPath path) {
     case MatmulPath::kRows: return "rows";
     case MatmulPath::kPacked: return "packed";
     case MatmulPath::kAmx: return "amx";
+    case MatmulPath::kBf16Dot: return "bf16dot";
   }
   return "rows";
 }
@@ -376,10 +381,11 @@ void check_seqs(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs, 
 
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y) {
   const int64_t m = w.rows, k = w.cols;
-  if (matmul_path(n, w.dtype) != MatmulPath::kRows) {
-    packed_matmul(x, n, w.data, w.dtype, m, k, y);
-  } else {
-    rows_gemm(active_cpu_isa(), x, n, w.data, w.dtype, m, k, y);
+  switch (matmul_path(n, w.dtype)) {
+    case MatmulPath::kRows: rows_gemm(active_cpu_isa(), x, n, w.data, w.dtype, m, k, y); break;
+    case MatmulPath::kPacked:
+    case MatmulPath::kAmx: packed_matmul(x, n, w.data, w.dtype, m, k, y); break;
+    case MatmulPath::kBf16Dot: bf16_dot_gemm(x, n, static_cast<const uint16_t*>(w.data), m, k, y); break;
   }
   if (bias) {
     SHARDLM_CHECK(bias->n == m, "bias has ", bias->n, " elements, matrix ", m, " rows");

@@ -38,11 +38,35 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
 //            order of an element is the same for every n;
 //   kPacked: backend/packed_gemm.h's AVX-512/AVX2 GEMM (prefill, large batches);
 //   kAmx:    the same GEMM on AMX tiles (bf16 on CPUs that have them).
+//   kBf16Dot: backend/cpu/bf16_dot_gemm.h, bf16 weights under
+//            DenseActivations::kBf16 only (every n): activations rounded to
+//            bf16, AVX512_BF16 dot products; in batch-invariant mode on its
+//            kernel whose order is the same for every n.
 // The two GEMMs sum in another order than kRows, so with them a row's
 // output depends (in the last bits) on how many rows share the call.
-enum class MatmulPath { kRows, kPacked, kAmx };
+enum class MatmulPath { kRows, kPacked, kAmx, kBf16Dot };
 MatmulPath matmul_path(int64_t n, DType weight_dtype);
-const char* matmul_path_name(MatmulPath path);  // "rows", "packed", "amx"
+const char* matmul_path_name(MatmulPath path);  // "rows", "packed", "amx", "bf16dot"
+
+// How dense matmuls on bf16 weights take the activations (process-wide, as
+// backend/quant_ops.h's QuantActivations for AWQ/GPTQ):
+//   kF32  (the default) exact: x stays f32, weights are widened to f32;
+//   kBf16 x rounded to bf16 once per matmul, then AVX512_BF16 dot products
+//         with f32 sums (kBf16Dot): faster prefill, |Δy| <= 2^-8 Σ|x·w| plus
+//         f32 summation error. f32 and f16 weights stay on the exact paths.
+// kBf16 needs a CPU with AVX512_BF16 (bf16_dot_gemm_runs()): asked for
+// elsewhere it is refused, never silently replaced by the exact path.
+enum class DenseActivations { kF32, kBf16 };
+const char* dense_activations_name(DenseActivations a);  // "f32", "bf16"
+// Parses "f32" or "bf16"; false for anything else.
+bool parse_dense_activations(const char* s, DenseActivations* out);
+// The process's choice, read once from SHARDLM_DENSE_ACTIVATIONS (f32 when
+// unset). Throws Error(kInvalidArgument) naming the variable for another
+// value, Error(kUnsupported) for bf16 where the kernel cannot run.
+DenseActivations default_dense_activations();
+// Replaces the process's choice (the --dense-activations flag, tests).
+// Throws Error(kUnsupported) for kBf16 where the kernel cannot run.
+void set_default_dense_activations(DenseActivations activations);
 
 // Batch invariance (process-wide; off by default): when on, every dense
 // matmul takes kRows whatever n is, so a row's output is bit-identical

@@ -73,6 +73,7 @@ struct GenerateCliOptions {
   bool batch_invariant = false;  // --batch-invariant
   std::string speculative_config;  // --speculative-config JSON (vLLM's flag)
   std::string quant_activations;  // --quant-activations int8|f32 ("" = the environment's, else int8)
+  std::string dense_activations;  // --dense-activations f32|bf16 ("" = the environment's, else f32)
   std::string sampling_device = "host";  // --sampling-device host|device
   int64_t decode_context = 256;
   int64_t decode_steps = 32;
@@ -189,6 +190,7 @@ int run_decode_bench(const GenerateCliOptions& o) {
 
 int run_generate(const GenerateCliOptions& o) {
   apply_quant_activations(o.quant_activations);
+  apply_dense_activations(o.dense_activations, o.device);
   if (!o.decode_bench.empty()) return run_decode_bench(o);
   const int n_inputs = !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty();
   if (n_inputs != 1)
@@ -460,6 +462,7 @@ void setup(CLI::App& app) {
   add_device_option(sub, &o->device);
   add_cuda_graphs_option(sub, &o->cuda_graphs);
   add_quant_activations_option(sub, &o->quant_activations);
+  add_dense_activations_option(sub, &o->dense_activations);
   sub->add_option("--sampling-device", o->sampling_device,
                   "host or device: device samples where the logits are (a GPU), so only the token id crosses; "
                   "a request that needs what the device sampler lacks (a seed, penalties, ...) says so and samples on "

@@ -37,10 +37,12 @@ struct PerplexityCliOptions {
   bool json = false;
   std::string dump_top1;
   std::string quant_activations;  // --quant-activations int8|f32 ("" = the environment's, else int8)
+  std::string dense_activations;  // --dense-activations f32|bf16 ("" = the environment's, else f32)
 };
 
 int run_perplexity(const PerplexityCliOptions& o) {
   apply_quant_activations(o.quant_activations);
+  apply_dense_activations(o.dense_activations, o.device);
   const std::string model = resolve_model_dir(o.args.size() == 2 ? o.args[0] : "", "perplexity");
   const std::string file = o.args.back();
   std::ifstream in(file, std::ios::binary);
@@ -119,6 +121,7 @@ void setup(CLI::App& app) {
                   "f32, bf16, f16, fp8 (E4M3), or auto (the weights' dtype); default f32 on cpu, bf16 on cuda");
   add_device_option(sub, &o->device);
   add_quant_activations_option(sub, &o->quant_activations);
+  add_dense_activations_option(sub, &o->dense_activations);
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_flag("--json", o->json, "Print one JSON object");
   set_command_action(sub, [o] { return run_perplexity(*o); });

@@ -61,6 +61,7 @@ struct ServeOptions {
   std::string device = "cpu";
   std::string cuda_graphs;  // --cuda-graphs on|off ("" = the device's default)
   std::string quant_activations;  // --quant-activations int8|f32 ("" = the environment's, else int8)
+  std::string dense_activations;  // --dense-activations f32|bf16 ("" = the environment's, else f32)
   int64_t max_pending_requests = 1024;
   int64_t max_waiting_requests = -1;  // >= 0: live bound = max_num_seqs + this
   int max_executor_restarts = 3;
@@ -103,6 +104,7 @@ std::string kv_binding_text(const std::vector<MemoryBudget>& budgets) {
 
 int run_serve(const ServeOptions& given) {
   apply_quant_activations(given.quant_activations);
+  apply_dense_activations(given.dense_activations, given.device);
   ServeOptions o = given;
   const bool default_model = o.model.empty();
   o.model = resolve_model_dir(o.model, "serve");
@@ -341,6 +343,7 @@ void setup(CLI::App& app) {
   add_device_option(sub, &o->device);
   add_cuda_graphs_option(sub, &o->cuda_graphs);
   add_quant_activations_option(sub, &o->quant_activations);
+  add_dense_activations_option(sub, &o->dense_activations);
   auto* pending = sub->add_option("--max-pending-requests", o->max_pending_requests, "Live requests beyond this get 429")
                       ->capture_default_str()->check(CLI::Range(1, 1 << 24));
   sub->add_option("--max-waiting-requests", o->max_waiting_requests,

@@ -5,7 +5,9 @@
 #include <cstdlib>
 
 #include "backend/backend.h"
+#include "backend/cpu/bf16_dot_gemm.h"
 #include "backend/device/device_choice.h"
+#include "backend/ops.h"
 #include "backend/quant_ops.h"
 #include "core/error.h"
 
@@ -42,6 +44,35 @@ void apply_quant_activations(const std::string& flag) {
          "': use int8 (int8 activations with VNNI dot products, the default) or f32 (weights dequantized to f32)");
   backend::set_default_quant_activations(flag == "int8" ? backend::QuantActivations::kInt8
                                                         : backend::QuantActivations::kF32);
+}
+
+void add_dense_activations_option(CLI::App* sub, std::string* value) {
+  sub->add_option("--dense-activations", *value,
+                  "f32 or bf16: matmuls on bf16 weights take the activations as f32 (exact, the default) or rounded "
+                  "to bf16 once per matmul with AVX512_BF16 dot products (bf16: faster prefill, not exact; refused "
+                  "where the CPU lacks AVX512_BF16). Default: the SHARDLM_DENSE_ACTIVATIONS environment variable, "
+                  "else f32");
+}
+
+void apply_dense_activations(const std::string& flag, const std::string& device_flag) {
+  backend::DenseActivations a = backend::DenseActivations::kF32;
+  const char* source = "--dense-activations bf16";
+  if (flag.empty()) {
+    a = backend::default_dense_activations();  // throws for a bad or unrunnable SHARDLM_DENSE_ACTIVATIONS
+    source = "SHARDLM_DENSE_ACTIVATIONS=bf16";
+  } else {
+    if (!backend::parse_dense_activations(flag.c_str(), &a))
+      fail(ErrorCode::kInvalidArgument, "--dense-activations '", flag,
+           "': use f32 (exact, the default) or bf16 (bf16 weights take bf16-rounded activations and AVX512_BF16 dot "
+           "products)");
+    if (a == backend::DenseActivations::kBf16 && !backend::bf16_dot_gemm_runs())
+      fail(ErrorCode::kUnsupported, "--dense-activations bf16: ", backend::bf16_dot_gemm_missing(),
+           "; drop the flag or use f32");
+    backend::set_default_dense_activations(a);
+  }
+  if (a == backend::DenseActivations::kBf16 && !backend::parse_device_flag(device_flag).device.is_cpu())
+    fail(ErrorCode::kUnsupported, source, ": a CPU kernel option, and --device is ", device_flag,
+         "; drop it or run on --device cpu");
 }
 
 Device device_for_thread_ranks(const std::string& flag, int n_ranks) {

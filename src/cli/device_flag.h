@@ -36,6 +36,17 @@ void add_quant_activations_option(CLI::App* sub, std::string* value);
 // model is loaded. Throws Error(kInvalidArgument) naming the flag or variable.
 void apply_quant_activations(const std::string& flag);
 
+// Adds --dense-activations f32|bf16: how matmuls on bf16 weights take the
+// activations on the CPU (backend/ops.h DenseActivations). Default:
+// SHARDLM_DENSE_ACTIVATIONS, else f32 (exact).
+void add_dense_activations_option(CLI::App* sub, std::string* value);
+// Sets the process's choice from the flag, or checks the environment variable
+// when the flag is empty, before any model is loaded. Throws
+// Error(kInvalidArgument) naming the flag or variable for a bad value, and
+// Error(kUnsupported) for bf16 where the CPU lacks AVX512_BF16 (or
+// SHARDLM_ISA caps it) or with a --device other than cpu.
+void apply_dense_activations(const std::string& flag, const std::string& device_flag);
+
 // --kv-cache-dtype when the user gave none: f32 on the CPU (exact), bf16 on a
 // GPU (the only cache dtype its kernels have).
 DType default_kv_dtype(const Device& device);

@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "backend/cpu/bf16_dot_gemm.h"
+#include "backend/ops.h"
 #include "core/error.h"
 #include "loader/model_spec.h"
 #include "model/draft_model.h"
@@ -108,13 +110,23 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
     // Replica ranks ordered as in the world: tp fastest, then pp.
     replica_ = world.split(dp_rank_, world.rank());
     // The driver's KV geometry wins: it sized the cache for its scheduler.
-    int64_t geometry[4] = {options_.n_blocks, options_.block_size, static_cast<int64_t>(options_.kv_dtype),
-                           options_.batch_invariant ? 1 : 0};
+    // So do its kernel choices: batch invariance, and the dense activations
+    // (--dense-activations; a rank whose CPU lacks AVX512_BF16 refuses bf16).
+    int64_t geometry[5] = {options_.n_blocks, options_.block_size, static_cast<int64_t>(options_.kv_dtype),
+                           options_.batch_invariant ? 1 : 0,
+                           static_cast<int64_t>(backend::default_dense_activations())};
     replica_->broadcast(geometry, sizeof geometry, 0);
     options_.n_blocks = geometry[0];
     options_.block_size = geometry[1];
     options_.kv_dtype = static_cast<DType>(geometry[2]);
     options_.batch_invariant = geometry[3] != 0;
+    if (geometry[4] != static_cast<int64_t>(backend::default_dense_activations())) {
+      const auto driver = static_cast<backend::DenseActivations>(geometry[4]);
+      if (driver == backend::DenseActivations::kBf16 && !backend::bf16_dot_gemm_runs())
+        fail(ErrorCode::kUnsupported, "rank ", world.rank(), ": the driver runs --dense-activations bf16, but ",
+             backend::bf16_dot_gemm_missing());
+      backend::set_default_dense_activations(driver);
+    }
     if (options_.n_blocks < 1 || options_.block_size < 1)
       fail(ErrorCode::kInvalidArgument, "executor: n_blocks and block_size must be >= 1, got ", options_.n_blocks, " and ",
            options_.block_size);

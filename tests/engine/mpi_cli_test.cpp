@@ -171,6 +171,27 @@ TEST_F(MpiGenerate, Tp2Pp2WithPassiveCollectiveWaits) {
 }
 // Experts whole over the processes (128 over 3 = 43, 43, 42; 8 over 4 = 2 each),
 // with PP; and without EP, every expert's columns split over 3 processes.
+// --dense-activations under mpirun: the driver's choice is broadcast with the
+// KV geometry, so a worker started with the other value (MPMD: rank 1 gets
+// its own command line) computes what the driver asked for. Its logits equal
+// those of the run where every rank was given the driver's value.
+TEST_F(MpiGenerate, DenseActivationsFollowTheDriver) {
+  if (run_command(cli_ + " generate " + m7_ + " --prompt-ids 3 --max-tokens 1 --dense-activations bf16").rc != 0)
+    GTEST_SKIP() << "no AVX512_BF16 here: --dense-activations bf16 is refused";
+  const std::string mp = std::string(SHARDLM_MPIRUN_PATH) + " --oversubscribe --allow-run-as-root --mca btl self,vader ";
+  auto tp2 = [&](const std::string& driver, const std::string& worker, const std::string& tag) {
+    Proc r = run_command(mp + "-np 1 " + generate(m7_, tag) + " --tp 2 --dense-activations " + driver + " : -np 1 " +
+                         generate(m7_, tag + "_worker") + " --tp 2 --dense-activations " + worker);
+    EXPECT_EQ(r.rc, 0) << r.out << r.err;
+    return read_f32(root_ + "/mpi_" + tag + ".logits");
+  };
+  const auto bf16 = tp2("bf16", "bf16", "dense_bf16"), f32 = tp2("f32", "f32", "dense_f32");
+  ASSERT_EQ(bf16.size(), 512u);
+  EXPECT_NE(bf16, f32);  // the option changes the logits of this bf16 checkpoint
+  EXPECT_EQ(tp2("bf16", "f32", "dense_bf16_f32"), bf16);
+  EXPECT_EQ(tp2("f32", "bf16", "dense_f32_bf16"), f32);
+}
+
 // A draft model under mpirun: it runs whole on rank 0 while the target's
 // ranks verify; the target as its own draft has every draft accepted and the
 // greedy tokens of the plain single-process run.

@@ -247,6 +247,63 @@ TEST_F(GenerateCli, QuantActivationsFlagChoosesTheKernelsAndRefusesBadValues) {
   std::filesystem::remove_all(awq);
 }
 
+// --dense-activations bf16 (bf16 weights take bf16-rounded activations and
+// AVX512_BF16 dot products): where the CPU has AVX512_BF16, the greedy tokens
+// equal the exact path's on this checkpoint, the logits move (the option took
+// effect) but only by bf16 rounding, the variable does what the flag does, and
+// --batch-invariant keeps it (the kernel is row-invariant). Bad values, and
+// bf16 where it cannot run, stop the command naming the flag or variable.
+TEST_F(GenerateCli, DenseActivationsBf16KeepsGreedyTokensAndRefusesBadValues) {
+  // A prompt whose 8 greedy steps have margins wider than bf16 rounding moves (random weights have
+  // near-ties: after 3,141,59,26,5,77,300,12 the 7th token flips).
+  const std::string base = cli_ + " generate " + dir_ + " --prompt-ids 3,141,59,26,5 --max-tokens 8 --json";
+  auto run = [&](const std::string& env, const std::string& flags, const std::string& name, nlohmann::json* j) {
+    Proc g = sh(env + base + " --dump-logits " + dir_ + "/" + name + ".logits" + flags);
+    EXPECT_EQ(g.rc, 0) << g.out;
+    if (g.rc == 0) *j = nlohmann::json::parse(g.out);
+    return read_f32(dir_ + "/" + name + ".logits");
+  };
+  Proc r = sh(base + " --dense-activations fp16");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--dense-activations 'fp16': use f32"), std::string::npos) << r.out;
+  r = sh("SHARDLM_DENSE_ACTIVATIONS=int8 " + cli_ + " generate /nonexistent --prompt-ids 1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("SHARDLM_DENSE_ACTIVATIONS is 'int8'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("config.json"), std::string::npos) << r.out;  // refused before the model is read
+  r = sh("SHARDLM_ISA=avx512 " + base + " --dense-activations bf16");
+  if (r.out.find("SHARDLM_ISA=avx512: this CPU runs at most") == std::string::npos) {  // the CPU has AVX-512
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_NE(r.out.find("--dense-activations bf16: SHARDLM_ISA caps"), std::string::npos) << r.out;
+  }
+  r = sh(base + " --dense-activations bf16 --device cuda:0");
+  EXPECT_EQ(r.rc, 1);
+  nlohmann::json exact, bf16, bf16_env, bf16_inv;
+  const auto l_exact = run("", "", "exact", &exact);
+  const auto l_f32 = run("", " --dense-activations f32", "f32", &bf16);
+  EXPECT_EQ(l_f32, l_exact);
+  Proc probe = sh(cli_ + " generate " + dir_ + " --prompt-ids 3 --max-tokens 1 --dense-activations bf16");
+  if (probe.rc != 0) {
+    EXPECT_NE(probe.out.find("--dense-activations bf16: "), std::string::npos) << probe.out;
+    GTEST_SKIP() << "no AVX512_BF16 here: " << probe.out;
+  }
+  const auto l_bf16 = run("", " --dense-activations bf16", "bf16", &bf16);
+  const auto l_env = run("SHARDLM_DENSE_ACTIVATIONS=bf16 ", "", "bf16_env", &bf16_env);
+  const auto l_inv = run("", " --dense-activations bf16 --batch-invariant", "bf16_inv", &bf16_inv);
+  EXPECT_EQ(bf16["token_ids"], exact["token_ids"]);
+  EXPECT_EQ(bf16_env["token_ids"], exact["token_ids"]);
+  EXPECT_EQ(l_env, l_bf16);
+  EXPECT_EQ(l_inv, l_bf16);  // one kernel, one order, whatever the row count
+  ASSERT_EQ(l_bf16.size(), l_exact.size());
+  float scale = 1.0f, worst = 0.0f;
+  for (size_t i = 0; i < l_bf16.size(); ++i) {
+    scale = std::max(scale, std::fabs(l_exact[i]));
+    worst = std::max(worst, std::fabs(l_bf16[i] - l_exact[i]));
+  }
+  EXPECT_GT(worst, 0.0f) << "bf16 activations changed no logit: the option did not take effect";
+  // Three layers of inputs rounded by up to 2^-8 each: a few 2^-8 of the logits' scale.
+  EXPECT_LT(worst / scale, 0.05f);
+}
+
 // --speculative-config (ngram): through the CLI, the greedy tokens equal those
 // without it, on a copy-heavy prompt whose drafts get accepted; --batch-invariant
 // alone changes no token; seeded sampling keeps its tokens too; what is not

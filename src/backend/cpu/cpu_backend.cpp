@@ -48,7 +48,9 @@ bool CpuBackend::batch_invariant() const { return backend::batch_invariant(); }
 std::string CpuBackend::name() const {
   // The GEMV/small-batch kernel's ISA, chosen by CPUID at run time.
   const std::string isa = cpu_isa_name(active_cpu_isa());
-  return "cpu (" + std::to_string(n_threads_ > 0 ? n_threads_ : num_threads()) + " threads, " + isa + ")";
+  const bool bf16 = default_dense_activations() == DenseActivations::kBf16;
+  return "cpu (" + std::to_string(n_threads_ > 0 ? n_threads_ : num_threads()) + " threads, " + isa +
+         (bf16 ? ", bf16 activations" : "") + ")";
 }
 
 Tensor CpuBackend::alloc(DType dtype, TensorShape shape) {
