@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu_isa.h"
-#include "backend/ops.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/ops.h"
 #include "bandwidth.h"
 
 using namespace shardlm;

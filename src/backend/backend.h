@@ -12,7 +12,7 @@
 // run them asynchronously, and download()/synchronize() wait.
 //
 // Implementations: backend/cpu (CpuBackend), backend/cuda (with SHARDLM_CUDA).
-// The scalar reference kernels (backend/ops.h, namespace ref) are the oracle
+// The scalar reference kernels (backend/cpu/ops.h, namespace ref) are the oracle
 // every implementation is tested against.
 #pragma once
 
@@ -24,8 +24,8 @@
 
 #include "backend/device/graph_buckets.h"
 #include "backend/device/memory_accounting.h"
-#include "backend/ops.h"
-#include "backend/quant_ops.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/quant_ops.h"
 #include "backend/step_metadata.h"
 #include "core/tensor.h"
 
@@ -34,7 +34,7 @@ namespace shardlm::backend {
 // A linear layer's weights as a rank holds them: weight [out, in] in its
 // stored dtype (unquantized: f32/f16/bf16; fp8: F8_E4M3), bias [out] or
 // undefined, and for a quantized layer its scheme and the other stored parts
-// (backend/quant_ops.h: QuantizedWeight). The parts stay in the checkpoint's
+// (backend/cpu/quant_ops.h: QuantizedWeight). The parts stay in the checkpoint's
 // dtypes and layout; kernels dequantize in registers. For AWQ/GPTQ `weight`
 // is undefined (the packed words are quant.qweight).
 struct Linear {
@@ -214,7 +214,7 @@ class Backend {
   // log_softmax. Only the ids and logprobs cross. Base: Error(kUnsupported).
   virtual void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs);
 
-  // ---- mixture of experts (backend/moe_ops.h has the contracts) ----
+  // ---- mixture of experts (backend/cpu/moe_ops.h has the contracts) ----
   // True when moe_route and moe_experts are implemented (a MoE model checks at load).
   virtual bool has_moe_ops() const { return false; }
   // ids[n, top_k] (i32), weights[n, top_k] (f32): each token's top_k experts by

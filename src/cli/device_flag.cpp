@@ -6,7 +6,7 @@
 
 #include "backend/backend.h"
 #include "backend/device/device_choice.h"
-#include "backend/quant_ops.h"
+#include "backend/cpu/quant_ops.h"
 #include "core/error.h"
 
 namespace shardlm::cli {

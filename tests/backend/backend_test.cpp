@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/moe_ops.h"
+#include "backend/cpu/moe_ops.h"
 #include "core/error.h"
 
 namespace shardlm::backend {

@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
-#include "backend/cpu_isa.h"
-#include "backend/quant_ops.h"
-#include "backend/quant_ops_isa.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/quant_ops.h"
+#include "backend/cpu/quant_ops_isa.h"
 #include "core/error.h"
 #include "loader/quant_config.h"
 #include "loader/quant_pack.h"
@@ -240,7 +240,7 @@ TEST_P(QuantMatmulTest, MatchesMatmulOnDequantizedWeights) {
   }
 }
 
-// Batch invariance (backend/ops.h set_batch_invariant): with f32
+// Batch invariance (backend/cpu/ops.h set_batch_invariant): with f32
 // activations, a row's output is bit-identical computed alone or as one of
 // 3, 5, 16 or 64 rows, whichever token tile or GEMM the row count selects.
 TEST_P(QuantMatmulTest, ARowAloneOrInAnyBatchIsBitIdentical) {

@@ -5,7 +5,7 @@
 // one, at TP 1 and TP 2 with uneven heads (7 Q heads: 4 + 3).
 #include <gtest/gtest.h>
 
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "model/generate.h"
 #include "model/speculative.h"
 #include "random_weights.h"

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <functional>
 
-#include "backend/cpu_isa.h"
+#include "backend/cpu/cpu_isa.h"
 #include "core/error.h"
 
 namespace shardlm::backend {

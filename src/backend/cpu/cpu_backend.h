@@ -1,5 +1,5 @@
 // The CPU implementation of Backend: f32 activations, weights widened in
-// registers (backend/ops.h kernels: AVX2/FMA + OpenMP), host memory counted
+// registers (backend/cpu/ops.h kernels: AVX2/FMA + OpenMP), host memory counted
 // as the allocator obtains it.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/moe_ops.h"
+#include "backend/cpu/moe_ops.h"
 
 namespace shardlm::backend {
 
@@ -33,7 +33,7 @@ class CpuBackend final : public Backend {
   void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
              const StepMetadata& meta, Tensor& out) override;
   void matmul(const Tensor& x, const Linear& w, Tensor& y) override;
-  // AWQ 4-bit, GPTQ 4/8-bit and FP8 E4M3 (backend/quant_ops.h).
+  // AWQ 4-bit, GPTQ 4/8-bit and FP8 E4M3 (backend/cpu/quant_ops.h).
   bool supports(WeightScheme scheme, int bits) const override;
   void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) override;
   void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) override;
@@ -47,7 +47,7 @@ class CpuBackend final : public Backend {
                        const AttentionHeads& heads, Tensor& out) override;
   void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) override;
   bool has_moe_ops() const override { return true; }
-  // Dense matmuls on backend/rows_gemm.h for every row count, quantized ones
+  // Dense matmuls on backend/cpu/rows_gemm.h for every row count, quantized ones
   // on their row-order kernels, attention split by context length only.
   bool set_batch_invariant(bool on) override;
   bool batch_invariant() const override;

@@ -1,6 +1,6 @@
 // The CUDA backend's own kernels (kernels/*.cu), as host-callable launchers on
 // a stream. Device pointers throughout; shapes in the comments. Contracts
-// mirror the CPU ops in backend/ops.h, which are their oracle (the ops test in
+// mirror the CPU ops in backend/cpu/ops.h, which are their oracle (the ops test in
 // tests/backend/cuda/ compares each against backend::ref on a device):
 //   - the residual stream and attention scores stay f32; GEMM inputs, the KV
 //     cache and the attention output are bf16 (tensor-core operands);

@@ -15,7 +15,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling.h"
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "core/dtype.h"
 #include "core/error.h"
 

@@ -1,6 +1,6 @@
 // Optimised CPU ops: AVX2/FMA/F16C kernels (weights widened in registers)
 // with OpenMP over output rows; portable loops when the ISA is absent.
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 
 #include <omp.h>
 
@@ -12,9 +12,9 @@
 
 #include "core/error.h"
 
-#include "backend/packed_gemm.h"
-#include "backend/rows_gemm.h"
-#include "backend/simd.h"
+#include "backend/cpu/packed_gemm.h"
+#include "backend/cpu/rows_gemm.h"
+#include "backend/cpu/simd.h"
 
 namespace shardlm::backend {
 

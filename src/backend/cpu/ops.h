@@ -33,10 +33,10 @@ struct VectorView {
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y);
 
 // The kernels a dense matmul can take:
-//   kRows:   backend/rows_gemm.h, built per ISA and chosen by CPUID
+//   kRows:   backend/cpu/rows_gemm.h, built per ISA and chosen by CPUID
 //            (active_cpu_isa()): batch 1 and small batches; its reduction
 //            order of an element is the same for every n;
-//   kPacked: backend/packed_gemm.h's AVX-512/AVX2 GEMM (prefill, large batches);
+//   kPacked: backend/cpu/packed_gemm.h's AVX-512/AVX2 GEMM (prefill, large batches);
 //   kAmx:    the same GEMM on AMX tiles (bf16 on CPUs that have them).
 // The two GEMMs sum in another order than kRows, so with them a row's
 // output depends (in the last bits) on how many rows share the call.
@@ -47,7 +47,7 @@ const char* matmul_path_name(MatmulPath path);  // "rows", "packed", "amx"
 // Batch invariance (process-wide; off by default): when on, every dense
 // matmul takes kRows whatever n is, so a row's output is bit-identical
 // computed alone or among any other rows (speculative verification, a
-// request's tokens under any load). Quantized matmuls: backend/quant_ops.h.
+// request's tokens under any load). Quantized matmuls: backend/cpu/quant_ops.h.
 void set_batch_invariant(bool on);
 bool batch_invariant();
 

@@ -2,7 +2,7 @@
 // and dequantized on its own, straight from the layout's definition.
 #include <vector>
 
-#include "backend/quant_ops.h"
+#include "backend/cpu/quant_ops.h"
 #include "core/error.h"
 
 namespace shardlm::backend {

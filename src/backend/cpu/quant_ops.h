@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "core/tensor.h"
 
 namespace shardlm::backend {
