@@ -22,10 +22,11 @@
 #include <span>
 #include <string>
 
-#include "backend/device/graph_buckets.h"
-#include "backend/device/memory_accounting.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant_ops.h"
+#include "backend/device/graph_buckets.h"
+#include "backend/device/memory_accounting.h"
+#include "backend/op_args.h"
 #include "backend/step_metadata.h"
 #include "core/tensor.h"
 

@@ -383,10 +383,6 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
   }
 }
 
-float AttentionHeads::scale_for(int64_t head_dim) const {
-  return scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
-}
-
 void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out, float weight_offset) {
   const int64_t d = weight.n;
   static thread_local std::vector<float> w_buf;  // the weight in f32, reused across calls

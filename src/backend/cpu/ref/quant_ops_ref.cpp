@@ -7,16 +7,6 @@
 
 namespace shardlm::backend {
 
-const char* weight_scheme_name(WeightScheme scheme) {
-  switch (scheme) {
-    case WeightScheme::kDense: return "dense";
-    case WeightScheme::kAwq: return "awq";
-    case WeightScheme::kGptq: return "gptq";
-    case WeightScheme::kFp8: return "fp8";
-  }
-  return "?";
-}
-
 QuantMatrixView quant_view(const QuantizedWeight& q, const Tensor& fp8) {
   QuantMatrixView v;
   v.scheme = q.scheme;

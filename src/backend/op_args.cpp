@@ -1,0 +1,16 @@
+// The names of backend/op_args.h's types, for messages.
+#include "backend/op_args.h"
+
+namespace shardlm::backend {
+
+const char* weight_scheme_name(WeightScheme scheme) {
+  switch (scheme) {
+    case WeightScheme::kDense: return "dense";
+    case WeightScheme::kAwq: return "awq";
+    case WeightScheme::kGptq: return "gptq";
+    case WeightScheme::kFp8: return "fp8";
+  }
+  return "?";
+}
+
+}  // namespace shardlm::backend
