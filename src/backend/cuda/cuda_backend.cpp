@@ -399,25 +399,24 @@ void CudaBackend::gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& ou
 void CudaBackend::paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                                   const AttentionHeads& heads, Tensor& out) {
   check_step(meta, "paged_attention");
-  if (!supports_attention(heads))
-    fail(ErrorCode::kUnsupported, "paged_attention on ", name(), ": ",
-         heads.window > 0 ? "a sliding window" : "a softmax scale other than 1/sqrt(head_dim)",
-         " is not implemented on CUDA yet; run this model on the CPU backend");
   const int64_t hd = cache.head_dim, elems = meta.n_tokens() * heads.n_q_heads * hd;
   SHARDLM_CHECK(q.numel() == elems && out.numel() == elems, "paged_attention: q ", q.describe(), ", out ",
                 out.describe());
   const DeviceKvLayer dc = device_kv(cache, "paged_attention");
-  const DeviceHeads dh{heads.n_q_heads, heads.q_head_begin, heads.kv_head_begin, heads.group_size};
   auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(elems) * sizeof(bf16)));
   const float* qp = f32(q, "attention q");
   if (step_all_decode_) {
-    // Sized for the largest graph bucket when graphs are on, so that no bucket regrows it (and moves it).
-    const size_t ws_bytes = decode_attention_workspace_bytes(std::max(step_n_seqs_, graph_max_rows_), heads.n_q_heads,
-                                                             hd, step_max_context_);
+    // Sized for the largest graph bucket when graphs are on, so that no bucket regrows it (and moves it),
+    // and for the whole context even on a sliding-window layer (which uses less of it), so that the
+    // layers of one step (Gemma 3: five local, then a global one) never regrow it between them.
+    AttentionHeads sizing = heads;
+    sizing.window = 0;
+    const size_t ws_bytes = decode_attention_workspace_bytes(std::max(step_n_seqs_, graph_max_rows_), sizing, hd,
+                                                             step_max_context_);
     void* ws = ws_bytes ? scratch(attn_ws_, ws_bytes) : nullptr;
-    paged_attention_decode(qp, heads.n_q_heads * hd, dc, dh, device_seqs(), step_max_context_, ws, ob, stream_);
+    paged_attention_decode(qp, heads.n_q_heads * hd, dc, heads, device_seqs(), step_max_context_, ws, ob, stream_);
   } else {
-    paged_attention_prefill(qp, heads.n_q_heads * hd, dc, dh, device_seqs(), step_max_chunk_, ob, stream_);
+    paged_attention_prefill(qp, heads.n_q_heads * hd, dc, heads, device_seqs(), step_max_chunk_, ob, stream_);
   }
   bf16_to_f32(ob, elems, f32_mut(out, "attention out"), stream_);
 }

@@ -24,6 +24,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -73,8 +74,12 @@ class CudaBackend final : public Backend {
   void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
-  // The decode and prefill kernels scale by 1/sqrt(head_dim) over the whole past.
-  bool supports_attention(const AttentionHeads& heads) const override { return heads.window == 0 && heads.scale == 0.0f; }
+  // The decode and prefill kernels take any sliding window and softmax scale
+  // (head_dim 64/96/128/256, refused at the launch otherwise); the decode
+  // kernel serves at most kMaxAttentionGroup Q heads per KV head.
+  bool supports_attention(const AttentionHeads& heads) const override {
+    return std::min(heads.group_size, heads.n_q_heads) <= kMaxAttentionGroup;
+  }
   void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k, const Tensor& v) override;
   void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                        const AttentionHeads& heads, Tensor& out) override;
