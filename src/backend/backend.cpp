@@ -7,12 +7,41 @@
 
 namespace shardlm::backend {
 
-void Backend::require_support(WeightScheme scheme, int bits) const {
-  if (supports(scheme, bits)) return;
-  fail(ErrorCode::kUnsupported, "quantized ", weight_scheme_name(scheme),
-       scheme == WeightScheme::kFp8 ? std::string() : " " + std::to_string(bits) + "-bit",
-       " is not supported on ", device().to_string(), " (backend ", name(),
-       "); run it on the cpu backend, or use the unquantized checkpoint");
+std::string describe(const OpArgs& args) {
+  switch (args.op) {
+    case Op::kMatmul:
+      if (args.scheme == WeightScheme::kDense) return str_cat("matmul of ", dtype_torch_name(args.weight_dtype), " weights");
+      return str_cat("quantized ", weight_scheme_name(args.scheme),
+                     args.scheme == WeightScheme::kFp8 ? std::string() : str_cat(" ", args.bits, "-bit"));
+    case Op::kPagedAttention:
+      return str_cat("paged_attention (head_dim ", args.head_dim,
+                     args.heads.window > 0 ? str_cat(", sliding window ", args.heads.window) : std::string(),
+                     args.heads.scale > 0.0f ? str_cat(", softmax scale ", args.heads.scale) : std::string(),
+                     args.kv_dtype ? str_cat(", ", dtype_torch_name(*args.kv_dtype), " KV cache") : std::string(), ")");
+    case Op::kSampleRows: return "sample_rows (sampling on the device)";
+    case Op::kMoe: return "the mixture-of-experts ops (moe_route, moe_experts)";
+  }
+  return op_name(args.op);
+}
+
+std::string Backend::unsupported(const OpArgs& args) const {
+  switch (args.op) {
+    case Op::kMatmul:
+      return args.scheme == WeightScheme::kDense ? std::string()
+                                                 : "no quantized kernels; run it on the cpu backend, or use the "
+                                                   "unquantized checkpoint";
+    case Op::kPagedAttention: return std::string();
+    case Op::kSampleRows: return "no device sampler (its rows are sampled on the host)";
+    case Op::kMoe: return "no mixture-of-experts kernels; run this MoE model on the CPU backend";
+  }
+  return "an unknown op";
+}
+
+void Backend::require(const OpArgs& args) const {
+  const std::string why = unsupported(args);
+  if (why.empty()) return;
+  fail(ErrorCode::kUnsupported, describe(args), " is not supported on ", device().to_string(), " (backend ", name(),
+       "): ", why);
 }
 
 void Backend::sample_rows(const Tensor&, std::span<const DeviceSampleRow>, int32_t*, float*) {

@@ -115,20 +115,21 @@ class Backend {
   // [0, vocab_size).
   virtual void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
                      const StepMetadata& meta, Tensor& out) = 0;
+  // ---- what this backend can run ----
+  // The one capability query (backend/op_args.h: Op, OpArgs): whether `op`
+  // runs here with these arguments. The model asks at load, for each kind of
+  // weight, layer and feature it has; a test skips what a device says it lacks.
+  bool supports(const OpArgs& args) const { return unsupported(args).empty(); }
+  // Why not: "" when supports(args), else what this backend cannot do ("a
+  // float32 KV cache", "head_dim 80 (64, 96, 128 or 256)").
+  virtual std::string unsupported(const OpArgs& args) const;
+  // Throws Error(kUnsupported) "<describe(args)> is not supported on <name()>:
+  // <unsupported(args)>" unless supports(args).
+  void require(const OpArgs& args) const;
+
   // y[n, out] = x[n, in] × weightᵀ (+ bias). A quantized Linear reaches a
-  // backend only when supports(its scheme) said yes at load.
+  // backend only when supports(OpArgs::quant_matmul(scheme, bits)) said yes at load.
   virtual void matmul(const Tensor& x, const Linear& w, Tensor& y) = 0;
-  // Whether matmul runs Linears stored in `scheme` (bits for AWQ/GPTQ). A
-  // backend without quantized kernels keeps this default.
-  virtual bool supports(WeightScheme scheme, int bits) const {
-    (void)scheme;
-    (void)bits;
-    return false;
-  }
-  // Throws Error(kUnsupported) "quantized <scheme> is not supported on
-  // <device>" unless supports(scheme, bits). The model calls it before it
-  // loads a quantized weight.
-  void require_support(WeightScheme scheme, int bits) const;
   // out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × (weight.offset + weight.weight);
   // x, out: [rows, d] (out may be x).
   virtual void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) = 0;
@@ -158,14 +159,9 @@ class Backend {
   // first with kv_cache_write), scaled by heads.scale_for(head_dim), over the
   // last heads.window keys when the layer has a sliding window.
   // q, out: [n_tokens, n_q_local, head_dim].
+  // A layer's heads reach it only when supports(OpArgs::attention(...)) said yes at load.
   virtual void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                                const AttentionHeads& heads, Tensor& out) = 0;
-  // Whether paged_attention computes what `heads` asks (its scale and
-  // window); the model asks at load for each kind of layer it has.
-  virtual bool supports_attention(const AttentionHeads& heads) const {
-    (void)heads;
-    return true;
-  }
   // out[n_logits, d] = rows meta.logit_rows() of x[n_tokens, d].
   virtual void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
   // dst[r, col_begin + j] = src[r, j] for every row r and column j of src:
@@ -207,17 +203,14 @@ class Backend {
   virtual bool set_batch_invariant(bool on) { return !on; }
   virtual bool batch_invariant() const { return false; }
 
-  // ---- sampling where the logits are ----
-  // True when sample_rows is implemented (a GPU: the logits never cross).
-  virtual bool has_device_sampler() const { return false; }
+  // ---- sampling where the logits are (supports(OpArgs::of(Op::kSampleRows))) ----
   // ids[r], logprobs[r] (host memory): row r of logits [n_rows, vocab] f32 on
   // this device sampled as rows[r] says; logprobs are the chosen tokens' raw
   // log_softmax. Only the ids and logprobs cross. Base: Error(kUnsupported).
   virtual void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs);
 
   // ---- mixture of experts (backend/cpu/moe_ops.h has the contracts) ----
-  // True when moe_route and moe_experts are implemented (a MoE model checks at load).
-  virtual bool has_moe_ops() const { return false; }
+  // Implemented where supports(OpArgs::of(Op::kMoe)) (a MoE model checks at load).
   // ids[n, top_k] (i32), weights[n, top_k] (f32): each token's top_k experts by
   // router logit, logits: [n, n_experts]; softmax probabilities, renormalised
   // over the chosen when `renormalize`. The base class throws
@@ -231,6 +224,10 @@ class Backend {
   virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
                            int64_t n_experts_local, int64_t expert_begin, Tensor& out);
 };
+
+// What supports(args) was asked, for messages: "quantized awq 4-bit",
+// "paged_attention (head_dim 256, sliding window 1024, softmax scale 0.0625)".
+std::string describe(const OpArgs& args);
 
 struct BackendOptions {
   Device device;            // cpu, or cuda:i

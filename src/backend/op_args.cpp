@@ -13,4 +13,14 @@ const char* weight_scheme_name(WeightScheme scheme) {
   return "?";
 }
 
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kMatmul: return "matmul";
+    case Op::kPagedAttention: return "paged_attention";
+    case Op::kSampleRows: return "sample_rows";
+    case Op::kMoe: return "moe";
+  }
+  return "?";
+}
+
 }  // namespace shardlm::backend

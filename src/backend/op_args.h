@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "core/dtype.h"
 
@@ -60,4 +61,54 @@ enum class WeightScheme { kDense, kAwq, kGptq, kFp8 };
 // "dense", "awq", "gptq", "fp8"
 const char* weight_scheme_name(WeightScheme scheme);
 
+// ---- what a backend can run: Backend::supports(OpArgs) ----
+// The ops whose support differs between backends (every other op runs on
+// every backend).
+enum class Op {
+  kMatmul,          // args: weight_dtype (dense) or scheme and bits (quantized)
+  kPagedAttention,  // args: heads (their scale and window), head_dim, kv_dtype
+  kSampleRows,      // sampling where the logits are (a GPU: only ids cross)
+  kMoe,             // moe_route and moe_experts
+};
+// "matmul", "paged_attention", "sample_rows", "moe"
+const char* op_name(Op op);
+
+// One supports() question: the op and the arguments that decide it. Fields
+// another op reads keep their defaults; build one with the helpers.
+struct OpArgs {
+  Op op = Op::kMatmul;
+  DType weight_dtype = DType::kBF16;           // kMatmul, dense: the weight's stored dtype
+  WeightScheme scheme = WeightScheme::kDense;  // kMatmul
+  int bits = 0;                                // kMatmul, quantized: 4 or 8
+  AttentionHeads heads;                        // kPagedAttention
+  int64_t head_dim = 0;                        // kPagedAttention
+  std::optional<DType> kv_dtype;               // kPagedAttention: the cache's dtype (unset: not asked)
+
+  static OpArgs of(Op op) {
+    OpArgs a;
+    a.op = op;
+    return a;
+  }
+  static OpArgs dense_matmul(DType weight_dtype) {
+    OpArgs a = of(Op::kMatmul);
+    a.weight_dtype = weight_dtype;
+    return a;
+  }
+  static OpArgs quant_matmul(WeightScheme scheme, int bits) {
+    OpArgs a = of(Op::kMatmul);
+    a.scheme = scheme;
+    a.bits = bits;
+    return a;
+  }
+  static OpArgs attention(const AttentionHeads& heads, int64_t head_dim,
+                          std::optional<DType> kv_dtype = std::nullopt) {
+    OpArgs a = of(Op::kPagedAttention);
+    a.heads = heads;
+    a.head_dim = head_dim;
+    a.kv_dtype = kv_dtype;
+    return a;
+  }
+};
+
 }  // namespace shardlm::backend
+

@@ -165,7 +165,7 @@ TEST_P(QuantMatmulTest, MatchesMatmulOnDequantizedWeights) {
   for (size_t i = 0; i < deq.size(); ++i) ASSERT_EQ(mine[i], deq[i]) << c.name << " element " << i;
 
   auto b = make_backend({Device{}, 2});
-  ASSERT_TRUE(b->supports(l.quant.scheme, l.quant.bits));
+  ASSERT_TRUE(b->supports(OpArgs::quant_matmul(l.quant.scheme, l.quant.bits)));
   std::normal_distribution<float> xd(0.0f, 1.0f);
   const QuantMatrixView view = quant_view(l.quant, l.weight);
   // The int8-activation kernels run wherever the build has them (AVX-512 VNNI)
@@ -395,7 +395,7 @@ class NoQuantBackend final : public Backend {
 TEST(QuantSupport, ABackendWithoutKernelsNamesTheSchemeAndDevice) {
   NoQuantBackend b;
   try {
-    b.require_support(WeightScheme::kAwq, 4);
+    b.require(OpArgs::quant_matmul(WeightScheme::kAwq, 4));
     FAIL() << "expected a refusal";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
@@ -403,9 +403,13 @@ TEST(QuantSupport, ABackendWithoutKernelsNamesTheSchemeAndDevice) {
         << e.what();
   }
   auto cpu = make_backend({Device{}, 1});
-  EXPECT_FALSE(cpu->supports(WeightScheme::kAwq, 8));
-  EXPECT_THROW(cpu->require_support(WeightScheme::kGptq, 3), Error);
-  EXPECT_NO_THROW(cpu->require_support(WeightScheme::kFp8, 8));
+  EXPECT_FALSE(cpu->supports(OpArgs::quant_matmul(WeightScheme::kAwq, 8)));
+  EXPECT_NE(cpu->unsupported(OpArgs::quant_matmul(WeightScheme::kAwq, 8)).find("8-bit AWQ"), std::string::npos);
+  EXPECT_THROW(cpu->require(OpArgs::quant_matmul(WeightScheme::kGptq, 3)), Error);
+  EXPECT_NO_THROW(cpu->require(OpArgs::quant_matmul(WeightScheme::kFp8, 8)));
+  EXPECT_TRUE(cpu->supports(OpArgs::quant_matmul(WeightScheme::kGptq, 8)));
+  EXPECT_FALSE(b.supports(OpArgs::quant_matmul(WeightScheme::kFp8, 8)));
+  EXPECT_TRUE(b.supports(OpArgs::dense_matmul(DType::kBF16)));
 }
 
 }  // namespace

@@ -95,7 +95,9 @@ class GraphCpuBackend final : public Backend {
   }
   uint64_t buffer_epoch() const override { return s_->epoch; }
   // A "device" sampler over the host logits: greedy rows only (what the test asks of it).
-  bool has_device_sampler() const override { return true; }
+  std::string unsupported(const backend::OpArgs& args) const override {
+    return args.op == backend::Op::kSampleRows ? std::string() : cpu_->unsupported(args);
+  }
   void sample_rows(const Tensor& logits, std::span<const backend::DeviceSampleRow> rows, int32_t* ids,
                    float* logprobs) override {
     const int64_t vocab = logits.dim(1);

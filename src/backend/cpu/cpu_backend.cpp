@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/rows_gemm.h"
 #include "core/error.h"
 
 namespace shardlm::backend {
@@ -123,14 +124,29 @@ void CpuBackend::embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_e
   }
 }
 
-bool CpuBackend::supports(WeightScheme scheme, int bits) const {
-  switch (scheme) {
-    case WeightScheme::kDense: return true;
-    case WeightScheme::kAwq: return bits == 4;
-    case WeightScheme::kGptq: return bits == 4 || bits == 8;
-    case WeightScheme::kFp8: return true;
+std::string CpuBackend::unsupported(const OpArgs& args) const {
+  switch (args.op) {
+    case Op::kMatmul:
+      switch (args.scheme) {
+        case WeightScheme::kDense:
+          return rows_gemm_supports(args.weight_dtype)
+                     ? std::string()
+                     : str_cat("weights stored as ", dtype_torch_name(args.weight_dtype), " (f32, f16 or bf16)");
+        case WeightScheme::kAwq: return args.bits == 4 ? std::string() : str_cat(args.bits, "-bit AWQ (4-bit only)");
+        case WeightScheme::kGptq:
+          return args.bits == 4 || args.bits == 8 ? std::string() : str_cat(args.bits, "-bit GPTQ (4 or 8 bits)");
+        case WeightScheme::kFp8: return std::string();
+      }
+      break;
+    case Op::kPagedAttention:
+      if (args.kv_dtype && *args.kv_dtype != DType::kF32 && *args.kv_dtype != DType::kF16 &&
+          *args.kv_dtype != DType::kBF16 && *args.kv_dtype != DType::kF8E4M3)
+        return str_cat("a KV cache of ", dtype_torch_name(*args.kv_dtype), " (f32, f16, bf16 or fp8)");
+      return std::string();
+    case Op::kMoe: return std::string();
+    case Op::kSampleRows: break;
   }
-  return false;
+  return Backend::unsupported(args);
 }
 
 void CpuBackend::matmul(const Tensor& x, const Linear& w, Tensor& y) {

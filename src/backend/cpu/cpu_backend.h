@@ -33,8 +33,10 @@ class CpuBackend final : public Backend {
   void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
              const StepMetadata& meta, Tensor& out) override;
   void matmul(const Tensor& x, const Linear& w, Tensor& y) override;
-  // AWQ 4-bit, GPTQ 4/8-bit and FP8 E4M3 (backend/cpu/quant_ops.h).
-  bool supports(WeightScheme scheme, int bits) const override;
+  // Everything but sample_rows: dense f32/f16/bf16 weights; AWQ 4-bit, GPTQ
+  // 4/8-bit and FP8 E4M3 (backend/cpu/quant_ops.h); attention of any window,
+  // scale and head size over an f32/f16/bf16/fp8 cache; the MoE ops.
+  std::string unsupported(const OpArgs& args) const override;
   void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) override;
   void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) override;
   void add(Tensor& y, const Tensor& x) override;
@@ -46,7 +48,6 @@ class CpuBackend final : public Backend {
   void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                        const AttentionHeads& heads, Tensor& out) override;
   void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) override;
-  bool has_moe_ops() const override { return true; }
   // Dense matmuls on backend/cpu/rows_gemm.h for every row count, quantized ones
   // on their row-order kernels, attention split by context length only.
   bool set_batch_invariant(bool on) override;

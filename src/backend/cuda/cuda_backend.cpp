@@ -396,6 +396,30 @@ void CudaBackend::gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& ou
   bf16_to_f32(ob, out.numel(), f32_mut(out, "gelu_tanh_mul out"), stream_);
 }
 
+std::string CudaBackend::unsupported(const OpArgs& args) const {
+  switch (args.op) {
+    case Op::kMatmul:
+      if (args.scheme == WeightScheme::kDense && args.weight_dtype != DType::kBF16)
+        return str_cat("weights stored as ", dtype_torch_name(args.weight_dtype),
+                       " (the CUDA backend keeps bf16 weights)");
+      break;
+    case Op::kPagedAttention: {
+      if (!attention_head_dim_supported(args.head_dim))
+        return str_cat("head_dim ", args.head_dim, " (the attention kernels take ", kAttentionHeadDims, ")");
+      const int64_t group = std::min(args.heads.group_size, args.heads.n_q_heads);
+      if (group > kMaxAttentionGroup)
+        return str_cat(group, " Q heads per KV head on one rank (at most ", kMaxAttentionGroup, ")");
+      if (args.kv_dtype && *args.kv_dtype != DType::kBF16)
+        return str_cat("a KV cache of ", dtype_torch_name(*args.kv_dtype),
+                       " (bf16 only: --kv-cache-dtype bf16, or auto on a bf16 checkpoint)");
+      return std::string();
+    }
+    case Op::kSampleRows: return std::string();
+    case Op::kMoe: break;
+  }
+  return Backend::unsupported(args);
+}
+
 void CudaBackend::paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                                   const AttentionHeads& heads, Tensor& out) {
   check_step(meta, "paged_attention");

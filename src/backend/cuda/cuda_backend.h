@@ -74,12 +74,6 @@ class CudaBackend final : public Backend {
   void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
-  // The decode and prefill kernels take any sliding window and softmax scale
-  // (head_dim 64/96/128/256, refused at the launch otherwise); the decode
-  // kernel serves at most kMaxAttentionGroup Q heads per KV head.
-  bool supports_attention(const AttentionHeads& heads) const override {
-    return std::min(heads.group_size, heads.n_q_heads) <= kMaxAttentionGroup;
-  }
   void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k, const Tensor& v) override;
   void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                        const AttentionHeads& heads, Tensor& out) override;
@@ -91,8 +85,12 @@ class CudaBackend final : public Backend {
   uint64_t buffer_epoch() const override { return buffer_epoch_; }
   void set_decode_graph_bounds(int64_t max_rows, int64_t max_context) override;
 
+  // Dense bf16 matmuls (no quantized kernels yet); attention of any window and
+  // scale, head_dim 64/96/128/256, at most 16 Q heads per KV head, over a bf16
+  // cache; sample_rows; no MoE ops yet.
+  std::string unsupported(const OpArgs& args) const override;
+
   // backend/cuda/sampling.h's sampler over logits already on this device.
-  bool has_device_sampler() const override { return true; }
   void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs) override;
 
   // Measured bytes per category (weights, kv_cache, workspace, runtime) and
