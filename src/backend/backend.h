@@ -6,9 +6,11 @@
 //
 // Ops take Tensors. Activations are in activation_dtype() (f32 on CPU; a GPU
 // backend may choose bf16); weights stay in their checkpoint dtype and are
-// widened in registers. Shapes are written [rows, cols] below; every op checks
-// them and throws Error(kInternal) on a mismatch (a bug in the caller, never
-// user input). Ops run in order on the backend's context; a device backend may
+// widened in registers. Shapes are written [rows, cols] below; each public op
+// checks them once, here in the base class (backend.cpp), throwing
+// Error(kInternal) on a mismatch (a bug in the caller, never user input), and
+// then calls its device's do_<op>, which checks only what is its own (dtypes,
+// where the tensor lives). Ops run in order on the backend's context; a device backend may
 // run them asynchronously, and download()/synchronize() wait.
 //
 // Implementations: backend/cpu (CpuBackend), backend/cuda (with SHARDLM_CUDA).
@@ -113,8 +115,8 @@ class Backend {
   // token ids in [vocab_begin, vocab_end), zeros elsewhere (summed over the TP
   // group by the caller). Throws kInvalidArgument for an id outside
   // [0, vocab_size).
-  virtual void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
-                     const StepMetadata& meta, Tensor& out) = 0;
+  void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size, const StepMetadata& meta,
+             Tensor& out);
   // ---- what this backend can run ----
   // The one capability query (backend/op_args.h: Op, OpArgs): whether `op`
   // runs here with these arguments. The model asks at load, for each kind of
@@ -129,17 +131,17 @@ class Backend {
 
   // y[n, out] = x[n, in] × weightᵀ (+ bias). A quantized Linear reaches a
   // backend only when supports(OpArgs::quant_matmul(scheme, bits)) said yes at load.
-  virtual void matmul(const Tensor& x, const Linear& w, Tensor& y) = 0;
+  void matmul(const Tensor& x, const Linear& w, Tensor& y);
   // out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × (weight.offset + weight.weight);
   // x, out: [rows, d] (out may be x).
-  virtual void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) = 0;
+  void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out);
   // hidden += delta, then out = rms_norm(hidden): the residual add fused with
   // the norm that follows it. hidden, delta, out: [rows, d].
-  virtual void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) = 0;
+  void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out);
   // y += x, both [rows, d].
-  virtual void add(Tensor& y, const Tensor& x) = 0;
+  void add(Tensor& y, const Tensor& x);
   // x *= s, in place (Gemma's embedding scale).
-  virtual void scale(Tensor& x, float s) = 0;
+  void scale(Tensor& x, float s);
   // Rotate-half rotary embedding in place at the step's positions, over the
   // first 2 × inv_freq.numel() dims of each head (all of them, or Phi's
   // partial_rotary_factor of them; the rest pass through), cos and sin times
@@ -147,23 +149,22 @@ class Backend {
   // x: [n_tokens, n_heads, head_dim]; inv_freq: [rotary_dim / 2] f32 (host or
   // device), or [2, rotary_dim / 2] for LongRoPE: row 0 the short factors', row
   // 1 the long ones', taken by the tokens meta.long_rope() marks.
-  virtual void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) = 0;
+  void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale);
   // out[n, inter] = silu(gate) × up; gate, up: [n, inter] (out may be gate).
-  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
   // out[n, inter] = gelu_tanh(gate) × up (GeGLU: Gemma); shapes as silu_mul.
-  virtual void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out);
   // Stores the step's keys and values, k, v: [n_tokens, n_kv_local, head_dim], into the cache.
-  virtual void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
-                              const Tensor& v) = 0;
+  void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k, const Tensor& v);
   // Causal attention of each chunk over its cached past and itself (written
   // first with kv_cache_write), scaled by heads.scale_for(head_dim), over the
   // last heads.window keys when the layer has a sliding window.
   // q, out: [n_tokens, n_q_local, head_dim].
   // A layer's heads reach it only when supports(OpArgs::attention(...)) said yes at load.
-  virtual void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
-                               const AttentionHeads& heads, Tensor& out) = 0;
+  void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta, const AttentionHeads& heads,
+                       Tensor& out);
   // out[n_logits, d] = rows meta.logit_rows() of x[n_tokens, d].
-  virtual void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
+  void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out);
   // dst[r, col_begin + j] = src[r, j] for every row r and column j of src:
   // a rank's vocab slice of the logits placed into full rows after an
   // all_gather. src: [rows, w], dst: [rows, d] with col_begin + w <= d, same
@@ -207,7 +208,7 @@ class Backend {
   // ids[r], logprobs[r] (host memory): row r of logits [n_rows, vocab] f32 on
   // this device sampled as rows[r] says; logprobs are the chosen tokens' raw
   // log_softmax. Only the ids and logprobs cross. Base: Error(kUnsupported).
-  virtual void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs);
+  void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs);
 
   // ---- mixture of experts (backend/cpu/moe_ops.h has the contracts) ----
   // Implemented where supports(OpArgs::of(Op::kMoe)) (a MoE model checks at load).
@@ -215,14 +216,41 @@ class Backend {
   // router logit, logits: [n, n_experts]; softmax probabilities, renormalised
   // over the chosen when `renormalize`. The base class throws
   // Error(kUnsupported) naming the device: a backend without it cannot run MoE.
-  virtual void moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights);
+  void moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights);
   // out[n, hidden] = Σ over each token's routed experts that this rank holds
   // (global ids [expert_begin, expert_begin + experts.size())) of
   // weight × down(silu(gate(x)) × up(x)); tokens grouped by expert, each
   // active expert's matrices applied once to its rows. x: [n, hidden].
   // Base class: Error(kUnsupported) naming the device.
-  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
-                           int64_t n_experts_local, int64_t expert_begin, Tensor& out);
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
+                   int64_t n_experts_local, int64_t expert_begin, Tensor& out);
+
+ protected:
+  // What each device implements, called by the public op after its shape
+  // checks. sample_rows, moe_route and moe_experts have a base that throws
+  // Error(kUnsupported) naming the device (backends whose supports(OpArgs)
+  // says no keep it).
+  virtual void do_embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
+                        const StepMetadata& meta, Tensor& out) = 0;
+  virtual void do_matmul(const Tensor& x, const Linear& w, Tensor& y) = 0;
+  virtual void do_rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) = 0;
+  virtual void do_add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps,
+                               Tensor& out) = 0;
+  virtual void do_add(Tensor& y, const Tensor& x) = 0;
+  virtual void do_scale(Tensor& x, float s) = 0;
+  virtual void do_rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) = 0;
+  virtual void do_silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  virtual void do_gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  virtual void do_kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
+                                 const Tensor& v) = 0;
+  virtual void do_paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
+                                  const AttentionHeads& heads, Tensor& out) = 0;
+  virtual void do_gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
+  virtual void do_sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids,
+                              float* logprobs);
+  virtual void do_moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights);
+  virtual void do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
+                              int64_t n_experts_local, int64_t expert_begin, Tensor& out);
 };
 
 // What supports(args) was asked, for messages: "quantized awq 4-bit",

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -414,6 +415,85 @@ TEST(BackendSupports, RefusalNamesTheOpTheDeviceAndTheReason) {
   }
   EXPECT_EQ(describe(OpArgs::attention(AttentionHeads{4, 0, 0, 2, 0.0625f, 1024}, 256, DType::kBF16)),
             "paged_attention (head_dim 256, sliding window 1024, softmax scale 0.0625, bfloat16 KV cache)");
+}
+
+// The public ops check shapes once, before any device sees them: a backend
+// whose do_<op>s check nothing (this one counts its calls) still refuses a
+// mismatch, and a good call reaches it exactly once.
+class CountingBackend final : public Backend {
+ public:
+  int calls = 0;
+  Device device() const override { return Device{}; }
+  std::string name() const override { return "counting"; }
+  DType activation_dtype() const override { return DType::kF32; }
+  Tensor alloc(DType d, TensorShape s) override { return Tensor::host(d, s); }
+  int64_t allocated_bytes() const override { return 0; }
+  Tensor adopt_weight(Tensor host) override { return host; }
+  void upload(const void*, Tensor&) override {}
+  void download(const Tensor&, void*) override {}
+  void synchronize() override {}
+  void begin_step(const StepMetadata&) override {}
+
+ protected:
+  void do_embed(const Tensor&, int64_t, int64_t, int64_t, const StepMetadata&, Tensor&) override { ++calls; }
+  void do_matmul(const Tensor&, const Linear&, Tensor&) override { ++calls; }
+  void do_rms_norm(const Tensor&, const NormWeight&, float, Tensor&) override { ++calls; }
+  void do_add_rms_norm(Tensor&, const Tensor&, const NormWeight&, float, Tensor&) override { ++calls; }
+  void do_add(Tensor&, const Tensor&) override { ++calls; }
+  void do_scale(Tensor&, float) override { ++calls; }
+  void do_rope(Tensor&, const Tensor&, const StepMetadata&, float) override { ++calls; }
+  void do_silu_mul(const Tensor&, const Tensor&, Tensor&) override { ++calls; }
+  void do_gelu_tanh_mul(const Tensor&, const Tensor&, Tensor&) override { ++calls; }
+  void do_kv_cache_write(const KvLayerView&, const StepMetadata&, const Tensor&, const Tensor&) override { ++calls; }
+  void do_paged_attention(const Tensor&, const KvLayerView&, const StepMetadata&, const AttentionHeads&,
+                          Tensor&) override {
+    ++calls;
+  }
+  void do_gather_logit_rows(const Tensor&, const StepMetadata&, Tensor&) override { ++calls; }
+};
+
+TEST(BackendShapeChecks, ThePublicOpRefusesAMismatchBeforeTheDevice) {
+  CountingBackend b;
+  auto expect_internal = [&](const std::function<void()>& call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": a mismatch was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInternal) << what;
+    }
+  };
+  Tensor x = Tensor::host(DType::kF32, {3, 8}), y = Tensor::host(DType::kF32, {3, 5}), w = Tensor::host(DType::kF32, {5, 8});
+  Tensor w_bad = Tensor::host(DType::kF32, {5, 7}), bias_bad = Tensor::host(DType::kF32, {4});
+  Tensor norm_w = Tensor::host(DType::kF32, {8}), out = Tensor::host(DType::kF32, {3, 8});
+  b.matmul(x, Linear{w, {}}, y);
+  EXPECT_EQ(b.calls, 1);
+  expect_internal([&] { b.matmul(x, Linear{w_bad, {}}, y); }, "matmul in");
+  expect_internal([&] { b.matmul(x, Linear{w, bias_bad}, y); }, "matmul bias");
+  expect_internal([&] { b.matmul(x, Linear{w, {}}, out); }, "matmul out");
+  expect_internal([&] { b.rms_norm(x, NormWeight(Tensor::host(DType::kF32, {7})), 1e-6f, out); }, "rms_norm weight");
+  expect_internal([&] { b.add_rms_norm(out, y, norm_w, 1e-6f, out); }, "add_rms_norm delta");
+  expect_internal([&] { b.add(out, y); }, "add");
+  expect_internal([&] { b.silu_mul(x, y, out); }, "silu_mul");
+  expect_internal([&] { b.gelu_tanh_mul(x, x, y); }, "gelu_tanh_mul");
+  StepMetadata meta;
+  std::vector<int32_t> ids{1, 2, 3}, table{0};
+  meta.add_seq(ids, 0, table, true);
+  meta.finish();
+  const KvLayerView cache{nullptr, nullptr, DType::kBF16, 1, 16, 2, 4};
+  const AttentionHeads heads{4, 0, 0, 2};
+  Tensor q = Tensor::host(DType::kF32, {3, 4, 4}), kv = Tensor::host(DType::kF32, {3, 2, 4});
+  b.kv_cache_write(cache, meta, kv, kv);
+  b.paged_attention(q, cache, meta, heads, q);
+  EXPECT_EQ(b.calls, 3);
+  expect_internal([&] { b.kv_cache_write(cache, meta, kv, q); }, "kv_cache_write v");
+  expect_internal([&] { b.paged_attention(q, cache, meta, heads, kv); }, "paged_attention out");
+  expect_internal([&] { b.rope(x, norm_w, meta, 1.0f); }, "rope x");
+  expect_internal([&] { b.gather_logit_rows(y, meta, out); }, "gather_logit_rows out");
+  expect_internal([&] { b.embed(w, 0, 4, 8, meta, out); }, "embed table");
+  EXPECT_EQ(b.calls, 3) << "a mismatched call reached the device";
+  // Ids outside the vocabulary are the caller's input: kInvalidArgument, also before the device.
+  EXPECT_THROW(b.embed(Tensor::host(DType::kF32, {2, 8}), 0, 2, 2, meta, out), Error);
+  EXPECT_EQ(b.calls, 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendTest, ::testing::Values(Device{}),

@@ -377,19 +377,19 @@ class NoQuantBackend final : public Backend {
   void download(const Tensor&, void*) override {}
   void synchronize() override {}
   void begin_step(const StepMetadata&) override {}
-  void embed(const Tensor&, int64_t, int64_t, int64_t, const StepMetadata&, Tensor&) override {}
-  void matmul(const Tensor&, const Linear&, Tensor&) override {}
-  void rms_norm(const Tensor&, const NormWeight&, float, Tensor&) override {}
-  void add_rms_norm(Tensor&, const Tensor&, const NormWeight&, float, Tensor&) override {}
-  void add(Tensor&, const Tensor&) override {}
-  void scale(Tensor&, float) override {}
-  void rope(Tensor&, const Tensor&, const StepMetadata&, float) override {}
-  void silu_mul(const Tensor&, const Tensor&, Tensor&) override {}
-  void gelu_tanh_mul(const Tensor&, const Tensor&, Tensor&) override {}
-  void kv_cache_write(const KvLayerView&, const StepMetadata&, const Tensor&, const Tensor&) override {}
-  void paged_attention(const Tensor&, const KvLayerView&, const StepMetadata&, const AttentionHeads&,
+  void do_embed(const Tensor&, int64_t, int64_t, int64_t, const StepMetadata&, Tensor&) override {}
+  void do_matmul(const Tensor&, const Linear&, Tensor&) override {}
+  void do_rms_norm(const Tensor&, const NormWeight&, float, Tensor&) override {}
+  void do_add_rms_norm(Tensor&, const Tensor&, const NormWeight&, float, Tensor&) override {}
+  void do_add(Tensor&, const Tensor&) override {}
+  void do_scale(Tensor&, float) override {}
+  void do_rope(Tensor&, const Tensor&, const StepMetadata&, float) override {}
+  void do_silu_mul(const Tensor&, const Tensor&, Tensor&) override {}
+  void do_gelu_tanh_mul(const Tensor&, const Tensor&, Tensor&) override {}
+  void do_kv_cache_write(const KvLayerView&, const StepMetadata&, const Tensor&, const Tensor&) override {}
+  void do_paged_attention(const Tensor&, const KvLayerView&, const StepMetadata&, const AttentionHeads&,
                        Tensor&) override {}
-  void gather_logit_rows(const Tensor&, const StepMetadata&, Tensor&) override {}
+  void do_gather_logit_rows(const Tensor&, const StepMetadata&, Tensor&) override {}
 };
 
 TEST(QuantSupport, ABackendWithoutKernelsNamesTheSchemeAndDevice) {
