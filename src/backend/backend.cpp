@@ -3,6 +3,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace shardlm::backend {
@@ -203,6 +204,19 @@ void Backend::copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin) {
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(static_cast<char*>(dst.data()) + static_cast<size_t>(r * dst.dim(1) + col_begin) * e,
                 static_cast<const char*>(src.data()) + static_cast<size_t>(r * w) * e, static_cast<size_t>(w) * e);
+}
+
+void Backend::softcap(Tensor& x, float cap) {
+  SHARDLM_CHECK(cap > 0.0f, "softcap: the cap must be positive, got ", cap, " for ", x.describe());
+  do_softcap(x, cap);
+}
+
+void Backend::do_softcap(Tensor& x, float cap) {
+  SHARDLM_CHECK(x.dtype() == DType::kF32 && x.device().is_cpu(),
+                "softcap: the base implementation takes host f32, got ", x.describe());
+  float* p = static_cast<float*>(x.data());
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = cap * std::tanh(p[i] * inv);
 }
 
 void require_device_support(const Device& device) {

@@ -142,6 +142,9 @@ class Backend {
   void add(Tensor& y, const Tensor& x);
   // x *= s, in place (Gemma's embedding scale).
   void scale(Tensor& x, float s);
+  // x = cap × tanh(x / cap), in place: Gemma's final_logit_softcapping over
+  // logits [rows, vocab] f32. The base do_softcap works on host memory.
+  void softcap(Tensor& x, float cap);
   // Rotate-half rotary embedding in place at the step's positions, over the
   // first 2 × inv_freq.numel() dims of each head (all of them, or Phi's
   // partial_rotary_factor of them; the rest pass through), cos and sin times
@@ -238,6 +241,7 @@ class Backend {
                                Tensor& out) = 0;
   virtual void do_add(Tensor& y, const Tensor& x) = 0;
   virtual void do_scale(Tensor& x, float s) = 0;
+  virtual void do_softcap(Tensor& x, float cap);  // base: host memory (the CPU backend keeps it)
   virtual void do_rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) = 0;
   virtual void do_silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   virtual void do_gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;

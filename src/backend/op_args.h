@@ -27,7 +27,9 @@ struct KvLayerView {
 
 // One sequence's chunk of a batch: tokens [token_begin, token_begin + n_tokens)
 // of the batch sit at positions n_past .. n_past + n_tokens - 1; position p
-// lives in block block_table[p / block_size], slot p % block_size.
+// lives in block block_table[p / block_size], slot p % block_size. Entries
+// wholly before the first position a kernel touches may be -1: blocks the
+// scheduler released once they left a sliding window (kv/block_table.h).
 struct AttentionSeq {
   int64_t token_begin = 0;
   int64_t n_tokens = 0;

@@ -85,6 +85,8 @@ void setup(CLI::App& app) {
   sub->add_option("--head-dim", o->synth.head_dim, "Override head_dim (default hidden/heads when either changes)");
   sub->add_option("--sliding-window", o->synth.sliding_window,
                   "Positions a windowed layer attends to: Gemma 3's local layers; every layer of Mistral, Mixtral, Phi-3 (0: the model's)");
+  sub->add_option("--final-logit-softcapping", o->synth.final_logit_softcapping,
+                  "Gemma 3: final_logit_softcapping c (logits = c * tanh(logits / c)); default null, as released");
   sub->add_option("--original-max-position", o->synth.original_max_position,
                   "LongRoPE models: original_max_position_embeddings, where the long rope factors take over "
                   "(max_position_embeddings keeps its ratio to it)");

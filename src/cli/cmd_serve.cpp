@@ -166,10 +166,6 @@ int run_serve(const ServeOptions& given) {
   bo.cuda_graphs = cuda_graphs;
   bo.batch_invariant = o.batch_invariant;
   bo.speculative = parse_speculative_config(o.speculative_config);
-  if (bo.speculative.uses_draft_model())
-    fail(ErrorCode::kUnsupported, "--speculative-config \"model\": serve drafts by prompt lookup only for now (a draft "
-         "model needs KV blocks of its own per sequence in the engine); use \"method\": \"ngram\" here, or a draft "
-         "model with generate");
   if (bo.speculative.enabled()) {
     // Verification rows must equal 1-row decode steps bit for bit.
     if (!device.is_cpu())

@@ -11,7 +11,7 @@ namespace shardlm::cli {
 const char* const kSpeculativeConfigHelp =
     "Speculative decoding, vLLM's JSON: {\"method\":\"ngram\",\"num_speculative_tokens\":4,"
     "\"prompt_lookup_max\":4,\"prompt_lookup_min\":2} (prompt lookup), or {\"model\":DIR,\"num_speculative_tokens\":4} "
-    "(a draft model with the target's tokenizer; generate only); verified on the batch-invariant "
+    "(a draft model with the target's tokenizer, beside the driver); verified on the batch-invariant "
     "kernels, which it turns on: greedy tokens are those without it, sampled ones keep the target distribution)";
 
 // --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'

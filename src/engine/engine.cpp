@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "engine/batch_builder.h"
+#include "model/draft_model.h"
 #include "sampling/token_mask.h"
 
 namespace shardlm {
@@ -56,9 +57,9 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
   if (config.max_batches_in_flight < 0)
     fail(ErrorCode::kInvalidArgument, "engine: max_batches_in_flight must be >= 0, got ", config.max_batches_in_flight);
   config.speculative.validate();
-  if (config.speculative.uses_draft_model())
-    fail(ErrorCode::kUnsupported, "engine: speculative decoding with a draft model is not implemented in the engine "
-         "(prompt lookup only); a draft model runs in generate");
+  if (config.speculative.uses_draft_model() && !config.draft_model)
+    fail(ErrorCode::kInvalidArgument, "engine: --speculative-config names a draft model (", config.speculative.draft_model,
+         ") but none was loaded (EngineConfig::draft_model)");
   if (config.speculative_max_decodes < 0)
     fail(ErrorCode::kInvalidArgument, "engine: speculative_max_decodes must be >= 0, got ", config.speculative_max_decodes);
   max_in_flight_ = std::max(1, executor.max_in_flight());
@@ -346,6 +347,7 @@ void Engine::emit(RequestState& request, const SequenceOutput& out) {
 void Engine::finish_seq(SeqState& seq, SequenceOutput& out) {
   seq.finished = true;
   sched_.finish(seq.id);
+  if (config_.draft_model) config_.draft_model->release(seq.id);
   RequestState& rs = *seq.request;
   const std::string reason = finish_reason_name(out.finish_reason);
   const double e2e = std::chrono::duration<double>(Clock::now() - rs.arrival).count();
@@ -807,6 +809,7 @@ void Engine::update_gauges() {
     m.kv_blocks_in_use = st.n_blocks_used;
     m.kv_blocks_in_use_peak = std::max<int64_t>(m.kv_blocks_in_use_peak, st.n_blocks_used);
     m.num_preemptions_total = st.n_preemptions;
+    m.kv_blocks_slid_total = st.n_blocks_slid;
     m.prefix_cache_queries_total = st.prefix_cache.n_query_tokens;
     m.prefix_cache_hits_total = st.prefix_cache.n_hit_tokens;
   });

@@ -36,6 +36,8 @@
 
 namespace shardlm {
 
+class DraftModel;  // model/draft_model.h
+
 struct EngineConfig {
   SchedulerConfig scheduler;                 // pool size, block size, budgets, max_model_len
   std::vector<int32_t> eos_token_ids;        // end the sequence ("stop") unless ignore_eos
@@ -73,6 +75,11 @@ struct EngineConfig {
   // nothing (verification rows cost more than they save in a full batch;
   // README "Speculative decoding" has the measurement behind the default).
   int32_t speculative_max_decodes = kDefaultSpeculativeMaxDecodes;
+  // The draft that proposes when speculative.uses_draft_model() (serve builds
+  // one per replica on its own backend; model/draft_model.h). The engine
+  // thread runs it between steps and frees a sequence's draft KV when the
+  // sequence finishes.
+  std::shared_ptr<DraftModel> draft_model;
   // Unset: the standard Sampler. Tests substitute one that throws.
   std::function<std::unique_ptr<Sampler>(const SamplingParams& params, std::span<const int32_t> prompt_ids,
                                          int64_t vocab_size)>

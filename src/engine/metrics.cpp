@@ -97,6 +97,9 @@ std::string Metrics::render_prometheus(const std::string& model_name) const {
   w.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", double(m.prompt_tokens_total));
   w.counter("vllm:generation_tokens_total", "Number of generation tokens processed.", double(m.generation_tokens_total));
   w.counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", double(m.num_preemptions_total));
+  w.counter("shardlm:kv_blocks_slid_total",
+            "KV blocks released because they left the sliding window of a model whose every layer slides.",
+            double(m.kv_blocks_slid_total));
   w.counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
             double(m.prefix_cache_queries_total));
   w.counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",

@@ -29,6 +29,7 @@ struct MetricsSnapshot {
   int64_t prompt_tokens_total = 0;       // counters from here on
   int64_t generation_tokens_total = 0;
   int64_t num_preemptions_total = 0;
+  int64_t kv_blocks_slid_total = 0;      // blocks released for leaving a sliding window (SchedulerStats::n_blocks_slid)
   int64_t prefix_cache_queries_total = 0;  // tokens
   int64_t prefix_cache_hits_total = 0;     // tokens
   int64_t pipeline_overlapped_batches_total = 0;  // submitted while an earlier batch was in the pipeline

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "model/draft_model.h"
 
 namespace shardlm {
 
@@ -63,12 +64,18 @@ void Engine::propose_drafts(StepPlan& plan) {
   int32_t n_decodes = 0;
   for (const ScheduledSeq& sc : plan.seqs) n_decodes += sc.n_tokens == 1 && sc.need_logits ? 1 : 0;
   if (n_decodes > config_.speculative_max_decodes) return;  // auto-off: a full batch gains nothing
+  struct Candidate {
+    size_t k;                   // its index in plan.seqs
+    grammar::GrammarMatcher* matcher;
+    int64_t room;               // drafts it may take
+  };
+  std::vector<Candidate> candidates;
   for (size_t k = 0; k < plan.seqs.size(); ++k) {
     const ScheduledSeq& sc = plan.seqs[k];
     if (sc.n_tokens != 1 || !sc.need_logits) continue;
     auto live = seqs_.find(sc.seq_id);
     if (live == seqs_.end()) continue;
-    const SeqState& seq = *live->second;
+    SeqState& seq = *live->second;
     const EngineRequest& r = seq.request->request;
     // Structured output: each row gets the mask of its own grammar state
     // (Engine::mask_draft_rows), a walk of the vocabulary per new state, so
@@ -78,9 +85,26 @@ void Engine::propose_drafts(StepPlan& plan) {
     // The fed token is the last output; verifying d drafts may produce d + 1 more.
     const int64_t room = int64_t(r.stop.max_tokens) - int64_t(seq.output_ids.size()) - 1;
     if (room < 1) continue;
-    std::vector<int32_t> draft = ngram_draft(sched_.tokens(sc.seq_id), so, room);
-    if (seq.matcher) draft.resize(grammar_draft_prefix(*seq.matcher, draft));
-    if (!draft.empty()) sched_.add_draft(plan, k, draft);
+    candidates.push_back({k, seq.matcher.get(), std::min<int64_t>(room, so.num_speculative_tokens)});
+  }
+  if (candidates.empty()) return;
+  std::vector<std::vector<int32_t>> drafts(candidates.size());
+  if (config_.draft_model) {
+    // One batch of draft steps for every candidate (model/draft_model.h).
+    std::vector<DraftModel::Query> queries;
+    for (const Candidate& c : candidates) {
+      const SeqId id = plan.seqs[c.k].seq_id;
+      queries.push_back({id, sched_.tokens(id), c.room});
+    }
+    drafts = config_.draft_model->propose(queries);
+  } else {
+    for (size_t i = 0; i < candidates.size(); ++i)
+      drafts[i] = ngram_draft(sched_.tokens(plan.seqs[candidates[i].k].seq_id), so, candidates[i].room);
+  }
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    std::vector<int32_t>& draft = drafts[i];
+    if (candidates[i].matcher) draft.resize(grammar_draft_prefix(*candidates[i].matcher, draft));
+    if (!draft.empty()) sched_.add_draft(plan, candidates[i].k, draft);
   }
 }
 

@@ -34,19 +34,25 @@ int32_t n_blocks_needed(const BlockPool& pool, const BlockTable& table, int32_t 
   return std::max(0, blocks_for(n_total_slots, pool.block_size()) - have);
 }
 
-bool allocate_slots(BlockPool& pool, BlockTable& table, int32_t n_total_slots, const PrefixMatch* match) {
+bool allocate_slots(BlockPool& pool, BlockTable& table, int32_t n_total_slots, const PrefixMatch* match,
+                    int32_t n_first_kept) {
   const bool adopt = match && !match->blocks.empty() && table.blocks.empty();
   int32_t n_new = n_blocks_needed(pool, table, n_total_slots, adopt ? match : nullptr);
+  // Adopted blocks wholly before n_first_kept are never read: not referenced.
+  const int32_t n_skip =
+      adopt ? std::min(static_cast<int32_t>(match->blocks.size()), std::max(0, n_first_kept) / pool.block_size()) : 0;
   // Hit blocks sitting in the evictable list stop being free once referenced.
   int32_t n_revived = 0;
   if (adopt)
-    for (int32_t b : match->blocks) n_revived += pool.ref_count(b) == 0 ? 1 : 0;
+    for (size_t i = size_t(n_skip); i < match->blocks.size(); ++i) n_revived += pool.ref_count(match->blocks[i]) == 0 ? 1 : 0;
   if (n_new + n_revived > pool.n_free()) return false;
   if (adopt) {
-    for (int32_t b : match->blocks) pool.ref(b);
     table.blocks = match->blocks;
+    for (int32_t i = 0; i < n_skip; ++i) table.blocks[size_t(i)] = kNoBlock;
+    for (size_t i = size_t(n_skip); i < table.blocks.size(); ++i) pool.ref(table.blocks[i]);
     table.hashes = match->hashes;
     table.n_registered = static_cast<int32_t>(match->blocks.size());
+    table.n_released = n_skip;
   }
   for (int32_t i = 0; i < n_new; ++i) table.blocks.push_back(pool.allocate());
   return true;
@@ -63,15 +69,40 @@ void register_computed(BlockPool& pool, BlockTable& table, std::span<const int32
     BlockHash parent = i == 0 ? root : table.hashes[i - 1];
     table.hashes.push_back(hash_block(parent, tokens.subspan(size_t(i) * bs, bs)));
   }
-  for (int32_t i = table.n_registered; i < n_full; ++i) {
+  for (int32_t i = std::max(table.n_registered, table.n_released); i < n_full; ++i) {
     BlockHash parent = i == 0 ? root : table.hashes[i - 1];
     pool.register_cached(table.blocks[i], table.hashes[i], parent, tokens.subspan(size_t(i) * bs, bs));
   }
   table.n_registered = std::max(table.n_registered, n_full);
 }
 
+int32_t first_position_read(int32_t n_first_query, int32_t window) {
+  return window > 0 ? std::max(0, n_first_query + 1 - window) : 0;
+}
+
+std::vector<int32_t> release_before(BlockPool& pool, BlockTable& table, int32_t n_first_kept) {
+  std::vector<int32_t> released;
+  const int32_t n_before = std::min(static_cast<int32_t>(table.blocks.size()), std::max(0, n_first_kept) / pool.block_size());
+  for (int32_t i = table.n_released; i < n_before; ++i) {
+    released.push_back(table.blocks[size_t(i)]);
+    pool.unref(table.blocks[size_t(i)]);
+    table.blocks[size_t(i)] = kNoBlock;
+  }
+  table.n_released = std::max(table.n_released, n_before);
+  return released;
+}
+
+int64_t max_blocks_held(int64_t n_positions, int32_t block_size, int32_t window, int64_t max_chunk) {
+  SHARDLM_CHECK(block_size > 0 && window >= 0 && max_chunk > 0, "block_size ", block_size, " window ", window,
+                " max_chunk ", max_chunk);
+  const int64_t whole = (std::max<int64_t>(0, n_positions) + block_size - 1) / block_size;
+  if (window == 0) return whole;
+  const int64_t span = int64_t(window) - 1 + std::min(max_chunk, std::max<int64_t>(1, n_positions));
+  return std::min(whole, (span + block_size - 1) / block_size + 1);
+}
+
 void truncate_table(BlockPool& pool, BlockTable& table, int32_t n_slots) {
-  const int32_t keep = std::max(blocks_for(n_slots, pool.block_size()), table.n_registered);
+  const int32_t keep = std::max({blocks_for(n_slots, pool.block_size()), table.n_registered, table.n_released});
   while (static_cast<int32_t>(table.blocks.size()) > keep) {
     pool.unref(table.blocks.back());
     table.blocks.pop_back();
@@ -80,7 +111,8 @@ void truncate_table(BlockPool& pool, BlockTable& table, int32_t n_slots) {
 }
 
 void free_table(BlockPool& pool, BlockTable& table) {
-  for (auto it = table.blocks.rbegin(); it != table.blocks.rend(); ++it) pool.unref(*it);
+  for (auto it = table.blocks.rbegin(); it != table.blocks.rend(); ++it)
+    if (*it != kNoBlock) pool.unref(*it);
   table = BlockTable{};
 }
 

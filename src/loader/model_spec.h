@@ -76,6 +76,9 @@ struct ModelSpec {
   bool scale_embeddings = false;
   // q·k is scaled by query_pre_attn_scalar^-0.5 (Gemma 3); 0: head_dim^-0.5.
   double query_pre_attn_scalar = 0.0;
+  // Gemma's final_logit_softcapping c: logits = c × tanh(logits / c), after
+  // the lm_head and before sampling; 0: none.
+  double final_logit_softcapping = 0.0;
   // Sliding-window attention: layer l with sliding_layers[l] attends to the
   // last sliding_window positions only (itself included), with rope base
   // rope_local_theta and no rope scaling when rope_local_theta > 0 (Gemma 3's

@@ -1,8 +1,8 @@
 #include "loader/synthetic_checkpoint.h"
 
-#include <cmath>
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <fstream>
@@ -146,6 +146,15 @@ ModelSpec synthetic_model_spec(const SyntheticModelOptions& o) {
     // The same factor (and so the same attention factor) on a shorter context.
     r.original_max_position_embeddings = o.original_max_position;
     spec.max_position_embeddings = static_cast<int64_t>(std::llround(r.factor * static_cast<double>(o.original_max_position)));
+  }
+  if (o.final_logit_softcapping < 0.0 || !std::isfinite(o.final_logit_softcapping))
+    fail(ErrorCode::kInvalidArgument, "--final-logit-softcapping must be a positive number, found ",
+         o.final_logit_softcapping);
+  if (o.final_logit_softcapping > 0.0) {
+    if (spec.family != Family::kGemma3)
+      fail(ErrorCode::kInvalidArgument, "make-model: --final-logit-softcapping applies to Gemma 3 (gemma-3-*); ", o.like,
+           " has no final_logit_softcapping field");
+    spec.final_logit_softcapping = o.final_logit_softcapping;
   }
   if (o.sliding_window > 0) {
     // Mistral, Mixtral and Phi-3 window every layer (transformers' reading

@@ -58,6 +58,7 @@ struct SyntheticModelOptions {
   int64_t head_dim = 0;
   std::optional<bool> tie_word_embeddings;  // unset: the catalog's
   int64_t sliding_window = 0;               // local layers' window (Gemma 3); 0: the catalog's
+  double final_logit_softcapping = 0.0;     // Gemma 3's final_logit_softcapping; 0: the catalog's (null)
   // LongRoPE: original_max_position_embeddings, where the long factors take
   // over (max_position_embeddings keeps its ratio to it); 0: the catalog's.
   int64_t original_max_position = 0;

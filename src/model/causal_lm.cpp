@@ -402,6 +402,8 @@ void CausalLM::make_logits(const Tensor& hidden, Tensor& out) {
   Tensor local = logits_local_.defined() ? logits_local_.slice_rows(0, n_logits) : Tensor{};
   Tensor gathered = logits_gathered_.defined() ? logits_gathered_.slice_rows(0, n_logits) : Tensor{};
   lm_head_logits(b, x, lm_head_, vocab_ranges_, out, local, gathered, tp_);
+  // Gemma's final_logit_softcapping, on the gathered rows every sampler reads.
+  if (spec_.final_logit_softcapping > 0.0) b.softcap(out, static_cast<float>(spec_.final_logit_softcapping));
 }
 
 void CausalLM::run_stage(const ForwardBatch& batch, KvCache& cache, float* logits) {

@@ -61,50 +61,112 @@ void check_draft_vocabulary(const std::filesystem::path& target_dir, const Model
 
 DraftModel::DraftModel(const std::filesystem::path& dir, int64_t target_vocab,
                        std::shared_ptr<backend::Backend> backend, int64_t max_len, int64_t block_size,
-                       DType kv_dtype)
+                       DType kv_dtype, int64_t n_blocks)
     : spec_(load_model_config(dir / "config.json")),
       vocab_(std::min(target_vocab, spec_.vocab_size)),
-      max_len_(std::min<int64_t>(max_len, spec_.max_position_embeddings)) {
+      max_len_(std::min<int64_t>(max_len, spec_.max_position_embeddings)),
+      block_size_(block_size) {
+  SHARDLM_CHECK(block_size > 0 && n_blocks >= 0, "DraftModel: block_size ", block_size, ", n_blocks ", n_blocks);
   for (int i = 0; i < 2; ++i) comms_.push_back(std::move(LocalComm::create_world(1)[0]));
   model_ = CausalLM::load(spec_, open_checkpoint(dir), Layout{}, 0, 0, *comms_[0], *comms_[1], std::move(backend));
-  const int64_t n_blocks = (max_len_ + block_size) / block_size;  // max_len_ positions, and one spare
+  if (n_blocks == 0) n_blocks = (max_len_ + block_size) / block_size;  // max_len_ positions, and one spare
   cache_ = model_->make_kv_cache(n_blocks, block_size, kv_dtype);
-  table_.resize(static_cast<size_t>(n_blocks));
-  for (int64_t b = 0; b < n_blocks; ++b) table_[static_cast<size_t>(b)] = static_cast<int32_t>(b);
-  logits_.resize(static_cast<size_t>(spec_.vocab_size));
+  for (int64_t b = n_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
 }
 
 DraftModel::~DraftModel() = default;
 
 int64_t DraftModel::weight_bytes() const { return model_->weight_bytes(); }
 
+void DraftModel::release(int64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) free_blocks_.push_back(*b);
+  seqs_.erase(it);
+}
+
+bool DraftModel::reserve(Sequence& s, int64_t n_positions, std::span<const Query> busy) {
+  const size_t need = static_cast<size_t>((n_positions + block_size_ - 1) / block_size_);
+  while (s.blocks.size() + free_blocks_.size() < need) {
+    // The least recently used sequence that this call is not drafting for.
+    int64_t victim = 0;
+    uint64_t oldest = UINT64_MAX;
+    for (const auto& [id, other] : seqs_) {
+      if (&other == &s || other.last_use >= oldest) continue;
+      bool in_call = false;
+      for (const Query& q : busy) in_call = in_call || q.id == id;
+      if (!in_call) victim = id, oldest = other.last_use;
+    }
+    if (oldest == UINT64_MAX) return false;
+    release(victim);
+  }
+  while (s.blocks.size() < need) {
+    s.blocks.push_back(free_blocks_.back());
+    free_blocks_.pop_back();
+  }
+  return true;
+}
+
 std::vector<int32_t> DraftModel::propose(std::span<const int32_t> context, int64_t max_draft) {
-  // Past its own context length the draft has nothing to say.
-  const int64_t k = std::min<int64_t>(max_draft, max_len_ - static_cast<int64_t>(context.size()));
-  if (k <= 0 || context.empty()) return {};
-  // Keep the KV of the longest prefix fed before that the context still has
-  // (the prompt, the accepted drafts); a rejected draft's slots are overwritten.
-  size_t keep = 0;
-  while (keep < fed_.size() && keep < context.size() && fed_[keep] == context[keep]) ++keep;
-  if (keep == context.size()) --keep;  // the last token is fed again: its logits propose the first draft
-  fed_.resize(keep);
-  auto feed = [&](std::span<const int32_t> tokens) {
-    ForwardBatch batch;
-    batch.token_ids.assign(tokens.begin(), tokens.end());
-    SequenceChunk c;
-    c.n_tokens = static_cast<int32_t>(tokens.size());
-    c.n_past = static_cast<int32_t>(fed_.size());
-    c.block_table = table_;
-    c.need_logits = true;
-    batch.seqs.push_back(c);
-    model_->forward(batch, cache_, logits_.data());
-    fed_.insert(fed_.end(), tokens.begin(), tokens.end());
-    return argmax_token(logits_.data(), vocab_);
+  const Query q{0, context, max_draft};
+  return std::move(propose(std::span<const Query>(&q, 1))[0]);
+}
+
+std::vector<std::vector<int32_t>> DraftModel::propose(std::span<const Query> queries) {
+  std::vector<std::vector<int32_t>> drafts(queries.size());
+  struct Active {
+    size_t query;
+    Sequence* seq;  // stable: unordered_map nodes do not move
+    int64_t k;      // drafts it gets
+    std::span<const int32_t> catch_up;  // the context it has not fed
   };
-  std::vector<int32_t> draft;
-  draft.push_back(feed(context.subspan(keep)));
-  while (static_cast<int64_t>(draft.size()) < k) draft.push_back(feed(std::span<const int32_t>(&draft.back(), 1)));
-  return draft;
+  std::vector<Active> active;
+  for (size_t i = 0; i < queries.size(); ++i) {
+    const Query& q = queries[i];
+    // Past its own context length the draft has nothing to say.
+    const int64_t n = static_cast<int64_t>(q.context.size());
+    const int64_t k = std::min<int64_t>(q.max_draft, max_len_ - n);
+    if (k <= 0 || n == 0) continue;
+    Sequence& s = seqs_[q.id];
+    s.last_use = ++clock_;
+    // Keep the KV of the longest prefix fed before that the context still has;
+    // a rejected draft's slots are overwritten.
+    size_t keep = 0;
+    while (keep < s.fed.size() && keep < q.context.size() && s.fed[keep] == q.context[keep]) ++keep;
+    if (keep == q.context.size()) --keep;  // the last token is fed again: its logits propose the first draft
+    s.fed.resize(keep);
+    // It will hold the context and all but the last draft.
+    if (!reserve(s, n + k - 1, queries)) {
+      release(q.id);
+      continue;
+    }
+    active.push_back({i, &s, k, q.context.subspan(keep)});
+  }
+  for (bool first = true;; first = false) {
+    ForwardBatch batch;
+    std::vector<size_t> rows;  // active index of each logits row
+    for (size_t a = 0; a < active.size(); ++a) {
+      Active& act = active[a];
+      std::vector<int32_t>& out = drafts[act.query];
+      if (!first && static_cast<int64_t>(out.size()) >= act.k) continue;
+      const std::span<const int32_t> feed = first ? act.catch_up : std::span<const int32_t>(&out.back(), 1);
+      SequenceChunk c;
+      c.n_tokens = static_cast<int32_t>(feed.size());
+      c.n_past = static_cast<int32_t>(act.seq->fed.size());
+      c.block_table = act.seq->blocks;
+      c.need_logits = true;
+      batch.seqs.push_back(std::move(c));
+      batch.token_ids.insert(batch.token_ids.end(), feed.begin(), feed.end());
+      act.seq->fed.insert(act.seq->fed.end(), feed.begin(), feed.end());
+      rows.push_back(a);
+    }
+    if (rows.empty()) break;
+    logits_.resize(rows.size() * static_cast<size_t>(spec_.vocab_size));
+    model_->forward(batch, cache_, logits_.data());
+    for (size_t r = 0; r < rows.size(); ++r)
+      drafts[active[rows[r]].query].push_back(argmax_token(logits_.data() + r * static_cast<size_t>(spec_.vocab_size), vocab_));
+  }
+  return drafts;
 }
 
 }  // namespace shardlm

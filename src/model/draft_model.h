@@ -2,19 +2,30 @@
 // '{"model": DIR, "num_speculative_tokens": k}'`, vLLM's keys): a smaller
 // checkpoint with the target's vocabulary proposes k tokens greedily, and the
 // target verifies them in one (k+1)-row step as it does n-gram drafts
-// (model/generate.cpp), so the output is the target's whatever the draft says.
+// (model/generate.cpp, engine/speculation.cpp), so the output is the
+// target's whatever the draft says.
 //
-// Placement: the draft runs whole (TP 1, PP 1) on the target's driver rank,
-// on that rank's device, beside the target's shard; the other ranks receive
-// its tokens with the verification step. Its KV cache holds one sequence of
-// the target's length: propose() keeps the longest prefix of what it fed that
-// still matches the context (the accepted drafts) and feeds only the rest.
+// Placement: the draft runs whole (TP 1, PP 1) beside the target's driver
+// rank: generate gives it that rank's backend; serve gives each replica's
+// engine a draft on a backend of its own on the driver's device, since the
+// engine thread runs it between steps. The other ranks receive its tokens
+// with the verification step.
+//
+// Its paged KV cache (serve: as many tokens as the target's) holds each
+// sequence in blocks of its own (a free list; no prefix sharing). For each
+// sequence propose() keeps the KV of the longest prefix it fed before that
+// the context still has (the prompt, the accepted drafts) and feeds only the
+// rest; the sequences of one call share each forward step (one row each
+// after the first, catch-up, step). A sequence that needs blocks when none
+// are free takes those of the least recently used sequence outside the call;
+// if there are none, it gets no draft this time.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -35,28 +46,52 @@ void check_draft_vocabulary(const std::filesystem::path& target_dir, const Model
 
 class DraftModel {
  public:
-  // max_len: the longest context it will see (prompt + max_tokens).
+  // max_len: the longest context one sequence will have (prompt + max_tokens);
+  // n_blocks: its KV cache's blocks of block_size (0: one sequence of max_len).
   DraftModel(const std::filesystem::path& dir, int64_t target_vocab, std::shared_ptr<backend::Backend> backend,
-             int64_t max_len, int64_t block_size, DType kv_dtype);
+             int64_t max_len, int64_t block_size, DType kv_dtype, int64_t n_blocks = 0);
   ~DraftModel();
 
-  // Up to max_draft greedy tokens (lowest id on ties) after context [n].
+  struct Query {
+    int64_t id = 0;                     // the sequence's key across calls (serve: its SeqId)
+    std::span<const int32_t> context;   // [n]: prompt, then what it produced
+    int64_t max_draft = 0;
+  };
+  // For each query, up to max_draft greedy tokens (lowest id on ties) after
+  // its context; empty where it has nothing to say (past its own context
+  // length, or no KV blocks to be had).
+  std::vector<std::vector<int32_t>> propose(std::span<const Query> queries);
+  // One sequence (generate's).
   std::vector<int32_t> propose(std::span<const int32_t> context, int64_t max_draft);
+  // Frees a sequence's blocks (it finished); unknown ids are ignored.
+  void release(int64_t id);
 
   int64_t weight_bytes() const;                           // measured as loaded (CausalLM::weight_bytes)
   int64_t kv_bytes() const { return cache_.bytes(); }     // measured (KvCache::bytes)
+  int64_t n_sequences_held() const { return static_cast<int64_t>(seqs_.size()); }
   const ModelSpec& spec() const { return spec_; }
 
  private:
+  struct Sequence {
+    std::vector<int32_t> blocks;  // [ceil(positions / block_size)]: its block table
+    std::vector<int32_t> fed;     // tokens whose KV the cache holds, from position 0
+    uint64_t last_use = 0;
+  };
+  // Gives s blocks for n_positions, evicting least recently used sequences
+  // whose id is not in `busy`; false (nothing changed) when that cannot be.
+  bool reserve(Sequence& s, int64_t n_positions, std::span<const Query> busy);
+
   ModelSpec spec_;
   int64_t vocab_;  // ids it may propose: both models' vocabularies
   int64_t max_len_;
+  int64_t block_size_;
   std::vector<std::unique_ptr<Communicator>> comms_;  // a one-rank world: its tp and pp groups
   std::unique_ptr<CausalLM> model_;
   KvCache cache_;
-  std::vector<int32_t> table_;
-  std::vector<int32_t> fed_;  // tokens whose KV the cache holds, from position 0
-  std::vector<float> logits_;
+  std::vector<int32_t> free_blocks_;  // a stack
+  std::unordered_map<int64_t, Sequence> seqs_;
+  uint64_t clock_ = 0;
+  std::vector<float> logits_;  // [rows, spec_.vocab_size]
 };
 
 }  // namespace shardlm

@@ -468,6 +468,38 @@ std::vector<std::string> explain_plan(const Plan& plan) {
   return out;
 }
 
+// KV per layer type (issue #22): global layers per token of context, local
+// (sliding-window) layers at most the window and one step's chunk per
+// sequence, and what shardlm's paged cache holds of each.
+static void render_sliding_window(const Plan& plan, std::ostringstream& out) {
+  const ModelSpec& s = plan.spec;
+  const MemoryBudgetOptions& o = plan.options.budget;
+  const KvLayerTypes t = kv_layer_types(s, o.kv_cache_dtype);
+  const int64_t ctx = plan.recommended >= 0 ? plan.layouts[size_t(plan.recommended)].max_model_len
+                      : plan.options.max_model_len > 0 ? plan.options.max_model_len
+                                                       : s.max_position_embeddings;
+  // Tokens a local layer is read over at most in one step: the window before its first query and the chunk.
+  const int64_t local_tokens = std::min(ctx, t.window - 1 + o.max_num_batched_tokens);
+  out << "Sliding window: " << t.n_local_layers << " of " << s.n_layers << " layers attend to the last "
+      << with_commas(t.window) << " positions. KV per layer type: ";
+  if (t.n_global_layers > 0)
+    out << t.n_global_layers << " global layers " << with_commas(t.global_bytes_per_token) << " bytes per token of context; ";
+  out << t.n_local_layers
+      << " local layers " << with_commas(t.local_bytes_per_token) << " bytes per token, over at most "
+      << with_commas(local_tokens) << " tokens per sequence (window - 1 + " << with_commas(o.max_num_batched_tokens)
+      << " batched tokens). A sequence of " << with_commas(ctx) << " tokens needs "
+      << with_commas(t.global_bytes_per_token * ctx + t.local_bytes_per_token * local_tokens) << " bytes";
+  if (cache_sliding_window(s) > 0) {
+    out << "; the cache releases the blocks that leave the window, so it holds at most "
+        << with_commas(kv_tokens_per_sequence(s, ctx, o.block_size, o.max_num_batched_tokens))
+        << " tokens of it in blocks of " << o.block_size << " (counted in the KV figures below)\n";
+  } else {
+    out << "; shardlm's cache keeps the local layers' whole past in the blocks the global layers share (counted "
+        << "below): " << with_commas(t.local_bytes_per_token * (ctx - local_tokens))
+        << " bytes more per sequence of that length\n";
+  }
+}
+
 std::string render_plan_text(const Plan& plan) {
   const ModelSpec& s = plan.spec;
   const MemoryBudgetOptions& o = plan.options.budget;
@@ -487,15 +519,7 @@ std::string render_plan_text(const Plan& plan) {
   out << "KV cache: " << with_commas(kvpt) << " bytes per token = 2 × " << s.n_kv_heads << " KV heads × " << s.head_dim
       << " × " << kv_dtype_size(o.kv_cache_dtype, s.dtype) << " bytes × " << s.n_layers << " layers (kv-cache-dtype "
       << kv_dtype_name(o.kv_cache_dtype) << ")\n";
-  if (!s.sliding_layers.empty()) {
-    int64_t n_sliding = 0;
-    for (int64_t l = 0; l < s.n_layers; ++l) n_sliding += s.is_sliding_layer(l) ? 1 : 0;
-    const int64_t per_layer = kvpt / std::max<int64_t>(1, s.n_layers);
-    out << "Sliding window: " << n_sliding << " of " << s.n_layers << " layers attend to the last "
-        << with_commas(s.sliding_window) << " positions; shardlm's cache keeps their whole past (counted above), so a "
-        << "sequence past the window holds " << with_commas(per_layer * n_sliding)
-        << " bytes per token beyond it that a windowed cache would free\n";
-  }
+  if (!s.sliding_layers.empty()) render_sliding_window(plan, out);
   if (s.is_moe()) render_moe(plan, out);
   out << "Devices: " << plan.devices.describe();
   {

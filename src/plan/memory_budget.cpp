@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "kv/block_table.h"
 
 namespace shardlm {
 
@@ -89,6 +90,43 @@ int64_t rank_kv_bytes_per_token(const ModelSpec& spec, const Layout& layout, int
 
 int64_t model_kv_bytes_per_token(const ModelSpec& spec, KvCacheDType kv) {
   return 2 * spec.n_kv_heads * spec.head_dim * static_cast<int64_t>(kv_dtype_size(kv, spec.dtype)) * spec.n_layers;
+}
+
+KvLayerTypes kv_layer_types(const ModelSpec& spec, KvCacheDType kv) {
+  KvLayerTypes t;
+  for (int64_t l = 0; l < spec.n_layers; ++l) (spec.is_sliding_layer(l) ? t.n_local_layers : t.n_global_layers) += 1;
+  t.window = t.n_local_layers > 0 ? spec.sliding_window : 0;
+  const int64_t per_layer = 2 * spec.n_kv_heads * spec.head_dim * static_cast<int64_t>(kv_dtype_size(kv, spec.dtype));
+  t.global_bytes_per_token = per_layer * t.n_global_layers;
+  t.local_bytes_per_token = per_layer * t.n_local_layers;
+  return t;
+}
+
+int64_t cache_sliding_window(const ModelSpec& spec) {
+  if (spec.sliding_window <= 0 || spec.n_layers < 1) return 0;
+  for (int64_t l = 0; l < spec.n_layers; ++l)
+    if (!spec.is_sliding_layer(l)) return 0;
+  return spec.sliding_window;
+}
+
+int64_t kv_tokens_per_sequence(const ModelSpec& spec, int64_t n_context, int64_t block_size,
+                               int64_t max_num_batched_tokens) {
+  if (block_size < 1 || max_num_batched_tokens < 1)
+    fail(ErrorCode::kInvalidArgument, "KV sizing: block size (", block_size, ") and --max-num-batched-tokens (",
+         max_num_batched_tokens, ") must be >= 1");
+  const int64_t window = std::min<int64_t>(cache_sliding_window(spec), INT32_MAX);
+  return max_blocks_held(n_context, static_cast<int32_t>(std::min<int64_t>(block_size, INT32_MAX)),
+                         static_cast<int32_t>(window), max_num_batched_tokens) *
+         block_size;
+}
+
+int64_t max_context_for_pool(const ModelSpec& spec, int64_t kv_tokens, int64_t block_size,
+                             int64_t max_num_batched_tokens) {
+  const int64_t whole = std::min(spec.max_position_embeddings, kv_tokens / block_size * block_size);
+  if (cache_sliding_window(spec) > 0 &&
+      kv_tokens_per_sequence(spec, spec.max_position_embeddings, block_size, max_num_batched_tokens) <= kv_tokens)
+    return spec.max_position_embeddings;
+  return whole;
 }
 
 MemoryBudget compute_memory_budget(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,

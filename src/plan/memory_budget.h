@@ -82,6 +82,40 @@ int64_t rank_kv_bytes_per_token(const ModelSpec& spec, const Layout& layout, int
 // (Qwen2.5-72B bf16: 327,680 B; Qwen2.5-7B: 57,344 B).
 int64_t model_kv_bytes_per_token(const ModelSpec& spec, KvCacheDType kv);
 
+// KV per layer type (DESIGN.md §4, issue #22). Global layers keep every
+// position of a sequence; local (sliding-window) layers are read only over
+// their last `window` positions. Whole model on one device, like
+// model_kv_bytes_per_token; global + local bytes = model_kv_bytes_per_token.
+struct KvLayerTypes {
+  int64_t n_global_layers = 0;
+  int64_t n_local_layers = 0;
+  int64_t window = 0;                   // spec.sliding_window (0: no local layer)
+  int64_t global_bytes_per_token = 0;   // 2 × n_kv_heads × head_dim × kv_bytes × n_global_layers
+  int64_t local_bytes_per_token = 0;    // the same over the local layers
+};
+KvLayerTypes kv_layer_types(const ModelSpec& spec, KvCacheDType kv);
+
+// The window serve's paged cache frees blocks by (SchedulerConfig::sliding_window):
+// spec.sliding_window when every layer slides (Mistral v0.1, Phi-3-mini-4k),
+// else 0. Gemma 3's local layers share their blocks with its global layers,
+// which keep the whole past, so its cache frees nothing yet.
+int64_t cache_sliding_window(const ModelSpec& spec);
+
+// KV token slots one sequence of n_context positions holds at most in the
+// paged cache (whole blocks): every block of its context, or with
+// cache_sliding_window() the blocks of the window and one step's chunk of
+// max_num_batched_tokens (kv's max_blocks_held, which the scheduler's
+// check_fits uses too).
+int64_t kv_tokens_per_sequence(const ModelSpec& spec, int64_t n_context, int64_t block_size,
+                               int64_t max_num_batched_tokens);
+
+// The longest context one sequence can have in a pool of kv_tokens slots:
+// max_position_embeddings when its kv_tokens_per_sequence fits (a sliding
+// window over every layer), else the pool's whole-block tokens, capped by
+// max_position_embeddings. plan's default max-model-len and serve's.
+int64_t max_context_for_pool(const ModelSpec& spec, int64_t kv_tokens, int64_t block_size,
+                             int64_t max_num_batched_tokens);
+
 // One rank's budget. All sizes in bytes.
 struct MemoryBudget {
   int tp_rank = 0;

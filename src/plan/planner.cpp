@@ -63,12 +63,22 @@ class Evaluator {
 
   std::vector<int64_t> bytes_partition(const Layout& layout) const { return pipeline_partition(spec_, tensors_, layout); }
 
-  // KV tokens every rank must hold: --max-model-len or the auto minimum, in whole blocks.
+  // KV tokens every rank must hold: one sequence of --max-model-len or the
+  // auto minimum, in whole blocks (only its window's when every layer slides).
   int64_t required_tokens() const {
-    const int64_t block = options_.budget.block_size;
     const int64_t wanted = options_.max_model_len > 0 ? options_.max_model_len
                                                        : std::min(kMinAutoModelLen, spec_.max_position_embeddings);
-    return (wanted + block - 1) / block * block;
+    return kv_tokens_per_sequence(spec_, wanted, options_.budget.block_size, options_.budget.max_num_batched_tokens);
+  }
+
+  // Layer-positions the decode kernels read per sequence over layers
+  // [begin, end) at context `context`: every position on a global layer, the
+  // last sliding_window on a local one (KV per layer type, issue #22).
+  double kv_read_layer_tokens(int64_t begin, int64_t end, int64_t context) const {
+    double n = 0;
+    for (int64_t l = begin; l < end; ++l)
+      n += static_cast<double>(spec_.is_sliding_layer(l) ? std::min(context, spec_.sliding_window) : context);
+    return n;
   }
 
   // See time_balanced_partition in the header.
@@ -102,7 +112,8 @@ class Evaluator {
           const int64_t cap = avail <= 0 ? 0 : static_cast<int64_t>(std::floor(avail / per_layer_mem));
           StageModel& m = st[static_cast<size_t>(s)];
           m.cap = std::min(m.cap, cap);
-          m.per_layer_s = std::max(m.per_layer_s, (p.layer_read + static_cast<double>(ctx) * p.kv) / nl / dev.memory_bandwidth);
+          m.per_layer_s = std::max(m.per_layer_s, (p.layer_read + kv_read_layer_tokens(0, n, ctx) / nl * p.kv) / nl /
+                                                      dev.memory_bandwidth);
           if (last) m.fixed_s = std::max(m.fixed_s, p.head_read / dev.memory_bandwidth);
         }
       }
@@ -168,9 +179,11 @@ class Evaluator {
       e.budgets.push_back(std::move(replica));
     }
     e.fits = e.headroom_bytes >= 0 && e.kv_tokens > 0;
+    const int64_t bs = options_.budget.block_size, chunk = options_.budget.max_num_batched_tokens;
     e.max_model_len = options_.max_model_len > 0 ? options_.max_model_len
-                                                 : std::min(e.kv_tokens, spec_.max_position_embeddings);
-    e.max_concurrency = e.max_model_len > 0 ? e.kv_tokens / e.max_model_len : 0;
+                                                 : max_context_for_pool(spec_, e.kv_tokens, bs, chunk);
+    // Sequences of max_model_len at once: a sliding window over every layer bounds each one's blocks.
+    e.max_concurrency = e.max_model_len > 0 ? e.kv_tokens / kv_tokens_per_sequence(spec_, e.max_model_len, bs, chunk) : 0;
 
     // Which hosts the groups span.
     for (int d = 0; d < layout.dp; ++d) {
@@ -201,7 +214,8 @@ class Evaluator {
     e.step_seconds_single = worst_single;
     e.single_stream_tok_s = worst_single > 0 ? 1.0 / worst_single : 0;
     if (e.fits) {
-      e.batch = std::clamp<int64_t>(e.kv_tokens / e.context_tokens, 1, options_.budget.max_num_seqs);
+      e.batch = std::clamp<int64_t>(e.kv_tokens / kv_tokens_per_sequence(spec_, e.context_tokens, bs, chunk), 1,
+                                    options_.budget.max_num_seqs);
       double worst = std::numeric_limits<double>::max();
       double sum = 0;
       for (int d = 0; d < layout.dp; ++d) {
@@ -321,15 +335,21 @@ class Evaluator {
     const double a = static_cast<double>(dtype_size(spec_.dtype));
     const double expert_fraction = moe_expert_fraction(spec_, batch);
     const double msg = static_cast<double>(batch) * spec_.hidden_size * a;  // one activation message
+    int64_t layer_begin = 0;
     for (int s = 0; s < layout.pp; ++s) {
       const int first = d * per_replica + s * layout.tp;
       double compute = 0;
       double link = std::numeric_limits<double>::max();
+      const int64_t n_stage_layers = layout.pp_layer_partition[s];
+      // KV read per sequence, in layer-positions: a local layer reads its window only.
+      const double kv_read = kv_read_layer_tokens(layer_begin, layer_begin + n_stage_layers, context);
+      layer_begin += n_stage_layers;
       for (int r = 0; r < layout.tp; ++r) {
         const DeviceSpec& dev = devices_.devices[first + r];
         const RankRead& rr = read(layout, r, s);
+        const double kv_per_layer = static_cast<double>(kv_per_token(layout, r, s)) / static_cast<double>(n_stage_layers);
         const double bytes = static_cast<double>(rr.dense) + expert_fraction * static_cast<double>(rr.experts) +
-                             static_cast<double>(batch * context * kv_per_token(layout, r, s));
+                             static_cast<double>(batch) * kv_read * kv_per_layer;
         compute = std::max(compute, bytes / dev.memory_bandwidth);
         link = std::min(link, dev.link_bandwidth);
       }
@@ -724,6 +744,7 @@ nlohmann::json plan_json(const Plan& plan) {
   nlohmann::json layouts = nlohmann::json::array();
   for (const auto& e : plan.layouts) layouts.push_back(layout_json(plan, e, false));
   const MemoryBudgetOptions& b = plan.options.budget;
+  const KvLayerTypes kvt = kv_layer_types(s, b.kv_cache_dtype);
   nlohmann::json j = {
       {"model",
        {{"name", plan.model_name},
@@ -740,7 +761,16 @@ nlohmann::json plan_json(const Plan& plan) {
         {"max_position_embeddings", s.max_position_embeddings},
         {"weight_bytes", plan.checkpoint_bytes},
         {"quantization", s.quant.enabled() ? nlohmann::json(s.quant.describe()) : nlohmann::json()},
-        {"kv_bytes_per_token", model_kv_bytes_per_token(s, b.kv_cache_dtype)}}},
+        {"kv_bytes_per_token", model_kv_bytes_per_token(s, b.kv_cache_dtype)},
+        // KV per layer type (issue #22): local layers are read over their window only;
+        // cache_sliding_window > 0 when the cache releases the blocks that leave it.
+        {"kv_layer_types",
+         {{"n_global_layers", kvt.n_global_layers},
+          {"n_local_layers", kvt.n_local_layers},
+          {"sliding_window", kvt.window},
+          {"global_bytes_per_token", kvt.global_bytes_per_token},
+          {"local_bytes_per_token", kvt.local_bytes_per_token},
+          {"cache_sliding_window", cache_sliding_window(s)}}}}},
       {"devices", devices},
       {"n_nodes", plan.devices.n_nodes},
       {"inter_node_bandwidth_gb_per_s", plan.devices.inter_node_bandwidth / kGB},

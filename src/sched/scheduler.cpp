@@ -17,6 +17,8 @@ Scheduler::Scheduler(const SchedulerConfig& config)
     fail(ErrorCode::kInvalidArgument, "max_prompt_logit_rows must be >= 1, got ", config.max_prompt_logit_rows);
   if (config.max_model_len < 1)
     fail(ErrorCode::kInvalidArgument, "--max-model-len must be >= 1, got ", config.max_model_len);
+  if (config.sliding_window < 0)
+    fail(ErrorCode::kInvalidArgument, "sliding_window must be >= 0 (0: no window), got ", config.sliding_window);
   if (!config.enable_chunked_prefill && config.max_num_batched_tokens < config.max_model_len)
     fail(ErrorCode::kInvalidArgument, "without chunked prefill --max-num-batched-tokens (",
          config.max_num_batched_tokens, ") must be >= --max-model-len (", config.max_model_len,
@@ -33,11 +35,15 @@ void Scheduler::check_fits(const SchedulerConfig& config, int32_t n_prompt, int3
          " prompt + ", max_new_tokens, " max_tokens) but the maximum context length is ",
          config.max_model_len, " tokens; shorten the prompt or lower max_tokens");
   // The last generated token is never fed back, so its KV is never stored.
-  const int64_t n_blocks = (n_total - 1 + config.block_size - 1) / config.block_size;
+  const int64_t n_blocks =
+      max_blocks_held(n_total - 1, config.block_size, config.sliding_window, config.max_num_batched_tokens);
   if (n_blocks > config.n_blocks)
     fail(ErrorCode::kInvalidArgument, "this request needs ", n_blocks, " KV blocks of ", config.block_size,
-         " tokens (", n_prompt, " prompt + ", max_new_tokens, " max_tokens) but the whole KV cache has ",
-         config.n_blocks, " blocks (", int64_t(config.n_blocks) * config.block_size,
+         " tokens (", n_prompt, " prompt + ", max_new_tokens, " max_tokens",
+         config.sliding_window > 0 ? str_cat("; a sliding window of ", config.sliding_window,
+                                             " positions and chunks of up to ", config.max_num_batched_tokens)
+                                   : std::string(),
+         ") but the whole KV cache has ", config.n_blocks, " blocks (", int64_t(config.n_blocks) * config.block_size,
          " tokens); shorten the request or give the KV cache more memory");
 }
 
@@ -103,7 +109,8 @@ void Scheduler::preempt(Seq& s, StepPlan& plan) {
   auto pos = std::find(running_.begin(), running_.end(), s.id);
   SHARDLM_CHECK(pos != running_.end());
   running_.erase(pos);
-  plan.freed_blocks.insert(plan.freed_blocks.end(), s.table.blocks.begin(), s.table.blocks.end());
+  for (int32_t b : s.table.blocks)
+    if (b != kNoBlock) plan.freed_blocks.push_back(b);
   free_table(pool_, s.table);
   // Recompute: prompt + generated so far become the tokens to compute again.
   s.n_computed = 0;
@@ -137,6 +144,7 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
       ++i;
       continue;
     }
+    slide_window(s);  // normally done at commit already; a no-op then
     bool ok = false;
     while (!(ok = allocate_slots(pool_, s.table, s.n_computed + n_new))) {
       size_t v = running_.size() - 1;
@@ -177,7 +185,8 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
         ++it;
         continue;
       }
-      if (!allocate_slots(pool_, s.table, match.n_tokens + n_new, &match)) {
+      if (!allocate_slots(pool_, s.table, match.n_tokens + n_new, &match,
+                          first_position_read(match.n_tokens, config_.sliding_window))) {
         logit_rows_left = n_rows_before;
         break;
       }
@@ -220,6 +229,12 @@ int32_t Scheduler::add_draft(StepPlan& plan, size_t k, std::span<const int32_t> 
   return n;
 }
 
+void Scheduler::slide_window(Seq& s) {
+  if (config_.sliding_window == 0) return;
+  n_blocks_slid_ += static_cast<int64_t>(
+      release_before(pool_, s.table, first_position_read(s.n_computed, config_.sliding_window)).size());
+}
+
 void Scheduler::drop_draft_blocks(Seq& s) {
   // Keep the slots of every token but the last (computed) and the last's (computed next).
   truncate_table(pool_, s.table, static_cast<int32_t>(s.tokens.size()));
@@ -250,6 +265,8 @@ void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled, s
       s.tokens.push_back(sampled[k]);
     }
     if (n_draft > 0) drop_draft_blocks(s);
+    // After registering: a block leaving the window stays cached (evictable).
+    slide_window(s);
   }
 }
 
@@ -319,6 +336,7 @@ SchedulerStats Scheduler::stats() const {
   st.n_preemptions = n_preemptions_;
   st.kv_usage = pool_.usage();
   st.n_blocks_used = pool_.n_used();
+  st.n_blocks_slid = n_blocks_slid_;
   st.prefix_cache = pool_.stats();
   return st;
 }

@@ -49,6 +49,14 @@ struct SchedulerConfig {
   // position (ScheduledSeq::long_context), so its blocks hold other KV than a
   // short prompt's of the same tokens: they are hashed on a chain of their own.
   int32_t long_context_after = 0;
+  // > 0: every layer attends to its last sliding_window positions (itself
+  // included; Mistral v0.1, Phi-3-mini-4k). A sequence then holds only the
+  // blocks its next queries read: the blocks that leave the window are
+  // released at commit (kv's release_before), so a sequence holds at most
+  // max_blocks_held(.., sliding_window, max_num_batched_tokens) blocks and a
+  // request is refused only when that many do not fit. 0: models where some
+  // layer attends to its whole past (Gemma 3's global layers) or none slides.
+  int32_t sliding_window = 0;
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
@@ -59,6 +67,7 @@ struct SchedulerStats {
   int64_t n_preemptions = 0;  // total since start
   double kv_usage = 0.0;      // fraction of blocks in use
   int32_t n_blocks_used = 0;  // KV blocks referenced by a sequence
+  int64_t n_blocks_slid = 0;  // total blocks released since start for leaving the sliding window
   PrefixCacheStats prefix_cache;
 };
 
@@ -70,7 +79,8 @@ class Scheduler {
 
   // Throws kInvalidArgument (with the numbers) when a sequence of n_prompt
   // tokens that may grow by max_new_tokens could never be scheduled: beyond
-  // max_model_len, or more blocks than the whole pool. Pure: safe to call
+  // max_model_len, or more blocks than the whole pool (with a sliding window:
+  // than kv's max_blocks_held). Pure: safe to call
   // from any thread before submitting.
   static void check_fits(const SchedulerConfig& config, int32_t n_prompt, int32_t max_new_tokens);
 
@@ -160,6 +170,8 @@ class Scheduler {
   void end_flight(const ScheduledSeq& sc);
   // Frees the blocks a draft took beyond the sequence's next token.
   void drop_draft_blocks(Seq& s);
+  // Sliding window: releases the blocks no query from s.n_computed on reads.
+  void slide_window(Seq& s);
   ScheduledSeq make_scheduled(const Seq& s, int32_t n_new, bool first) const;
   // n_new capped by the prompt-logit rows left in this step (s.prompt_logits);
   // 0: s waits for a later step.
@@ -172,6 +184,7 @@ class Scheduler {
   std::vector<SeqId> running_;    // admission order; the back is preempted first
   std::deque<SeqId> waiting_;     // preempted sequences go to the front
   int64_t n_preemptions_ = 0;
+  int64_t n_blocks_slid_ = 0;
 };
 
 }  // namespace shardlm

@@ -19,6 +19,7 @@
 #include "loader/generation_config.h"
 #include "server/connection_server.h"
 #include "server/structured_output.h"
+#include "model/draft_model.h"
 #include "model/quantized_linear.h"
 #include "model/weight_source.h"
 
@@ -127,9 +128,10 @@ void EngineBackend::shutdown(bool drain) {
     // The acceptance rate over the run (also in /metrics as vllm:spec_decode_*).
     const MetricsSnapshot m = r->engine->metrics().snapshot();
     std::fprintf(stderr,
-                 "shardlm serve: replica %zu speculative decoding (ngram): %lld drafts, %lld draft tokens, "
+                 "shardlm serve: replica %zu speculative decoding (%s): %lld drafts, %lld draft tokens, "
                  "%lld accepted (%.1f%%)\n",
-                 d, static_cast<long long>(m.spec_decode_num_drafts_total),
+                 d, options_.speculative.uses_draft_model() ? "draft model" : "ngram",
+                 static_cast<long long>(m.spec_decode_num_drafts_total),
                  static_cast<long long>(m.spec_decode_num_draft_tokens_total),
                  static_cast<long long>(m.spec_decode_num_accepted_tokens_total),
                  m.spec_decode_num_draft_tokens_total > 0
@@ -164,9 +166,18 @@ std::string LoadReport::text() const {
     }
   }
   out << "KV cache holds " << with_commas(kv_tokens) << " tokens per replica (" << with_commas(per_token)
-      << " B/token on rank 0); max model len " << with_commas(max_model_len) << " tokens; "
-      << "max concurrency at max model len: " << (max_model_len > 0 ? kv_tokens / max_model_len : 0) << " sequences";
+      << " B/token on rank 0); max model len " << with_commas(max_model_len) << " tokens; ";
+  if (sliding_window > 0)
+    out << "sliding window of " << with_commas(sliding_window) << " positions on every layer: blocks that leave it "
+        << "are released, so a sequence of max model len holds at most " << with_commas(kv_tokens_per_seq)
+        << " tokens; ";
+  out << "max concurrency at max model len: " << (kv_tokens_per_seq > 0 ? kv_tokens / kv_tokens_per_seq : 0)
+      << " sequences";
   if (!graphs.empty()) out << "\n" << graphs;
+  if (!draft_dir.empty())
+    out << "\ndraft model " << draft_dir << " beside each replica's driver (allocated, measured): weights "
+        << with_commas(draft_weight_bytes) << " B, KV cache " << with_commas(draft_kv_bytes) << " B ("
+        << with_commas(draft_kv_tokens) << " tokens)";
   return out.str();
 }
 
@@ -240,18 +251,29 @@ void EngineBackend::load() {
          "--gpu-memory-utilization");
   report_.n_kv_blocks = b0.n_kv_blocks;
   report_.kv_tokens = b0.n_kv_tokens;
+  // A sliding window over every layer: a sequence holds only its window's blocks (plan's kv_tokens_per_sequence).
+  const int64_t cache_window = cache_sliding_window(spec);
   if (options_.max_model_len > 0) {
     if (options_.max_model_len > spec.max_position_embeddings)
       fail(ErrorCode::kInvalidArgument, "--max-model-len ", options_.max_model_len, " exceeds the model's context of ",
            spec.max_position_embeddings, " tokens (", spec.max_position_source(), ")");
-    if (options_.max_model_len > report_.kv_tokens)
-      fail(ErrorCode::kOutOfMemory, "--max-model-len ", options_.max_model_len, " needs that many tokens of KV cache for one ",
-           "sequence, but the KV cache holds ", report_.kv_tokens, " tokens (", b0.n_kv_blocks, " blocks of ", b0.block_size,
+    const int64_t need =
+        kv_tokens_per_sequence(spec, options_.max_model_len, options_.block_size, options_.max_num_batched_tokens);
+    if (need > report_.kv_tokens)
+      fail(ErrorCode::kOutOfMemory, "--max-model-len ", options_.max_model_len, " needs ", need, " tokens of KV cache for one ",
+           "sequence", cache_window > 0 ? str_cat(" (its sliding window of ", cache_window, " and a chunk of ",
+                                                  options_.max_num_batched_tokens, " batched tokens, in whole blocks)")
+                                        : std::string(),
+           ", but the KV cache holds ", report_.kv_tokens, " tokens (", b0.n_kv_blocks, " blocks of ", b0.block_size,
            ", ", with_commas(b0.kv_bytes_per_token), " B/token); lower --max-model-len or raise --kv-cache-memory");
     report_.max_model_len = options_.max_model_len;
   } else {
-    report_.max_model_len = std::min(spec.max_position_embeddings, report_.kv_tokens);
+    report_.max_model_len =
+        max_context_for_pool(spec, report_.kv_tokens, options_.block_size, options_.max_num_batched_tokens);
   }
+  report_.sliding_window = cache_window;
+  report_.kv_tokens_per_seq =
+      kv_tokens_per_sequence(spec, report_.max_model_len, options_.block_size, options_.max_num_batched_tokens);
   if (report_.n_kv_blocks > INT32_MAX) report_.n_kv_blocks = INT32_MAX;
   if (!options_.device.is_cpu() && spec.long_rope_from() > 0 && report_.max_model_len > spec.long_rope_from())
     fail(ErrorCode::kUnsupported, "LongRoPE's long factors (positions past original_max_position_embeddings ",
@@ -265,11 +287,18 @@ void EngineBackend::load() {
   ec.scheduler.max_num_batched_tokens = static_cast<int32_t>(options_.max_num_batched_tokens);
   ec.scheduler.max_model_len = static_cast<int32_t>(report_.max_model_len);
   ec.scheduler.long_context_after = static_cast<int32_t>(spec.long_rope_from());
+  ec.scheduler.sliding_window = static_cast<int32_t>(std::min<int64_t>(cache_window, INT32_MAX));
   ec.scheduler.enable_prefix_caching = options_.enable_prefix_caching;
   for (int64_t id : load_eos_token_ids(dir, spec)) ec.eos_token_ids.push_back(static_cast<int32_t>(id));
   ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);
   ec.max_executor_restarts = options_.max_executor_restarts;
   ec.speculative = options_.speculative;
+  ModelSpec draft_spec;
+  if (options_.speculative.uses_draft_model()) {
+    // The draft must speak the target's vocabulary; refused naming both directories.
+    draft_spec = load_model_config(std::filesystem::path(options_.speculative.draft_model) / "config.json");
+    check_draft_vocabulary(dir, spec, options_.speculative.draft_model, draft_spec);
+  }
   if (options_.speculative.disable_by_batch_size > 0) ec.speculative_max_decodes = options_.speculative.disable_by_batch_size;
   if (ec.speculative.enabled() && !options_.batch_invariant)
     fail(ErrorCode::kInvalidArgument, "speculative decoding needs the batch-invariant kernels (batch_invariant)");
@@ -304,7 +333,28 @@ void EngineBackend::load() {
       if (d == 0) report_.graphs = local->graph_status();
       r->executor = std::move(local);
     }
-    r->engine = std::make_unique<Engine>(ec, *r->executor, detokenizer_.get());
+    EngineConfig rec = ec;
+    if (options_.speculative.uses_draft_model()) {
+      // Each replica's engine thread runs its own draft, on a backend of its
+      // own (the ranks' backends belong to their threads); its cache holds
+      // as many tokens as the target's, and a block more (model/draft_model.h).
+      backend::BackendOptions dbo;
+      dbo.device = options_.device;
+      dbo.n_threads = lo.n_threads_per_rank;
+      dbo.batch_invariant = options_.batch_invariant;  // so the target as its own draft proposes what it verifies
+      const int64_t n_draft_blocks = (report_.kv_tokens + options_.block_size - 1) / options_.block_size + 1;
+      auto draft = std::make_shared<DraftModel>(
+          options_.speculative.draft_model, spec.vocab_size, backend::make_backend(dbo), report_.max_model_len,
+          options_.block_size, kv_dtype_of(options_.kv_cache_dtype, draft_spec.dtype), n_draft_blocks);
+      if (d == 0) {
+        report_.draft_dir = options_.speculative.draft_model;
+        report_.draft_weight_bytes = draft->weight_bytes();
+        report_.draft_kv_bytes = draft->kv_bytes();
+        report_.draft_kv_tokens = n_draft_blocks * options_.block_size;
+      }
+      rec.draft_model = std::move(draft);
+    }
+    r->engine = std::make_unique<Engine>(rec, *r->executor, detokenizer_.get());
     r->engine->start();
     if (d == 0) report_.allocated = allocated;
     report_.allocated_by_replica.push_back(allocated);

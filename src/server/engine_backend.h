@@ -81,8 +81,16 @@ struct LoadReport {
   int64_t n_kv_blocks = 0;
   int64_t kv_tokens = 0;               // per replica
   int64_t max_model_len = 0;
+  int64_t sliding_window = 0;          // plan's cache_sliding_window: blocks that leave it are released
+  int64_t kv_tokens_per_seq = 0;       // plan's kv_tokens_per_sequence at max_model_len
   double measured_tolerance = 0.0;     // allowed |measured − plan| / plan: 0 on the CPU, 1% on a GPU
   std::string graphs;                  // replica 0's "CUDA graphs: ..." line ("" when not asked for)
+  // --speculative-config "model": the draft beside each replica's driver,
+  // measured as loaded (0 without one).
+  std::string draft_dir;
+  int64_t draft_weight_bytes = 0;      // per replica
+  int64_t draft_kv_bytes = 0;          // per replica
+  int64_t draft_kv_tokens = 0;         // tokens its KV cache holds: the target's, and a block
   std::string text() const;            // the startup log
 };
 

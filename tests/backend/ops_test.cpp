@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "core/error.h"
 
 namespace shardlm::backend {
 namespace {
@@ -283,6 +284,36 @@ TEST(Ops, ReferenceWindowIgnoresOnlyOlderKeys) {
   for (int64_t i = 3 * hd; i < 4 * hd; ++i) vc[i] += 5.0f;  // position 3: inside
   ref::paged_attention(q.data(), cache, &s, 1, heads, out.data());
   EXPECT_GT(std::fabs(out[0] - base[0]), 1e-3f);
+}
+
+// Blocks released after leaving a sliding window (-1 in the table, kv's
+// kNoBlock): the kernels read and write only the window's blocks, so a table
+// with holes before it gives the output of the full table; a hole inside the
+// window is refused, never read.
+TEST(Ops, SlidingWindowTableHolesBeforeTheWindowAreNeverRead) {
+  const int64_t hd = 16, block = 4, nkv = 1;
+  std::mt19937 rng(5);
+  std::vector<float> kc(8 * block * hd), vc(kc.size());
+  for (auto* c : {&kc, &vc})
+    for (auto& x : *c) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+  KvLayerView cache{kc.data(), vc.data(), DType::kF32, 8, block, nkv, hd};
+  AttentionHeads heads{2, 0, 0, 2};
+  heads.window = 5;
+  // A chunk of 3 at positions 13-15: the row at 13 reads from 9, so blocks 0 and 1 (positions 0-7) are not read.
+  std::vector<int32_t> full{6, 2, 5, 1}, holed{-1, -1, 5, 1};
+  AttentionSeq with_full{0, 3, 13, full.data(), 4}, with_holes{0, 3, 13, holed.data(), 4};
+  auto k = random_f32(3 * hd, rng), v = random_f32(k.size(), rng), q = random_f32(3 * 2 * hd, rng);
+  kv_cache_write(cache, &with_holes, 1, k.data(), v.data());
+  std::vector<float> want(q.size()), got(q.size());
+  paged_attention(q.data(), cache, &with_full, 1, heads, want.data());
+  paged_attention(q.data(), cache, &with_holes, 1, heads, got.data());
+  EXPECT_EQ(got, want);
+  std::vector<int32_t> hole_in_window{-1, -1, -1, 1};  // the row at 13 reads position 9, in block 2
+  AttentionSeq bad{0, 3, 13, hole_in_window.data(), 4};
+  EXPECT_THROW(paged_attention(q.data(), cache, &bad, 1, heads, got.data()), shardlm::Error);
+  AttentionHeads no_window = heads;
+  no_window.window = 0;
+  EXPECT_THROW(paged_attention(q.data(), cache, &with_holes, 1, no_window, got.data()), shardlm::Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, DTypeTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),

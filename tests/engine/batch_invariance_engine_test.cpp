@@ -120,10 +120,17 @@ TEST(EngineBatchInvariance, Tp2UnevenHeadsSameTokensAndLogprobsAloneLoadedChunke
 struct SpecOutcome {
   std::map<int, Output> outputs;
   int64_t n_accepted = 0;
+  int64_t peak_blocks = 0;  // the engine's kv_blocks_in_use_peak
 };
 
-SpecOutcome run_speculative(int tp, bool speculate) {
-  const ModelSpec spec = test_spec();
+// window > 0: every layer attends to its last `window` positions;
+// free_window: the scheduler releases the blocks that leave it.
+SpecOutcome run_speculative(int tp, bool speculate, int32_t window = 0, bool free_window = false) {
+  ModelSpec spec = test_spec();
+  if (window > 0) {
+    spec.sliding_window = window;
+    spec.sliding_layers.assign(size_t(spec.n_layers), true);
+  }
   auto weights = testing::random_weights(spec, 11);
   LocalGroupOptions gopt;
   gopt.layout.tp = tp;
@@ -137,6 +144,7 @@ SpecOutcome run_speculative(int tp, bool speculate) {
   cfg.scheduler.n_blocks = 128;
   cfg.scheduler.block_size = 4;
   cfg.scheduler.max_model_len = 128;
+  cfg.scheduler.sliding_window = free_window ? window : 0;
   if (speculate) cfg.speculative = {4, 2, 4};
   Engine engine(cfg, executor);
   SpecOutcome got;
@@ -159,6 +167,7 @@ SpecOutcome run_speculative(int tp, bool speculate) {
   }
   engine.run_until_idle();
   got.n_accepted = engine.metrics().snapshot().spec_decode_num_accepted_tokens_total;
+  got.peak_blocks = engine.metrics().snapshot().kv_blocks_in_use_peak;
   backend::set_batch_invariant(false);
   return got;
 }
@@ -176,6 +185,24 @@ void expect_speculation_identical(int tp) {
 }
 
 TEST(EngineSpeculation, Tp1GreedyTokensAndLogprobsEqualPlainDecoding) { expect_speculation_identical(1); }
+
+// Drafts over a sliding window (10 positions, blocks of 4) whose blocks the
+// scheduler releases: rows of drafts read their own windows, rejected ones
+// are rolled back, and the tokens and logprob bits are those of plain
+// decoding with every block kept.
+TEST(EngineSpeculation, SlidingWindowDraftsEqualPlainDecodingThatKeepsEveryBlock) {
+  const SpecOutcome kept = run_speculative(1, false, 10, false);
+  const SpecOutcome spec = run_speculative(1, true, 10, true);
+  ASSERT_EQ(kept.outputs.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(spec.outputs.at(i).tokens, kept.outputs.at(i).tokens) << "request " << i;
+    EXPECT_EQ(spec.outputs.at(i).logprob_bits, kept.outputs.at(i).logprob_bits) << "request " << i;
+  }
+  EXPECT_GT(spec.n_accepted, 0) << "no draft accepted; the identity proved nothing";
+  EXPECT_LT(spec.peak_blocks, kept.peak_blocks);
+  const SpecOutcome full = run_speculative(1, false);  // the window changes the tokens: it is in effect
+  EXPECT_NE(full.outputs.at(2).tokens, kept.outputs.at(2).tokens);
+}
 TEST(EngineSpeculation, Tp2UnevenHeadsGreedyTokensAndLogprobsEqualPlainDecoding) { expect_speculation_identical(2); }
 
 }  // namespace

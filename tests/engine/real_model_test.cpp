@@ -187,6 +187,167 @@ TEST(EngineRealModel, LongRopeMatchesGenerateLocalUnderChunkingAndPrefixCaching)
   }
 }
 
+// Sliding window on every layer (Mistral v0.1's shape, window 6 over blocks
+// of 4): the scheduler releases the blocks that leave the window, so a pool
+// of 12 blocks runs sequences of up to 50 tokens (13 blocks of whole past
+// each: without the window not one would be admitted), five at once, with
+// chunked prefill (chunks of 8), preemption and a prefix hit, at TP 1 and
+// at TP 2 with uneven KV heads (3 over 2 ranks) and at PP 2. Tokens must be those of
+// generate_local, which keeps every block (its kernels read the window);
+// tests/reference checks generate_local against the numpy reference
+// (mistral_window_*). Then one long sequence in a big pool: the engine's own
+// peak of blocks in use stays at kv's max_blocks_held, not its whole past.
+ModelSpec mistral_window_spec(int64_t window) {
+  SyntheticModelOptions so;
+  so.like = "mistral-7b";
+  so.n_layers = 2;
+  so.vocab_size = 384;
+  so.hidden_size = 96;
+  so.n_heads = 6;
+  so.n_kv_heads = 3;
+  so.intermediate_size = 192;
+  so.sliding_window = window;
+  so.dtype = DType::kF32;
+  return synthetic_model_spec(so);
+}
+
+void run_sliding_window_engine(int tp, int pp = 1) {
+  const ModelSpec spec = mistral_window_spec(6);
+  ASSERT_EQ(spec.sliding_window, 6);
+  ASSERT_EQ(spec.sliding_layers, std::vector<bool>(2, true));
+  auto weights = testing::random_weights(spec, 5);
+  constexpr int kRequests = 5;
+  constexpr int kMaxTokens = 24;
+  std::map<int, std::vector<int32_t>> want;
+  for (int i = 0; i < kRequests; ++i) {
+    GenerateOptions opt;
+    opt.max_tokens = kMaxTokens;
+    opt.kv_dtype = DType::kF32;
+    opt.block_size = 4;
+    want[i] = generate_local(spec, weights, prompt_for(i, spec.vocab_size), opt).tokens;
+    ASSERT_EQ(want[i].size(), size_t(kMaxTokens));
+  }
+
+  constexpr int32_t kBlocks = 12;
+  LocalGroupOptions gopt;
+  gopt.layout.tp = tp;
+  gopt.layout.pp = pp;
+  gopt.n_blocks = kBlocks;
+  gopt.block_size = 4;
+  gopt.kv_dtype = DType::kF32;
+  gopt.n_threads_per_rank = 1;
+  LocalGroupExecutor executor(spec, weights, gopt);
+  EngineConfig cfg;
+  cfg.scheduler.n_blocks = kBlocks;
+  cfg.scheduler.block_size = 4;
+  cfg.scheduler.max_num_batched_tokens = 8;
+  cfg.scheduler.max_model_len = 64;
+  cfg.scheduler.sliding_window = 6;
+  // The longest request (26 + 24 tokens) needs 13 blocks of whole past: refused without the window.
+  SchedulerConfig no_window = cfg.scheduler;
+  no_window.sliding_window = 0;
+  EXPECT_THROW(Scheduler::check_fits(no_window, 26, kMaxTokens), Error);
+  Engine engine(cfg, executor);
+  std::map<int, std::vector<int32_t>> got;
+  for (int i = 0; i < kRequests; ++i) {
+    EngineRequest r;
+    r.request_id = std::to_string(i);
+    r.prompt_token_ids = prompt_for(i, spec.vocab_size);
+    r.sampling.temperature = 0.0;
+    r.stop.max_tokens = kMaxTokens;
+    r.stop.ignore_eos = true;
+    engine.submit(r, {[&, i](const SequenceOutput& o) {
+      got[i].insert(got[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }});
+  }
+  engine.run_until_idle();
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << " TP=" << tp << " PP=" << pp;
+  // Request 1's 11-token prompt twice more: the first time's block 0 leaves
+  // the window at its last chunk but stays cached, so the second one hits
+  // (11 - 1) / 4 whole blocks. (Behind the five above, the 12-block pool had
+  // evicted the head of their chains: a hit needs the chain from block 0.)
+  const int64_t hits_before = engine.metrics().snapshot().prefix_cache_hits_total;
+  std::vector<int32_t> again_tokens;
+  for (int32_t n : {2, kMaxTokens}) {
+    EngineRequest again;
+    again.request_id = str_cat("again", n);
+    again.prompt_token_ids = prompt_for(1, spec.vocab_size);
+    again.sampling.temperature = 0.0;
+    again.stop.max_tokens = n;
+    again.stop.ignore_eos = true;
+    again_tokens.clear();
+    engine.submit(again, {[&](const SequenceOutput& o) {
+      again_tokens.insert(again_tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }});
+    engine.run_until_idle();
+    EXPECT_EQ(again_tokens, std::vector<int32_t>(want[1].begin(), want[1].begin() + n));
+  }
+  const MetricsSnapshot m = engine.metrics().snapshot();
+  EXPECT_EQ(m.prefix_cache_hits_total - hits_before, 8);
+  EXPECT_GT(m.num_preemptions_total, 0);
+  EXPECT_GT(m.kv_blocks_slid_total, 0);
+  EXPECT_NE(engine.metrics().render_prometheus().find("shardlm:kv_blocks_slid_total " +
+                                                      std::to_string(m.kv_blocks_slid_total)),
+            std::string::npos);
+  EXPECT_LE(m.kv_blocks_in_use_peak, kBlocks);
+  EXPECT_EQ(m.kv_blocks_in_use, 0);
+  EXPECT_DOUBLE_EQ(m.kv_cache_usage_perc, 0.0);
+}
+
+TEST(EngineRealModel, SlidingWindowFreesBlocksTp1) { run_sliding_window_engine(1); }
+TEST(EngineRealModel, SlidingWindowFreesBlocksTp2UnevenKvHeads) { run_sliding_window_engine(2); }
+// Two stages, two micro-batches in flight: a sequence slides only when its own plan lands.
+TEST(EngineRealModel, SlidingWindowFreesBlocksPp2) { run_sliding_window_engine(1, 2); }
+
+TEST(EngineRealModel, SlidingWindowBoundsTheBlocksOfOneLongSequence) {
+  const ModelSpec spec = mistral_window_spec(6);
+  auto weights = testing::random_weights(spec, 5);
+  constexpr int kMaxTokens = 40;
+  const std::vector<int32_t> prompt = prompt_for(2, spec.vocab_size);  // 16 tokens: 56 in all, 14 blocks
+  GenerateOptions opt;
+  opt.max_tokens = kMaxTokens;
+  opt.kv_dtype = DType::kF32;
+  opt.block_size = 4;
+  const std::vector<int32_t> want = generate_local(spec, weights, prompt, opt).tokens;
+  for (int32_t window : {0, 6}) {  // 0: the scheduler keeps every block (the path before the window freed any)
+    LocalGroupOptions gopt;
+    gopt.n_blocks = 64;
+    gopt.block_size = 4;
+    gopt.kv_dtype = DType::kF32;
+    gopt.n_threads_per_rank = 1;
+    LocalGroupExecutor executor(spec, weights, gopt);
+    EngineConfig cfg;
+    cfg.scheduler.n_blocks = 64;
+    cfg.scheduler.block_size = 4;
+    cfg.scheduler.max_num_batched_tokens = 8;
+    cfg.scheduler.max_model_len = 64;
+    cfg.scheduler.sliding_window = window;
+    Engine engine(cfg, executor);
+    EngineRequest r;
+    r.request_id = "long";
+    r.prompt_token_ids = prompt;
+    r.sampling.temperature = 0.0;
+    r.stop.max_tokens = kMaxTokens;
+    r.stop.ignore_eos = true;
+    std::vector<int32_t> got;
+    engine.submit(r, {[&](const SequenceOutput& o) { got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end()); }});
+    engine.run_until_idle();
+    EXPECT_EQ(got, want) << "window " << window;
+    const MetricsSnapshot m = engine.metrics().snapshot();
+    if (window == 0) {
+      EXPECT_EQ(m.kv_blocks_in_use_peak, 14);  // positions 0 .. 54 (the last token is never fed)
+      EXPECT_EQ(m.kv_blocks_slid_total, 0);
+    } else {
+      // Every block but those the last step's window held: 14 - (at most 3) released.
+      EXPECT_GE(m.kv_blocks_slid_total, 11);
+      // ceil((6 - 1 + 8) / 4) + 1 = 5 (kv's max_blocks_held); a decode holds 2 or 3.
+      EXPECT_EQ(max_blocks_held(55, 4, 6, 8), 5);
+      EXPECT_LE(m.kv_blocks_in_use_peak, 5);
+      EXPECT_GE(m.kv_blocks_in_use_peak, 3);
+    }
+  }
+}
+
 // Micro-batches in flight: with PP stages the engine keeps up to PP batches
 // of disjoint sequences moving, so stage 0 starts batch k+1 while stage 1
 // still runs batch k; tokens stay those of one batch at a time.

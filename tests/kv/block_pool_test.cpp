@@ -195,5 +195,105 @@ TEST(BlockTable, TruncateFreesTheTailButNoRegisteredBlock) {
   EXPECT_EQ(pool.n_used(), 0);
 }
 
+
+// Sliding window: a query at p reads [p + 1 - window, p].
+TEST(SlidingWindow, FirstPositionRead) {
+  EXPECT_EQ(first_position_read(0, 4), 0);
+  EXPECT_EQ(first_position_read(3, 4), 0);
+  EXPECT_EQ(first_position_read(4, 4), 1);
+  EXPECT_EQ(first_position_read(10, 1), 10);
+  EXPECT_EQ(first_position_read(10, 0), 0);  // no window: the whole past
+}
+
+TEST(SlidingWindow, ReleaseBeforeLeavesHolesAndKeepsCachedBlocksEvictable) {
+  BlockPool pool(8, 4, /*enable_prefix_caching=*/true);
+  BlockTable t;
+  ASSERT_TRUE(allocate_slots(pool, t, 14));  // 4 blocks
+  const std::vector<int32_t> tokens = iota_tokens(14);
+  register_computed(pool, t, tokens, 12);  // blocks 0-2 full and cached
+  const std::vector<int32_t> before = t.blocks;
+  EXPECT_TRUE(release_before(pool, t, 3).empty());  // block 0 still holds position 3
+  const std::vector<int32_t> out = release_before(pool, t, 8);  // 0-7 no longer read
+  EXPECT_EQ(out, (std::vector<int32_t>{before[0], before[1]}));
+  EXPECT_EQ(t.blocks, (std::vector<int32_t>{kNoBlock, kNoBlock, before[2], before[3]}));
+  EXPECT_EQ(t.n_released, 2);
+  EXPECT_EQ(t.n_held(), 2);
+  EXPECT_EQ(pool.n_used(), 2);
+  EXPECT_EQ(pool.n_evictable(), 2);  // cached: a later prompt with these tokens still hits them
+  EXPECT_TRUE(release_before(pool, t, 5).empty());  // the window never moves back
+  EXPECT_EQ(t.n_released, 2);
+  // The prefix still hits from block 0, and truncate/free skip the holes.
+  EXPECT_EQ(find_cached_prefix(pool, tokens).n_tokens, 12);
+  truncate_table(pool, t, 0);
+  EXPECT_EQ(t.blocks.size(), 3u);  // the registered blocks stay
+  free_table(pool, t);
+  EXPECT_EQ(pool.n_used(), 0);
+  EXPECT_EQ(pool.n_free(), 8);
+}
+
+TEST(SlidingWindow, UncachedBlocksAreFreedAndRegisterSkipsHoles) {
+  BlockPool pool(6, 4, /*enable_prefix_caching=*/false);
+  BlockTable t;
+  ASSERT_TRUE(allocate_slots(pool, t, 16));
+  const std::vector<int32_t> tokens = iota_tokens(20);
+  register_computed(pool, t, tokens, 9);
+  EXPECT_EQ(release_before(pool, t, 9).size(), 2u);
+  EXPECT_EQ(pool.n_free(), 4);
+  EXPECT_EQ(pool.n_evictable(), 0);
+  ASSERT_TRUE(allocate_slots(pool, t, 20));
+  register_computed(pool, t, tokens, 20);  // would reach the holes' block ids if it did not skip them
+  EXPECT_EQ(t.n_registered, 5);
+  free_table(pool, t);
+  EXPECT_EQ(pool.n_free(), 6);
+}
+
+TEST(SlidingWindow, AdoptedPrefixReferencesOnlyBlocksFromTheFirstKeptPosition) {
+  BlockPool pool(8, 4, /*enable_prefix_caching=*/true);
+  const std::vector<int32_t> tokens = iota_tokens(17);
+  BlockTable a;
+  ASSERT_TRUE(allocate_slots(pool, a, 17));
+  register_computed(pool, a, tokens, 17);
+  free_table(pool, a);  // 4 cached blocks, all evictable
+  EXPECT_EQ(pool.n_used(), 0);
+  PrefixMatch m = find_cached_prefix(pool, tokens);
+  ASSERT_EQ(m.n_tokens, 16);
+  BlockTable b;
+  // The query at 16 with a window of 6 reads from 11: blocks 0 and 1 are not referenced.
+  ASSERT_TRUE(allocate_slots(pool, b, 17, &m, first_position_read(16, 6)));
+  EXPECT_EQ(b.blocks, (std::vector<int32_t>{kNoBlock, kNoBlock, m.blocks[2], m.blocks[3], b.blocks[4]}));
+  EXPECT_EQ(b.n_released, 2);
+  EXPECT_EQ(b.n_registered, 4);
+  EXPECT_EQ(pool.ref_count(m.blocks[0]), 0);
+  EXPECT_EQ(pool.ref_count(m.blocks[2]), 1);
+  EXPECT_EQ(pool.n_used(), 3);
+  free_table(pool, b);
+  EXPECT_EQ(pool.n_used(), 0);
+  // All-or-nothing counts only the revived blocks in the window: 1 revived + 1 fresh.
+  BlockPool tight(4, 4, true);
+  BlockTable c;
+  ASSERT_TRUE(allocate_slots(tight, c, 13));
+  register_computed(tight, c, tokens, 13);
+  free_table(tight, c);
+  PrefixMatch m2 = find_cached_prefix(tight, std::span<const int32_t>(tokens).first(13));
+  ASSERT_EQ(m2.n_tokens, 12);
+  BlockTable d;
+  BlockTable hog;
+  ASSERT_TRUE(allocate_slots(tight, hog, 4));  // takes the never-cached block
+  EXPECT_FALSE(allocate_slots(tight, d, 13, &m2));  // without a window: 3 revived + 1 fresh > 3 free
+  EXPECT_TRUE(d.blocks.empty());
+  ASSERT_TRUE(allocate_slots(tight, d, 13, &m2, first_position_read(12, 5)));  // reads from 8: block 2 only
+  EXPECT_EQ(d.n_held(), 2);
+  EXPECT_EQ(tight.n_free(), 1);
+}
+
+TEST(SlidingWindow, MaxBlocksHeld) {
+  EXPECT_EQ(max_blocks_held(100, 4, 0, 16), 25);   // no window: every position's block
+  EXPECT_EQ(max_blocks_held(100, 4, 8, 16), 7);    // ceil((8 - 1 + 16) / 4) + 1
+  EXPECT_EQ(max_blocks_held(10, 4, 8, 16), 3);     // never more than the whole sequence
+  EXPECT_EQ(max_blocks_held(4096, 16, 4096, 2048), 256);
+  EXPECT_EQ(max_blocks_held(32768, 16, 4096, 2048), 385);  // Mistral v0.1: ceil(6143 / 16) + 1
+  EXPECT_EQ(max_blocks_held(0, 16, 4096, 2048), 0);
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -223,9 +223,17 @@ TEST(FamilyTable, GemmaConfigParsesOrIsRefusedByName) {
   bad = c;
   bad["layer_types"][1] = "chunked_attention";
   refused(bad, "layer_types[1] is \"chunked_attention\"", ErrorCode::kInvalidArgument);
+  // final_logit_softcapping: read (null is none), and written back by make-model.
+  EXPECT_EQ(parse_model_config(c, "config.json").final_logit_softcapping, 0.0);
+  auto capped = c;
+  capped["final_logit_softcapping"] = 30.0;
+  EXPECT_EQ(parse_model_config(capped, "config.json").final_logit_softcapping, 30.0);
   bad = c;
-  bad["final_logit_softcapping"] = 30.0;
-  refused(bad, "final_logit_softcapping=30.0", ErrorCode::kUnsupported);
+  bad["final_logit_softcapping"] = -1.0;
+  refused(bad, "final_logit_softcapping must be null or a positive number, found -1.0", ErrorCode::kInvalidArgument);
+  bad = c;
+  bad["final_logit_softcapping"] = "30";
+  refused(bad, "final_logit_softcapping must be null or a positive number, found \"30\"", ErrorCode::kInvalidArgument);
   bad = c;
   bad["attn_logit_softcapping"] = 50.0;
   refused(bad, "attn_logit_softcapping=50.0", ErrorCode::kUnsupported);

@@ -51,6 +51,27 @@ TEST(ModelSpec, SeedFactsHold) {
   ModelSpec q3 = catalog_model_spec("qwen3-8b");
   EXPECT_TRUE(q3.qk_norm);
   EXPECT_EQ(q3.head_dim, 128);
+  // Gemma 3 12B/27B: sparse text_configs over Gemma3TextConfig's defaults.
+  ModelSpec g27 = catalog_model_spec("gemma-3-27b");
+  EXPECT_EQ(g27.family, Family::kGemma3);
+  EXPECT_EQ(g27.head_dim, 128);  // 32 x 128 = 4096 != hidden 5376
+  EXPECT_EQ(g27.n_heads, 32);
+  EXPECT_EQ(g27.n_kv_heads, 16);
+  EXPECT_EQ(g27.query_pre_attn_scalar, 168.0);  // the only size whose scale is not head_dim's
+  EXPECT_EQ(g27.vocab_size, 262208);
+  EXPECT_EQ(g27.sliding_window, 1024);
+  EXPECT_EQ(g27.rope_scaling.type, "linear");
+  int64_t n_global = 0;
+  for (int64_t l = 0; l < g27.n_layers; ++l) n_global += g27.is_sliding_layer(l) ? 0 : 1;
+  EXPECT_EQ(g27.n_layers, 62);
+  EXPECT_EQ(n_global, 10);  // layers 5, 11, ..., 59
+  ModelSpec g12 = catalog_model_spec("gemma-3-12b");
+  EXPECT_EQ(g12.head_dim, 256);
+  EXPECT_EQ(g12.n_heads, 16);
+  EXPECT_EQ(g12.n_kv_heads, 8);
+  EXPECT_EQ(g12.hidden_size, 3840);
+  EXPECT_EQ(g12.query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(g12.tensor_prefix, "language_model.");
 }
 
 TEST(ModelSpec, UnknownCatalogNameListsTheCatalog) {

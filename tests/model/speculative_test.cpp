@@ -5,7 +5,14 @@
 // one, at TP 1 and TP 2 with uneven heads (7 Q heads: 4 + 3).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "backend/backend.h"
 #include "backend/cpu/ops.h"
+#include "loader/synthetic_checkpoint.h"
+#include "model/draft_model.h"
 #include "model/generate.h"
 #include "model/speculative.h"
 #include "random_weights.h"
@@ -69,6 +76,102 @@ void expect_identical(int tp) {
 
 TEST(Speculative, NgramGreedyTokensIdenticalTp1) { expect_identical(1); }
 TEST(Speculative, NgramGreedyTokensIdenticalTp2UnevenHeads) { expect_identical(2); }
+
+// The paged draft model serve runs (model/draft_model.h): proposals for
+// several sequences computed together equal each one's proposal by a fresh
+// draft alone; a later call that extends a context reuses its KV and still
+// proposes what a fresh draft would; when its blocks run out it evicts the
+// least recently drafted sequence outside the call, and a sequence that
+// cannot fit gets no draft. Batch-invariant kernels, so rows of a shared
+// step equal a lone sequence's bit for bit.
+class PagedDraft : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = std::filesystem::temp_directory_path() / ("shardlm_draft_" + std::to_string(getpid()));
+    SyntheticModelOptions o;
+    o.like = "qwen2.5-0.5b";
+    o.n_layers = 1;
+    o.vocab_size = 300;
+    o.hidden_size = 64;
+    o.n_heads = 4;
+    o.n_kv_heads = 2;
+    o.intermediate_size = 128;
+    o.seed = 9;
+    write_synthetic_model(dir_, o);
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+  void SetUp() override { backend::set_batch_invariant(true); }
+  void TearDown() override { backend::set_batch_invariant(false); }
+
+  static std::unique_ptr<DraftModel> draft(int64_t n_blocks) {
+    backend::BackendOptions bo;
+    bo.n_threads = 1;
+    return std::make_unique<DraftModel>(dir_, 300, backend::make_backend(bo), 64, 4, DType::kF32, n_blocks);
+  }
+  static std::vector<int32_t> alone(std::span<const int32_t> context, int64_t k) {
+    return draft(0)->propose(context, k);
+  }
+  static std::vector<int32_t> ids(int n, int salt) {
+    std::vector<int32_t> v;
+    for (int i = 0; i < n; ++i) v.push_back(int32_t((i * 37 + salt * 101 + 3) % 300));
+    return v;
+  }
+  static inline std::filesystem::path dir_;
+};
+
+TEST_F(PagedDraft, SharedStepsProposeWhatEachSequenceWouldAlone) {
+  const std::vector<int32_t> a = ids(9, 1), b = ids(3, 2), c = ids(14, 3);
+  auto d = draft(64);
+  const std::vector<DraftModel::Query> q = {{10, a, 4}, {11, b, 2}, {12, c, 3}};
+  const auto got = d->propose(q);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], alone(a, 4));
+  EXPECT_EQ(got[1], alone(b, 2));
+  EXPECT_EQ(got[2], alone(c, 3));
+  EXPECT_EQ(got[0].size(), 4u);
+  EXPECT_EQ(d->n_sequences_held(), 3);
+  // The next step: a accepted two drafts and produced a token; b took none
+  // and produced another. Their KV up to there is kept, the rest fed.
+  std::vector<int32_t> a2 = a, b2 = b;
+  a2.insert(a2.end(), got[0].begin(), got[0].begin() + 2);
+  a2.push_back(7);
+  b2.push_back(int32_t((got[1][0] + 1) % 300));
+  const std::vector<DraftModel::Query> q2 = {{11, b2, 3}, {10, a2, 3}};
+  const auto next = d->propose(q2);
+  EXPECT_EQ(next[0], alone(b2, 3));
+  EXPECT_EQ(next[1], alone(a2, 3));
+  d->release(12);
+  EXPECT_EQ(d->n_sequences_held(), 2);
+}
+
+TEST_F(PagedDraft, EvictsTheLeastRecentlyDraftedSequenceOutsideTheCall) {
+  // 6 blocks of 4: a 9-token context with 3 drafts needs 3 blocks.
+  auto d = draft(6);
+  const std::vector<int32_t> a = ids(9, 4), b = ids(9, 5), c = ids(9, 6);
+  EXPECT_EQ(d->propose(a, 3).size(), 3u);  // id 0
+  const std::vector<DraftModel::Query> qb = {{1, b, 3}};
+  EXPECT_EQ(d->propose(qb)[0], alone(b, 3));
+  EXPECT_EQ(d->n_sequences_held(), 2);
+  // c needs 3 blocks; none free: id 0 (least recent) goes, id 1 stays.
+  const std::vector<DraftModel::Query> qc = {{2, c, 3}};
+  EXPECT_EQ(d->propose(qc)[0], alone(c, 3));
+  EXPECT_EQ(d->n_sequences_held(), 2);
+  const std::vector<DraftModel::Query> qb2 = {{1, b, 3}};
+  EXPECT_EQ(d->propose(qb2)[0], alone(b, 3));  // id 1's KV was kept
+  // Three sequences of 3 blocks in one call cannot all fit in 6: the one
+  // that finds no block outside the call gets no draft, the others theirs.
+  const std::vector<DraftModel::Query> all = {{0, a, 3}, {1, b, 3}, {2, c, 3}};
+  const auto got = d->propose(all);
+  int n_empty = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i].empty()) {
+      ++n_empty;
+      continue;
+    }
+    EXPECT_EQ(got[i], alone(all[i].context, 3)) << i;
+  }
+  EXPECT_EQ(n_empty, 1);
+}
 
 }  // namespace
 }  // namespace shardlm

@@ -263,4 +263,46 @@ TEST(VllmRules, PipelinePartitionGivesTheRemainderToStagesBeforeTheLast) {
 }
 
 }  // namespace
+
+// KV per layer type (issue #22). Gemma 3 1B: 1 KV head × 256 × bf16 = 1,024
+// bytes per token per layer for K and V; layers 5, 11, 17, 23 are global.
+TEST(KvLayerTypes, Gemma3OneBSplitsGlobalAndLocalLayers) {
+  const ModelSpec g = catalog_model_spec("gemma-3-1b");
+  const KvLayerTypes t = kv_layer_types(g, KvCacheDType::kAuto);
+  EXPECT_EQ(t.n_global_layers, 4);
+  EXPECT_EQ(t.n_local_layers, 22);
+  EXPECT_EQ(t.window, 512);
+  EXPECT_EQ(t.global_bytes_per_token, 4096);
+  EXPECT_EQ(t.local_bytes_per_token, 22528);
+  EXPECT_EQ(t.global_bytes_per_token + t.local_bytes_per_token, model_kv_bytes_per_token(g, KvCacheDType::kAuto));
+  EXPECT_EQ(kv_layer_types(g, KvCacheDType::kFp8).local_bytes_per_token, 11264);
+  // Its global layers share the blocks: the cache frees nothing, a sequence holds its whole context.
+  EXPECT_EQ(cache_sliding_window(g), 0);
+  EXPECT_EQ(kv_tokens_per_sequence(g, 32768, 16, 2048), 32768);
+  EXPECT_EQ(max_context_for_pool(g, 20000, 16, 2048), 20000);
+  // No sliding layer at all (Mistral v0.3: sliding_window null).
+  const KvLayerTypes m = kv_layer_types(catalog_model_spec("mistral-7b"), KvCacheDType::kAuto);
+  EXPECT_EQ(m.n_local_layers, 0);
+  EXPECT_EQ(m.window, 0);
+  EXPECT_EQ(m.global_bytes_per_token, 131072);
+}
+
+// Every layer slides (Phi-3-mini-4k: window 2,047 of 4,096 positions): a
+// sequence holds only its window's blocks and one chunk's, so a pool smaller
+// than one whole context still serves the model's full length.
+TEST(KvLayerTypes, EveryLayerSlidingBoundsASequencesBlocks) {
+  const ModelSpec p = catalog_model_spec("phi-3-mini-4k");
+  EXPECT_EQ(cache_sliding_window(p), 2047);
+  const KvLayerTypes t = kv_layer_types(p, KvCacheDType::kAuto);
+  EXPECT_EQ(t.n_global_layers, 0);
+  EXPECT_EQ(t.n_local_layers, 32);
+  // ceil((2047 - 1 + 512) / 16) + 1 = 161 blocks of 16.
+  EXPECT_EQ(kv_tokens_per_sequence(p, 4096, 16, 512), 2576);
+  EXPECT_EQ(kv_tokens_per_sequence(p, 1000, 16, 512), 1008);  // shorter than the bound: its own blocks
+  EXPECT_EQ(kv_tokens_per_sequence(p, 4096, 16, 8192), 4096);  // a chunk that covers it all
+  EXPECT_EQ(max_context_for_pool(p, 2576, 16, 512), 4096);
+  EXPECT_EQ(max_context_for_pool(p, 2560, 16, 512), 2560);  // one block short: only what it holds whole
+  EXPECT_THROW(kv_tokens_per_sequence(p, 4096, 16, 0), Error);
+}
+
 }  // namespace shardlm

@@ -107,17 +107,48 @@ TEST_F(PlanCli, Qwen7bOnSixA100sPrintsTheRecommendationAndVllmsRefusal) {
   EXPECT_TRUE(has(r.out, "GiB = 2^30 bytes, GB = 10^9 bytes")) << r.out;
 }
 
-// Gemma 3 1B: its 4 Q heads over TP 3 (vLLM refuses), and what its local
-// layers keep in the cache beyond their window.
+// Gemma 3 1B: its 4 Q heads over TP 3 (vLLM refuses), its KV per layer
+// type, and what its local layers keep in the cache beyond their window.
+// 4 global layers × 1,024 B × 32,768 + 22 local × 1,024 B × (511 + 8,192).
 TEST_F(PlanCli, Gemma3SaysWhatItsSlidingLayersKeep) {
   Result r = run("plan gemma-3-1b --gpus 3xA100-40GB");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   EXPECT_TRUE(has(r.out, "Gemma3ForCausalLM, 26 layers, 4 Q / 1 KV heads × 256")) << r.out;
   EXPECT_TRUE(has(r.out, "KV cache: 26,624 bytes per token")) << r.out;
   EXPECT_TRUE(has(r.out, "Sliding window: 22 of 26 layers attend to the last 512 positions")) << r.out;
-  EXPECT_TRUE(has(r.out, "holds 22,528 bytes per token beyond it")) << r.out;
+  EXPECT_TRUE(has(r.out, "KV per layer type: 4 global layers 4,096 bytes per token of context; 22 local layers "
+                         "22,528 bytes per token, over at most 8,703 tokens per sequence")) << r.out;
+  EXPECT_TRUE(has(r.out, "A sequence of 32,768 tokens needs 330,278,912 bytes")) << r.out;
+  EXPECT_TRUE(has(r.out, "keeps the local layers' whole past in the blocks the global layers share (counted below): "
+                         "542,136,320 bytes more per sequence of that length")) << r.out;
   EXPECT_TRUE(has(r.out, "Total number of attention heads (4) must be divisible by tensor parallel size (3).")) << r.out;
   EXPECT_TRUE(has(r.out, "vllm serve google/gemma-3-1b-it")) << r.out;
+  Result j = run("plan gemma-3-1b --gpus 3xA100-40GB --json");
+  ASSERT_EQ(j.rc, 0) << j.err;
+  const nlohmann::json t = nlohmann::json::parse(j.out)["model"]["kv_layer_types"];
+  EXPECT_EQ(t["n_global_layers"], 4);
+  EXPECT_EQ(t["n_local_layers"], 22);
+  EXPECT_EQ(t["sliding_window"], 512);
+  EXPECT_EQ(t["global_bytes_per_token"], 4096);
+  EXPECT_EQ(t["local_bytes_per_token"], 22528);
+  EXPECT_EQ(t["cache_sliding_window"], 0);  // the global layers share the blocks: nothing is released yet
+}
+
+// Phi-3-mini-4k slides on every layer (window 2,047): the cache releases the
+// blocks that leave it, so a sequence of 4,096 tokens holds ceil((2,046 + 512)
+// / 16) + 1 = 161 blocks, and more full-length sequences fit.
+TEST_F(PlanCli, EveryLayerSlidingCountsOnlyTheWindow) {
+  Result wide = run("plan phi-3-mini-4k --gpus 1xA100-40GB --max-num-batched-tokens 8192");
+  Result r = run("plan phi-3-mini-4k --gpus 1xA100-40GB --max-num-batched-tokens 512");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  ASSERT_EQ(wide.rc, 0) << wide.out << wide.err;
+  EXPECT_TRUE(has(r.out, "Sliding window: 32 of 32 layers attend to the last 2,047 positions")) << r.out;
+  EXPECT_TRUE(has(r.out, "the cache releases the blocks that leave the window, so it holds at most 2,576 tokens"))
+      << r.out;
+  EXPECT_TRUE(has(r.out, "max-model-len 4,096, 29 full-length sequences per replica")) << r.out;
+  // A chunk of 8,192 covers the whole context: nothing is released within one sequence of 4,096.
+  EXPECT_TRUE(has(wide.out, "so it holds at most 4,096 tokens")) << wide.out;
+  EXPECT_TRUE(has(wide.out, "max-model-len 4,096, 17 full-length sequences per replica")) << wide.out;
 }
 
 TEST_F(PlanCli, JsonIsTheFullPlan) {

@@ -229,6 +229,7 @@ class Model:
                 raise SystemExit(f"reference: rope_scaling {kind} not supported")
         self.inv_freq = inv_freq
         self.gemma = self.arch == "Gemma3ForCausalLM"
+        self.final_softcap = None
         self.norm_offset = 1.0 if self.gemma else 0.0
         self.window = [None] * self.n_layers  # keys a layer sees: None (all) or the last W
         self.layer_inv_freq = [inv_freq] * self.n_layers
@@ -239,9 +240,9 @@ class Model:
                 and sw < c.get("max_position_embeddings", 4096):
             self.window = [sw] * self.n_layers  # transformers' Mistral / Phi-3: every layer
         if self.gemma:
-            for field in ("attn_logit_softcapping", "final_logit_softcapping"):
-                if c.get(field) is not None:
-                    raise SystemExit(f"reference: Gemma 3 {field} not supported")
+            if c.get("attn_logit_softcapping") is not None:
+                raise SystemExit("reference: Gemma 3 attn_logit_softcapping not supported")
+            self.final_softcap = c.get("final_logit_softcapping")
             local = 1.0 / (c.get("rope_local_base_freq", 10000.0)
                            ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float64) / d))
             types = c.get("layer_types")
@@ -419,7 +420,10 @@ class Model:
         if "lm_head" in self.int8_modules:  # a GPTQ lm_head ("lm_head": true) takes int8 inputs like the decoder's
             import quantized
             x = quantized.quantize_activations(x)
-        return x @ self.lm_head.T
+        logits = x @ self.lm_head.T
+        if self.final_softcap is not None:  # transformers' Gemma3ForCausalLM: cap * tanh(logits / cap)
+            logits = self.final_softcap * np.tanh(logits / self.final_softcap)
+        return logits
 
 
 def generate(model, prompt, max_tokens, ignore_eos=False):

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <numeric>
@@ -62,6 +63,12 @@ class Driver {
       }
     }
     EXPECT_EQ(sum, plan.n_scheduled_tokens);
+    for (int32_t b : plan.freed_blocks) EXPECT_NE(b, kNoBlock) << "a preemption reports a hole as freed";
+    n_preempted_with_holes += std::count_if(plan.preempted.begin(), plan.preempted.end(), [&](SeqId id) {
+      return slid_.count(id) != 0;
+    });
+    for (const auto& s : plan.seqs)
+      if (!s.block_table.empty() && s.block_table[0] == kNoBlock) slid_.insert(s.seq_id);
     // Blocks referenced by several sequences must be read-only for all of them.
     std::map<int32_t, int> n_users;
     for (const auto& s : plan.seqs)
@@ -85,12 +92,21 @@ class Driver {
     for (size_t k = 0; k < plan.seqs.size(); ++k) {
       const auto& s = plan.seqs[k];
       for (int32_t i = 0; i < s.n_tokens; ++i) slot(s, s.n_past + i) = s.token_ids[i];
+      // Every row reads the keys of its window (read_window; 0: its whole
+      // past): none of them may sit in a released block.
+      for (int32_t p = s.n_past; p < s.n_past + s.n_tokens; ++p)
+        for (int32_t j = first_position_read(p, read_window); j <= p; ++j)
+          EXPECT_NE(s.block_table[size_t(j / c.block_size)], kNoBlock)
+              << "seq " << s.seq_id << ": the row at " << p << " reads position " << j << " from a released block";
       if (s.need_logits) {
+        const int32_t last = s.n_past + s.n_tokens - 1;
         uint64_t h = 1469598103934665603ULL;
-        for (int32_t p = 0; p < s.n_past + s.n_tokens; ++p) h = (h ^ uint64_t(slot(s, p) + 7)) * 1099511628211ULL;
+        for (int32_t p = first_position_read(last, read_window); p <= last; ++p)
+          h = (h ^ uint64_t(slot(s, p) + 7)) * 1099511628211ULL;
         sampled[k] = int32_t(h % 1000);
       }
     }
+    max_blocks_used = std::max(max_blocks_used, sched.pool().n_used());
     if (plan.empty() && !keep_empty) return false;
     in_flight_.push_back({std::move(plan), std::move(sampled)});
     return true;
@@ -132,16 +148,27 @@ class Driver {
 
   Scheduler sched;
   std::map<SeqId, std::vector<int32_t>> outputs;
+  // The "model" attends to this many positions (kv's first_position_read);
+  // sched's config may free the blocks before them (sliding_window) or not.
+  int32_t read_window = 0;
+  int32_t max_blocks_used = 0;  // pool blocks in use after any schedule()
+  int64_t n_preempted_with_holes = 0;  // preemptions of a sequence whose window had slid
 
  private:
   int32_t& slot(const ScheduledSeq& s, int32_t pos) {
     const int32_t bs = sched.config().block_size;
-    return kv[size_t(s.block_table[pos / bs]) * bs + pos % bs];
+    const int32_t b = s.block_table[size_t(pos / bs)];
+    if (b == kNoBlock) {  // reported by launch(); a stand-in slot keeps the run going
+      static int32_t hole = -2;
+      return hole;
+    }
+    return kv[size_t(b) * bs + pos % bs];
   }
   struct InFlight {
     StepPlan plan;
     std::vector<int32_t> sampled;
   };
+  std::set<SeqId> slid_;    // sequences seen with a released block
   std::vector<int32_t> kv;  // [n_blocks * block_size] token id stored at each slot
   std::map<SeqId, int32_t> max_new_;
   std::deque<InFlight> in_flight_;
@@ -554,6 +581,220 @@ TEST(Scheduler, DraftsFitMaxNewTokensTheBudgetAndTheFreeBlocks) {
     EXPECT_TRUE(plan.seqs[0].draft_ids.empty());
     EXPECT_TRUE(plan.preempted.empty());
   }
+}
+
+
+// --- Sliding window (every layer attends to its last `sliding_window`
+// positions): the blocks that leave the window are released. ---
+
+SchedulerConfig window_config(int32_t window) {
+  SchedulerConfig c = small_config();  // blocks of 4
+  c.sliding_window = window;
+  return c;
+}
+
+// Which table entries are holes, step by step, in a hand-worked case:
+// window 6 (a query at p reads [p - 5, p]), a 10-token prompt in chunks of 4.
+TEST(SlidingWindow, ReleasesABlockOnlyOnceNoQueryReadsIt) {
+  SchedulerConfig c = window_config(6);
+  c.max_num_batched_tokens = 4;
+  Scheduler s(c);
+  s.add(1, prompt_of(10, 0), 20);
+  s.commit(s.schedule(), std::vector<int32_t>{-1});  // [0, 4): the next query (4) reads from 0
+  EXPECT_EQ(s.pool().n_used(), 1);
+  s.commit(s.schedule(), std::vector<int32_t>{-1});  // [4, 8): the next query (8) reads from 3
+  EXPECT_EQ(s.pool().n_used(), 2);
+  StepPlan p3 = s.schedule();  // [8, 10): the chunk's first row (8) reads from 3, so block 0 is still there
+  ASSERT_EQ(p3.seqs[0].n_past, 8);
+  EXPECT_NE(p3.seqs[0].block_table[0], kNoBlock);
+  EXPECT_EQ(s.pool().n_used(), 3);
+  s.commit(p3, std::vector<int32_t>{50});  // the next query (10) reads from 5: block 0 (positions 0-3) leaves
+  EXPECT_EQ(s.pool().n_used(), 2);
+  EXPECT_EQ(s.stats().n_blocks_slid, 1);
+  StepPlan d1 = s.schedule();  // decode at 10
+  EXPECT_EQ(d1.seqs[0].block_table[0], kNoBlock);
+  EXPECT_NE(d1.seqs[0].block_table[1], kNoBlock);
+  s.commit(d1, std::vector<int32_t>{51});  // next query 11 reads from 6: block 1 (4-7) stays
+  s.commit(s.schedule(), std::vector<int32_t>{52});  // 12 reads from 7: block 1 stays
+  EXPECT_EQ(s.pool().n_used(), 2);
+  StepPlan d3 = s.schedule();  // decode at 12 takes block 3
+  EXPECT_EQ(s.pool().n_used(), 3);
+  EXPECT_NE(d3.seqs[0].block_table[1], kNoBlock);
+  s.commit(d3, std::vector<int32_t>{53});  // 13 reads from 8: block 1 leaves
+  EXPECT_EQ(s.pool().n_used(), 2);
+  EXPECT_EQ(s.stats().n_blocks_slid, 2);
+  s.finish(1);
+  EXPECT_EQ(s.pool().n_used(), 0);
+}
+
+// Without the window config the same sequence keeps every block.
+TEST(SlidingWindow, OffKeepsTheWholePast) {
+  SchedulerConfig c = small_config();
+  Scheduler s(c);
+  s.add(1, prompt_of(10, 0), 20);
+  s.commit(s.schedule(), std::vector<int32_t>{50});
+  for (int i = 0; i < 10; ++i) s.commit(s.schedule(), std::vector<int32_t>{60 + i});
+  EXPECT_EQ(s.pool().n_used(), 5);  // positions 0 .. 19
+  EXPECT_EQ(s.stats().n_blocks_slid, 0);
+}
+
+// A pool far too small for any sequence's whole past: with the window it
+// runs (requests fit by max_blocks_held), preempts, and gives the outputs
+// of a big pool that frees nothing, with the same attention window. Every
+// row's window is checked to read no released block (Driver::launch).
+std::map<SeqId, std::vector<int32_t>> run_window_workload(SchedulerConfig c, int32_t read_window, int depth,
+                                                          int32_t* max_used, int64_t* n_preempt,
+                                                          int64_t* n_preempt_slid = nullptr) {
+  Driver d(c);
+  d.read_window = read_window;
+  for (int i = 0; i < 6; ++i) d.add(i, prompt_of(5 + 7 * i, 1000 * (i % 3)), 30);
+  d.add(6, prompt_of(40, 1000), 12);  // shares seq 4's prefix: prefix hits while blocks slide
+  d.run(depth);
+  EXPECT_EQ(d.sched.pool().n_used(), 0);
+  *max_used = d.max_blocks_used;
+  *n_preempt = d.sched.stats().n_preemptions;
+  if (n_preempt_slid) *n_preempt_slid = d.n_preempted_with_holes;
+  return d.outputs;
+}
+
+TEST(SlidingWindow, TinyPoolPreemptionAndPrefixHitsGiveTheOutputsOfAFullCache) {
+  int64_t n_preempted_after_sliding = 0;  // the newest is preempted first, so mostly before it slid
+  for (int32_t window : {1, 5, 6, 9}) {
+    SchedulerConfig full = small_config();
+    full.n_blocks = 512;
+    int32_t full_max = 0, w_max = 0;
+    int64_t n_pre = 0;
+    auto ref = run_window_workload(full, window, 1, &full_max, &n_pre);
+    EXPECT_EQ(n_pre, 0);
+    SchedulerConfig w = window_config(window);
+    w.n_blocks = 512;
+    auto got = run_window_workload(w, window, 1, &w_max, &n_pre);
+    EXPECT_EQ(ref, got) << "window " << window;
+    EXPECT_LT(w_max, full_max / 2) << "window " << window;
+    // The longest sequence is 70 tokens (18 blocks): the whole past never fits in 8 (65 tokens need 16).
+    SchedulerConfig tiny = window_config(window);
+    tiny.n_blocks = 8;
+    tiny.max_num_batched_tokens = 8;  // a sequence holds at most ceil((window - 1 + 8) / 4) + 1 <= 5 blocks
+    SchedulerConfig no_window = tiny;
+    no_window.sliding_window = 0;
+    EXPECT_THROW(Scheduler::check_fits(no_window, 35, 30), Error);
+    for (bool caching : {true, false})
+      for (int depth : {1, 2}) {
+        tiny.enable_prefix_caching = caching;
+        int32_t tiny_max = 0;
+        int64_t n_slid_pre = 0;
+        auto t = run_window_workload(tiny, window, depth, &tiny_max, &n_pre, &n_slid_pre);
+        EXPECT_EQ(ref, t) << "window " << window << " caching " << caching << " depth " << depth;
+        EXPECT_LE(tiny_max, 8);
+        if (window >= 5) EXPECT_GT(n_pre, 0) << "window " << window;
+        n_preempted_after_sliding += n_slid_pre;
+      }
+  }
+  EXPECT_GT(n_preempted_after_sliding, 0);
+}
+
+// A prefix hit adopts only the cached blocks the window still reads; the
+// ones before it stay evictable in the cache, unreferenced.
+TEST(SlidingWindow, PrefixHitReferencesOnlyTheBlocksInTheWindow) {
+  SchedulerConfig c = window_config(6);
+  Scheduler s(c);
+  const std::vector<int32_t> prompt = prompt_of(21, 7);
+  s.add(1, prompt, 1);
+  StepPlan p = s.schedule();  // 16 tokens
+  s.commit(p, std::vector<int32_t>{-1});
+  s.commit(s.schedule(), std::vector<int32_t>{99});  // the last 5; 21 computed: reads from 16
+  EXPECT_EQ(s.pool().n_used(), 2);                   // blocks of 16-19, 20
+  EXPECT_EQ(s.pool().n_cached(), 5);                 // the 5 full blocks stay cached (3 evictable)
+  s.finish(1);
+  EXPECT_EQ(s.pool().n_used(), 0);
+  s.add(2, prompt, 4);
+  StepPlan hit = s.schedule();
+  ASSERT_EQ(hit.seqs.size(), 1u);
+  EXPECT_EQ(hit.seqs[0].n_past, 20);  // (21 - 1) / 4 full blocks hit
+  EXPECT_EQ(s.n_prefix_hit_tokens(2), 20);
+  // The query at 20 reads from 15: blocks 0-2 (0-11) are holes, 3 and 4 referenced, 5 fresh.
+  const std::vector<int32_t>& t = hit.seqs[0].block_table;
+  ASSERT_EQ(t.size(), 6u);
+  EXPECT_EQ(t[0], kNoBlock);
+  EXPECT_EQ(t[1], kNoBlock);
+  EXPECT_EQ(t[2], kNoBlock);
+  EXPECT_NE(t[3], kNoBlock);
+  EXPECT_NE(t[4], kNoBlock);
+  EXPECT_EQ(s.pool().n_used(), 3);
+  s.commit(hit, std::vector<int32_t>{5});
+  s.finish(2);
+  EXPECT_EQ(s.pool().n_used(), 0);
+  // Once the chain's head is evicted, the rest of it is no hit (the
+  // simplest correct rule: a hit starts at block 0).
+  SchedulerConfig small = window_config(6);
+  small.n_blocks = 6;
+  Scheduler s2(small);
+  s2.add(1, prompt, 1);
+  s2.commit(s2.schedule(), std::vector<int32_t>{-1});
+  s2.commit(s2.schedule(), std::vector<int32_t>{99});
+  s2.finish(1);
+  s2.add(3, prompt_of(17, 500), 1);  // takes the never-cached block, then evicts the LRU head: block 0's
+  s2.commit(s2.schedule(), std::vector<int32_t>{-1});
+  s2.commit(s2.schedule(), std::vector<int32_t>{1});
+  s2.finish(3);
+  s2.add(2, prompt, 1);
+  StepPlan miss = s2.schedule();
+  EXPECT_EQ(miss.seqs[0].n_past, 0);
+}
+
+// Drafts past the window: the rows of the drafts read their own windows
+// (the blocks stay), the rejected rows are rolled back, and then the
+// accepted length slides the window.
+TEST(SlidingWindow, DraftsAndRollbackKeepEveryBlockARowReads) {
+  SchedulerConfig c = window_config(5);
+  Scheduler s(c);
+  s.add(1, prompt_of(10, 10), 20);
+  s.commit(s.schedule(), std::vector<int32_t>{100});  // 10 computed: reads from 6; block 0 leaves
+  EXPECT_EQ(s.pool().n_used(), 2);
+  StepPlan plan = s.schedule();
+  ASSERT_EQ(plan.seqs[0].n_tokens, 1);
+  EXPECT_EQ(s.add_draft(plan, 0, std::vector<int32_t>{1, 2, 3, 4, 5, 6}), 6);  // rows at 10 .. 16
+  const std::vector<int32_t>& t = plan.seqs[0].block_table;
+  ASSERT_EQ(t.size(), 5u);  // positions 0 .. 16
+  EXPECT_EQ(t[0], kNoBlock);
+  EXPECT_NE(t[1], kNoBlock);  // the row at 10 reads 6 .. 10
+  EXPECT_EQ(s.pool().n_used(), 4);
+  // One draft accepted: tokens 0 .. 11 computed, 12 sampled; the query at 12 reads from 8.
+  s.commit(plan, std::vector<int32_t>{200}, std::vector<int32_t>{1});
+  EXPECT_EQ(s.n_computed(1), 12);
+  EXPECT_EQ(s.pool().n_used(), 2);  // block 1 left the window, block 4 held only rejected drafts
+  EXPECT_EQ(s.stats().n_blocks_slid, 2);
+  // A failed plan with drafts gives its draft blocks back; the window stays.
+  StepPlan failed = s.schedule();
+  EXPECT_EQ(s.add_draft(failed, 0, std::vector<int32_t>{7, 8, 9, 10, 11}), 5);
+  EXPECT_EQ(s.pool().n_used(), 3);
+  s.release(failed);
+  EXPECT_EQ(s.pool().n_used(), 2);
+  StepPlan again = s.schedule();
+  EXPECT_EQ(again.seqs[0].n_past, 12);
+  EXPECT_EQ(again.seqs[0].block_table[1], kNoBlock);
+  EXPECT_NE(again.seqs[0].block_table[2], kNoBlock);
+  s.commit(again, std::vector<int32_t>{300});
+  s.finish(1);
+  EXPECT_EQ(s.pool().n_used(), 0);
+}
+
+TEST(SlidingWindow, CheckFitsCountsOnlyTheWindow) {
+  SchedulerConfig c = window_config(8);
+  c.n_blocks = 7;
+  c.max_num_batched_tokens = 16;
+  // 100 tokens: 25 blocks whole, but at most ceil((8 - 1 + 16) / 4) + 1 = 7 held.
+  EXPECT_NO_THROW(Scheduler::check_fits(c, 60, 40));
+  c.n_blocks = 6;
+  try {
+    Scheduler::check_fits(c, 60, 40);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 7 KV blocks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sliding window of 8"), std::string::npos) << e.what();
+  }
+  c.sliding_window = -1;
+  EXPECT_THROW(Scheduler bad(c), Error);
 }
 
 }  // namespace

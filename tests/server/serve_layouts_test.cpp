@@ -60,12 +60,13 @@ class ServeLayouts : public ::testing::Test {
   static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
 
   // Starts serve with extra flags; waits until /health answers 200.
-  std::unique_ptr<ServeProcess> start(const std::vector<std::string>& flags, bool expect_exit = false) {
+  std::unique_ptr<ServeProcess> start(const std::vector<std::string>& flags, bool expect_exit = false,
+                                      const std::string& model_dir = dir_, const std::string& kv_memory = "32MiB") {
     auto p = std::make_unique<ServeProcess>();
     p->port = shardlm::testing::free_loopback_port();
     p->log_path = dir_ + "/serve." + std::to_string(p->port) + ".log";
-    std::vector<std::string> args = {cli_, "serve", dir_, "--port", std::to_string(p->port), "--kv-cache-memory", "32MiB",
-                                     "--served-model-name", "q7"};
+    std::vector<std::string> args = {cli_, "serve", model_dir, "--port", std::to_string(p->port), "--kv-cache-memory",
+                                     kv_memory, "--served-model-name", "q7"};
     args.insert(args.end(), flags.begin(), flags.end());
     p->pid = shardlm::testing::spawn_logged(args, p->log_path);
     httplib::Client c("127.0.0.1", p->port);
@@ -175,6 +176,65 @@ TEST_F(ServeLayouts, DeploymentAndMetricsReportEveryRankOfEveryReplica) {
   EXPECT_EQ(s->stop(), 0) << s->log();
 }
 
+// Sliding window on every layer (Mistral v0.1's shape, window 8): serve sizes
+// max-model-len with plan's kv_tokens_per_sequence, so a KV pool of 128
+// tokens (64 KiB at 512 B/token: 8 blocks of 16) serves the model's full
+// 32,768 positions, and a 5 + 200 token completion runs in it: its blocks
+// are released as they leave the window (at most ceil((7 + 16) / 16) + 1 = 3),
+// with the text of generate, which keeps every block.
+TEST_F(ServeLayouts, SlidingWindowModelServesPastItsKvPool) {
+  const std::string model = dir_ + "/mistral_window";
+  const std::string cmd = cli_ + " make-model --like mistral-7b --layers 2 --vocab 512 --hidden 128 --heads 4 " +
+                          "--kv-heads 2 --head-dim 32 --intermediate 256 --sliding-window 8 --seed 3 --out " + model +
+                          " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  auto s = start({"--max-num-batched-tokens", "16", "--batch-invariant"}, false, model, "64KiB");
+  ASSERT_GT(s->pid, 0);
+  const std::string log = s->log();
+  EXPECT_NE(log.find("KV cache holds 128 tokens per replica (512 B/token on rank 0); max model len 32,768 tokens; "
+                     "sliding window of 8 positions on every layer: blocks that leave it are released, so a sequence "
+                     "of max model len holds at most 48 tokens; max concurrency at max model len: 2 sequences"),
+            std::string::npos) << log;
+  httplib::Client c("127.0.0.1", s->port);
+  c.set_read_timeout(120, 0);
+  json req = {{"model", "q7"}, {"prompt", json{5, 17, 230, 41, 9}}, {"max_tokens", 200}, {"temperature", 0},
+              {"ignore_eos", true}};
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 200);
+  // The text of generate, whose cache keeps every block (and which tests/reference checks against numpy).
+  const std::string gen_out = dir_ + "/mistral_window.generate.json";
+  const std::string gen = cli_ + " generate " + model + " --prompt-ids 5,17,230,41,9 --max-tokens 200 --json " +
+                          "--kv-cache-dtype bf16 --batch-invariant > " + gen_out + " 2>/dev/null";
+  ASSERT_EQ(std::system(gen.c_str()), 0);
+  std::ifstream gen_in(gen_out);
+  const json g = json::parse(std::string(std::istreambuf_iterator<char>(gen_in), {}));
+  ASSERT_EQ(g["token_ids"].size(), 200u);
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], g["text"]);
+  const std::string metrics = c.Get("/metrics")->body;
+  const size_t at = metrics.find("shardlm:kv_blocks_in_use_peak{");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  const int64_t peak = std::stoll(metrics.substr(metrics.find("} ", at) + 2));
+  EXPECT_GE(peak, 2);
+  EXPECT_LE(peak, 3);
+  // 204 positions stored in 13 blocks of 16, all but the last window's released.
+  const size_t slid = metrics.find("shardlm:kv_blocks_slid_total{");
+  ASSERT_NE(slid, std::string::npos) << metrics;
+  EXPECT_GE(std::stoll(metrics.substr(metrics.find("} ", slid) + 2)), 10) << metrics;
+  EXPECT_EQ(s->stop(), 0) << s->log();
+  // The same shapes without the window (Mistral v0.3): that pool cannot hold the context asked for.
+  const std::string full = dir_ + "/mistral_full";
+  const std::string cmd_full = cli_ + " make-model --like mistral-7b --layers 2 --vocab 512 --hidden 128 --heads 4 " +
+                               "--kv-heads 2 --head-dim 32 --intermediate 256 --seed 3 --out " + full + " > /dev/null";
+  ASSERT_EQ(std::system(cmd_full.c_str()), 0);
+  auto refused = start({"--max-num-batched-tokens", "16", "--max-model-len", "32768"}, true, full, "64KiB");
+  EXPECT_LT(refused->pid, 0);
+  EXPECT_NE(refused->log().find("--max-model-len 32768 needs 32768 tokens of KV cache for one sequence, but the KV "
+                                "cache holds 128 tokens"),
+            std::string::npos) << refused->log();
+}
+
 TEST_F(ServeLayouts, ALayoutTheRanksCannotRunIsRefusedWithTheReason) {
   auto s = start({"-tp", "29"}, /*expect_exit=*/true);
   EXPECT_LT(s->pid, 0);
@@ -187,6 +247,7 @@ TEST_F(ServeLayouts, ALayoutTheRanksCannotRunIsRefusedWithTheReason) {
 // (the kernels speculation runs on) bit for bit, a stop string and max_tokens
 // end them exactly as without, and /metrics shows drafts accepted (so the
 // identity is not vacuous). The shutdown log reports the acceptance rate.
+// Then the same with a draft model.
 TEST_F(ServeLayouts, SpeculativeNgramGivesThePlainTextAndCountsAcceptedDrafts) {
   std::vector<json> requests;
   for (int i = 0; i < 3; ++i) {
@@ -254,6 +315,28 @@ TEST_F(ServeLayouts, SpeculativeNgramGivesThePlainTextAndCountsAcceptedDrafts) {
             std::string::npos) << metrics;
   EXPECT_EQ(s->stop(), 0) << s->log();
   EXPECT_NE(s->log().find("speculative decoding (ngram):"), std::string::npos) << s->log();
+
+  // A draft model (vLLM's "model" key): the target as its own draft. Its
+  // drafts for the three sequences are computed together (catch-up chunks,
+  // then one row each per draft step) on the same batch-invariant kernels, so
+  // every one is what the target produces: all accepted, and the text is the
+  // plain text. A draft computed over the wrong KV blocks or positions would
+  // be rejected somewhere.
+  const std::string draft_cfg = R"({"model":")" + dir_ + R"(","num_speculative_tokens":3,"disable_by_batch_size":8})";
+  auto d = start({"--speculative-config", draft_cfg});
+  ASSERT_GT(d->pid, 0);
+  EXPECT_EQ(run_all(d->port, requests), plain);
+  const std::string dm = httplib::Client("127.0.0.1", d->port).Get("/metrics")->body;
+  auto dcounter = [&](const std::string& name) {
+    const size_t at = dm.find(name + "{");
+    return at == std::string::npos ? int64_t(-1) : int64_t(std::stoll(dm.substr(dm.find("} ", at) + 2)));
+  };
+  EXPECT_GT(dcounter("vllm:spec_decode_num_draft_tokens_total"), 0) << dm;
+  EXPECT_EQ(dcounter("vllm:spec_decode_num_accepted_tokens_total"), dcounter("vllm:spec_decode_num_draft_tokens_total"))
+      << dm;
+  EXPECT_EQ(d->stop(), 0) << d->log();
+  EXPECT_NE(d->log().find("draft model " + dir_ + " beside each replica's driver"), std::string::npos) << d->log();
+  EXPECT_NE(d->log().find("speculative decoding (draft model):"), std::string::npos) << d->log();
 }
 
 }  // namespace

@@ -356,12 +356,17 @@ void attention_typed(const float* q, const KvLayerView& c, const AttentionSeq* s
   }
 }
 
-void check_seqs(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs) {
+// Checks the block entries of the positions a kernel touches: from
+// first_position(q) (a write: n_past; attention: the first key the window
+// reads) to n_past + n_tokens. Entries before it may be holes (-1): blocks
+// the scheduler released once they left a sliding window.
+template <typename FirstPosition>
+void check_seqs(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs, FirstPosition first_position) {
   for (int64_t s = 0; s < n_seqs; ++s) {
     const AttentionSeq& q = seqs[s];
     const int64_t need = (q.n_past + q.n_tokens + c.block_size - 1) / c.block_size;
     SHARDLM_CHECK(q.n_table >= need, "sequence ", s, ": block table has ", q.n_table, " entries, needs ", need);
-    for (int64_t b = 0; b < need; ++b)
+    for (int64_t b = first_position(q) / c.block_size; b < need; ++b)
       SHARDLM_CHECK(q.block_table[b] >= 0 && q.block_table[b] < c.n_blocks, "sequence ", s, ": block ",
                     q.block_table[b], " outside the cache of ", c.n_blocks, " blocks");
   }
@@ -499,7 +504,7 @@ void add_inplace(float* y, const float* x, int64_t count) {
 }
 
 void kv_cache_write(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs, const float* k, const float* v) {
-  check_seqs(c, seqs, n_seqs);
+  check_seqs(c, seqs, n_seqs, [](const AttentionSeq& q) { return q.n_past; });
   const int64_t row_elems = c.n_kv_heads * c.head_dim;
   for (int64_t s = 0; s < n_seqs; ++s) {
     const AttentionSeq& q = seqs[s];
@@ -519,7 +524,9 @@ void kv_cache_write(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_se
 
 void paged_attention(const float* q, const KvLayerView& cache, const AttentionSeq* seqs, int64_t n_seqs,
                      const AttentionHeads& heads, float* out) {
-  check_seqs(cache, seqs, n_seqs);
+  check_seqs(cache, seqs, n_seqs, [&](const AttentionSeq& q) {
+    return heads.window > 0 ? std::max<int64_t>(0, q.n_past + 1 - heads.window) : int64_t{0};
+  });
   switch (cache.dtype) {
     case DType::kF32: attention_typed<DType::kF32>(q, cache, seqs, n_seqs, heads, out); break;
     case DType::kBF16: attention_typed<DType::kBF16>(q, cache, seqs, n_seqs, heads, out); break;

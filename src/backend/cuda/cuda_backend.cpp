@@ -335,6 +335,7 @@ void CudaBackend::do_add(Tensor& y, const Tensor& x) {
 }
 
 void CudaBackend::do_scale(Tensor& x, float s) { scale_f32(f32_mut(x, "scale x"), x.numel(), s, stream_); }
+void CudaBackend::do_softcap(Tensor& x, float cap) { softcap_f32(f32_mut(x, "softcap x"), x.numel(), cap, stream_); }
 
 void CudaBackend::do_rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) {
   check_step(meta, "rope");

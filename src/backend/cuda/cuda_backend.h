@@ -90,6 +90,7 @@ class CudaBackend final : public Backend {
   void do_add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) override;
   void do_add(Tensor& y, const Tensor& x) override;
   void do_scale(Tensor& x, float s) override;
+  void do_softcap(Tensor& x, float cap) override;
   void do_rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) override;
   void do_silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void do_gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;

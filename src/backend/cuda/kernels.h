@@ -133,6 +133,8 @@ void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLay
 void add_f32(float* y, const float* x, int64_t count, cudaStream_t stream);
 // x[i] *= s for i < count.
 void scale_f32(float* x, int64_t count, float s, cudaStream_t stream);
+// x = cap * tanh(x / cap) in place (Gemma's final logit soft-capping).
+void softcap_f32(float* x, int64_t count, float cap, cudaStream_t stream);
 
 // out[i, :] = x[rows[i], :] for i < n_rows; x: [*, dim] f32, rows: [n_rows]
 // (device indices, e.g. StepMetadata's logit rows), out: [n_rows, dim] f32.

@@ -10,6 +10,8 @@
 // global layers (every sliding_window_pattern-th, or as layer_types says) to
 // the whole past with rope_theta and rope_scaling. Defaults are
 // Gemma3TextConfig's: a released config.json leaves out what equals them.
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -20,11 +22,22 @@ namespace shardlm {
 
 namespace {
 
-void refuse_softcap(const nlohmann::json& config, const char* field, const char* what, const std::string& source) {
-  auto it = config.find(field);
+void refuse_attention_softcap(const nlohmann::json& config, const std::string& source) {
+  auto it = config.find("attn_logit_softcapping");
   if (it != config.end() && !it->is_null())
-    fail(ErrorCode::kUnsupported, source, ": ", field, "=", it->dump(), " (", what,
-         ") is not supported yet; every released Gemma 3 config sets it to null");
+    fail(ErrorCode::kUnsupported, source, ": attn_logit_softcapping=", it->dump(),
+         " (tanh soft-capping of attention scores, Gemma 2's) is not supported; every released Gemma 3 config sets "
+         "it to null");
+}
+
+// final_logit_softcapping: null (none) or a positive number c.
+double final_softcap(const nlohmann::json& config, const std::string& source) {
+  auto it = config.find("final_logit_softcapping");
+  if (it == config.end() || it->is_null()) return 0.0;
+  if (!it->is_number() || !(it->get<double>() > 0.0) || !std::isfinite(it->get<double>()))
+    fail(ErrorCode::kInvalidArgument, source, ": final_logit_softcapping must be null or a positive number, found ",
+         it->dump());
+  return it->get<double>();
 }
 
 void parse(const nlohmann::json& config, ModelSpec& spec, const std::string& source) {
@@ -35,8 +48,8 @@ void parse(const nlohmann::json& config, ModelSpec& spec, const std::string& sou
   if (!config.contains("max_position_embeddings")) spec.max_position_embeddings = 131072;
   refuse_attention_bias(config, spec, source);
   refuse_mlp_bias(config, source);
-  refuse_softcap(config, "attn_logit_softcapping", "tanh soft-capping of attention scores", source);
-  refuse_softcap(config, "final_logit_softcapping", "tanh soft-capping of the logits", source);
+  refuse_attention_softcap(config, source);
+  spec.final_logit_softcapping = final_softcap(config, source);
   // transformers reads hidden_activation (hidden_act is Gemma 1's field).
   const char* act_field = config.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
   auto act = config.find(act_field);
@@ -87,7 +100,8 @@ void write(const ModelSpec& s, nlohmann::json& c) {
   c["rope_local_base_freq"] = s.rope_local_theta;
   c["sliding_window"] = s.sliding_window;
   c["attn_logit_softcapping"] = nullptr;
-  c["final_logit_softcapping"] = nullptr;
+  c["final_logit_softcapping"] =
+      s.final_logit_softcapping > 0.0 ? nlohmann::json(s.final_logit_softcapping) : nlohmann::json(nullptr);
   // Gemma 3's own rule (every 6th layer global) when the layers follow it,
   // so that make-model --layers keeps it; the explicit list otherwise.
   bool pattern = !s.sliding_layers.empty();

@@ -1,5 +1,5 @@
 // Plain f32 kernels the Backend interface needs around ours: the residual
-// add and the row gather of the logit rows.
+// add, scaling, the logits' soft-cap and the row gather of the logit rows.
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/common.cuh"
 
@@ -19,6 +19,12 @@ __global__ void scale_f32_kernel(float* __restrict__ x, int64_t count, float s) 
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] *= s;
+}
+
+__global__ void softcap_f32_kernel(float* __restrict__ x, int64_t count, float cap, float inv_cap) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = cap * tanhf(x[i] * inv_cap);
 }
 
 // One block per gathered row; threads stride over dim.
@@ -41,6 +47,12 @@ void add_f32(float* y, const float* x, int64_t count, cudaStream_t stream) {
 void scale_f32(float* x, int64_t count, float s, cudaStream_t stream) {
   if (count <= 0) return;
   scale_f32_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(x, count, s);
+  SHARDLM_CUDA_CHECK_LAUNCH();
+}
+
+void softcap_f32(float* x, int64_t count, float cap, cudaStream_t stream) {
+  if (count <= 0) return;
+  softcap_f32_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(x, count, cap, 1.0f / cap);
   SHARDLM_CUDA_CHECK_LAUNCH();
 }
 
