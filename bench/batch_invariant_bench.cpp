@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "model/decode_bench.h"
 #include "model/weight_source.h"

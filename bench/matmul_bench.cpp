@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "backend/cpu/bf16_dot_gemm.h"
-#include "backend/cpu_isa.h"
-#include "backend/ops.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/ops.h"
 #include "bandwidth.h"
 
 using namespace shardlm;

@@ -30,10 +30,10 @@
 #include <string>
 #include <vector>
 
-#include "backend/ops.h"
-#include "backend/cpu_isa.h"
-#include "backend/quant_ops.h"
-#include "backend/quant_ops_isa.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/quant_ops.h"
+#include "backend/cpu/quant_ops_isa.h"
 #include "loader/quant_config.h"
 #include "loader/quant_pack.h"
 

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/local_group_executor.h"

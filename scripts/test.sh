@@ -31,7 +31,7 @@ if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
     -DSHARDLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DSHARDLM_BENCH=OFF
   cmake --build build-cuda -j"$jobs" --target shardlm_backend_cuda shardlm_comm_cuda shardlm_comm_nccl shardlm_model \
-    cuda_ops_test cuda_backend_test cuda_bandwidth device_local_comm_test
+    cuda_ops_test cuda_backend_test cuda_backend_interface_test cuda_bandwidth device_local_comm_test
   ctest --test-dir build-cuda --output-on-failure -R '^(Cuda|DeviceLocalComm)'
   # One GPU needs no NCCL (a bare device image has none): configuring without
   # it must succeed and leave out only the NCCL communicator.

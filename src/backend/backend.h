@@ -6,13 +6,15 @@
 //
 // Ops take Tensors. Activations are in activation_dtype() (f32 on CPU; a GPU
 // backend may choose bf16); weights stay in their checkpoint dtype and are
-// widened in registers. Shapes are written [rows, cols] below; every op checks
-// them and throws Error(kInternal) on a mismatch (a bug in the caller, never
-// user input). Ops run in order on the backend's context; a device backend may
+// widened in registers. Shapes are written [rows, cols] below; each public op
+// checks them once, here in the base class (backend.cpp), throwing
+// Error(kInternal) on a mismatch (a bug in the caller, never user input), and
+// then calls its device's do_<op>, which checks only what is its own (dtypes,
+// where the tensor lives). Ops run in order on the backend's context; a device backend may
 // run them asynchronously, and download()/synchronize() wait.
 //
 // Implementations: backend/cpu (CpuBackend), backend/cuda (with SHARDLM_CUDA).
-// The scalar reference kernels (backend/ops.h, namespace ref) are the oracle
+// The scalar reference kernels (backend/cpu/ops.h, namespace ref) are the oracle
 // every implementation is tested against.
 #pragma once
 
@@ -22,10 +24,11 @@
 #include <span>
 #include <string>
 
+#include "backend/cpu/ops.h"
+#include "backend/cpu/quant_ops.h"
 #include "backend/device/graph_buckets.h"
 #include "backend/device/memory_accounting.h"
-#include "backend/ops.h"
-#include "backend/quant_ops.h"
+#include "backend/op_args.h"
 #include "backend/step_metadata.h"
 #include "core/tensor.h"
 
@@ -34,7 +37,7 @@ namespace shardlm::backend {
 // A linear layer's weights as a rank holds them: weight [out, in] in its
 // stored dtype (unquantized: f32/f16/bf16; fp8: F8_E4M3), bias [out] or
 // undefined, and for a quantized layer its scheme and the other stored parts
-// (backend/quant_ops.h: QuantizedWeight). The parts stay in the checkpoint's
+// (backend/cpu/quant_ops.h: QuantizedWeight). The parts stay in the checkpoint's
 // dtypes and layout; kernels dequantize in registers. For AWQ/GPTQ `weight`
 // is undefined (the packed words are quant.qweight).
 struct Linear {
@@ -112,35 +115,36 @@ class Backend {
   // token ids in [vocab_begin, vocab_end), zeros elsewhere (summed over the TP
   // group by the caller). Throws kInvalidArgument for an id outside
   // [0, vocab_size).
-  virtual void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
-                     const StepMetadata& meta, Tensor& out) = 0;
+  void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size, const StepMetadata& meta,
+             Tensor& out);
+  // ---- what this backend can run ----
+  // The one capability query (backend/op_args.h: Op, OpArgs): whether `op`
+  // runs here with these arguments. The model asks at load, for each kind of
+  // weight, layer and feature it has; a test skips what a device says it lacks.
+  bool supports(const OpArgs& args) const { return unsupported(args).empty(); }
+  // Why not: "" when supports(args), else what this backend cannot do ("a
+  // float32 KV cache", "head_dim 80 (64, 96, 128 or 256)").
+  virtual std::string unsupported(const OpArgs& args) const;
+  // Throws Error(kUnsupported) "<describe(args)> is not supported on <name()>:
+  // <unsupported(args)>" unless supports(args).
+  void require(const OpArgs& args) const;
+
   // y[n, out] = x[n, in] × weightᵀ (+ bias). A quantized Linear reaches a
-  // backend only when supports(its scheme) said yes at load.
-  virtual void matmul(const Tensor& x, const Linear& w, Tensor& y) = 0;
-  // Whether matmul runs Linears stored in `scheme` (bits for AWQ/GPTQ). A
-  // backend without quantized kernels keeps this default.
-  virtual bool supports(WeightScheme scheme, int bits) const {
-    (void)scheme;
-    (void)bits;
-    return false;
-  }
-  // Throws Error(kUnsupported) "quantized <scheme> is not supported on
-  // <device>" unless supports(scheme, bits). The model calls it before it
-  // loads a quantized weight.
-  void require_support(WeightScheme scheme, int bits) const;
+  // backend only when supports(OpArgs::quant_matmul(scheme, bits)) said yes at load.
+  void matmul(const Tensor& x, const Linear& w, Tensor& y);
   // out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × (weight.offset + weight.weight);
   // x, out: [rows, d] (out may be x).
-  virtual void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) = 0;
+  void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out);
   // hidden += delta, then out = rms_norm(hidden): the residual add fused with
   // the norm that follows it. hidden, delta, out: [rows, d].
-  virtual void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) = 0;
+  void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out);
   // y += x, both [rows, d].
-  virtual void add(Tensor& y, const Tensor& x) = 0;
+  void add(Tensor& y, const Tensor& x);
   // x *= s, in place (Gemma's embedding scale).
-  virtual void scale(Tensor& x, float s) = 0;
+  void scale(Tensor& x, float s);
   // x = cap × tanh(x / cap), in place: Gemma's final_logit_softcapping over
-  // logits [rows, vocab] f32. The base implementation works on host memory.
-  virtual void softcap(Tensor& x, float cap);
+  // logits [rows, vocab] f32. The base do_softcap works on host memory.
+  void softcap(Tensor& x, float cap);
   // Rotate-half rotary embedding in place at the step's positions, over the
   // first 2 × inv_freq.numel() dims of each head (all of them, or Phi's
   // partial_rotary_factor of them; the rest pass through), cos and sin times
@@ -148,28 +152,22 @@ class Backend {
   // x: [n_tokens, n_heads, head_dim]; inv_freq: [rotary_dim / 2] f32 (host or
   // device), or [2, rotary_dim / 2] for LongRoPE: row 0 the short factors', row
   // 1 the long ones', taken by the tokens meta.long_rope() marks.
-  virtual void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) = 0;
+  void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale);
   // out[n, inter] = silu(gate) × up; gate, up: [n, inter] (out may be gate).
-  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
   // out[n, inter] = gelu_tanh(gate) × up (GeGLU: Gemma); shapes as silu_mul.
-  virtual void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out);
   // Stores the step's keys and values, k, v: [n_tokens, n_kv_local, head_dim], into the cache.
-  virtual void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
-                              const Tensor& v) = 0;
+  void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k, const Tensor& v);
   // Causal attention of each chunk over its cached past and itself (written
   // first with kv_cache_write), scaled by heads.scale_for(head_dim), over the
   // last heads.window keys when the layer has a sliding window.
   // q, out: [n_tokens, n_q_local, head_dim].
-  virtual void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
-                               const AttentionHeads& heads, Tensor& out) = 0;
-  // Whether paged_attention computes what `heads` asks (its scale and
-  // window); the model asks at load for each kind of layer it has.
-  virtual bool supports_attention(const AttentionHeads& heads) const {
-    (void)heads;
-    return true;
-  }
+  // A layer's heads reach it only when supports(OpArgs::attention(...)) said yes at load.
+  void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta, const AttentionHeads& heads,
+                       Tensor& out);
   // out[n_logits, d] = rows meta.logit_rows() of x[n_tokens, d].
-  virtual void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
+  void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out);
   // dst[r, col_begin + j] = src[r, j] for every row r and column j of src:
   // a rank's vocab slice of the logits placed into full rows after an
   // all_gather. src: [rows, w], dst: [rows, d] with col_begin + w <= d, same
@@ -209,30 +207,59 @@ class Backend {
   virtual bool set_batch_invariant(bool on) { return !on; }
   virtual bool batch_invariant() const { return false; }
 
-  // ---- sampling where the logits are ----
-  // True when sample_rows is implemented (a GPU: the logits never cross).
-  virtual bool has_device_sampler() const { return false; }
+  // ---- sampling where the logits are (supports(OpArgs::of(Op::kSampleRows))) ----
   // ids[r], logprobs[r] (host memory): row r of logits [n_rows, vocab] f32 on
   // this device sampled as rows[r] says; logprobs are the chosen tokens' raw
   // log_softmax. Only the ids and logprobs cross. Base: Error(kUnsupported).
-  virtual void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs);
+  void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs);
 
-  // ---- mixture of experts (backend/moe_ops.h has the contracts) ----
-  // True when moe_route and moe_experts are implemented (a MoE model checks at load).
-  virtual bool has_moe_ops() const { return false; }
+  // ---- mixture of experts (backend/cpu/moe_ops.h has the contracts) ----
+  // Implemented where supports(OpArgs::of(Op::kMoe)) (a MoE model checks at load).
   // ids[n, top_k] (i32), weights[n, top_k] (f32): each token's top_k experts by
   // router logit, logits: [n, n_experts]; softmax probabilities, renormalised
   // over the chosen when `renormalize`. The base class throws
   // Error(kUnsupported) naming the device: a backend without it cannot run MoE.
-  virtual void moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights);
+  void moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights);
   // out[n, hidden] = Σ over each token's routed experts that this rank holds
   // (global ids [expert_begin, expert_begin + experts.size())) of
   // weight × down(silu(gate(x)) × up(x)); tokens grouped by expert, each
   // active expert's matrices applied once to its rows. x: [n, hidden].
   // Base class: Error(kUnsupported) naming the device.
-  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
-                           int64_t n_experts_local, int64_t expert_begin, Tensor& out);
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
+                   int64_t n_experts_local, int64_t expert_begin, Tensor& out);
+
+ protected:
+  // What each device implements, called by the public op after its shape
+  // checks. sample_rows, moe_route and moe_experts have a base that throws
+  // Error(kUnsupported) naming the device (backends whose supports(OpArgs)
+  // says no keep it).
+  virtual void do_embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
+                        const StepMetadata& meta, Tensor& out) = 0;
+  virtual void do_matmul(const Tensor& x, const Linear& w, Tensor& y) = 0;
+  virtual void do_rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) = 0;
+  virtual void do_add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps,
+                               Tensor& out) = 0;
+  virtual void do_add(Tensor& y, const Tensor& x) = 0;
+  virtual void do_scale(Tensor& x, float s) = 0;
+  virtual void do_softcap(Tensor& x, float cap);  // base: host memory (the CPU backend keeps it)
+  virtual void do_rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) = 0;
+  virtual void do_silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  virtual void do_gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  virtual void do_kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
+                                 const Tensor& v) = 0;
+  virtual void do_paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
+                                  const AttentionHeads& heads, Tensor& out) = 0;
+  virtual void do_gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
+  virtual void do_sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids,
+                              float* logprobs);
+  virtual void do_moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights);
+  virtual void do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
+                              int64_t n_experts_local, int64_t expert_begin, Tensor& out);
 };
+
+// What supports(args) was asked, for messages: "quantized awq 4-bit",
+// "paged_attention (head_dim 256, sliding window 1024, softmax scale 0.0625)".
+std::string describe(const OpArgs& args);
 
 struct BackendOptions {
   Device device;            // cpu, or cuda:i

@@ -18,7 +18,7 @@
 #include <span>
 #include <vector>
 
-#include "backend/ops.h"
+#include "backend/op_args.h"
 
 namespace shardlm::backend {
 

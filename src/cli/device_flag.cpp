@@ -7,8 +7,8 @@
 #include "backend/backend.h"
 #include "backend/cpu/bf16_dot_gemm.h"
 #include "backend/device/device_choice.h"
-#include "backend/ops.h"
-#include "backend/quant_ops.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/quant_ops.h"
 #include "core/error.h"
 
 namespace shardlm::cli {

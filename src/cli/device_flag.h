@@ -29,7 +29,7 @@ Device device_for_thread_ranks(const std::string& flag, int n_ranks);
 Device device_for_mpi_process(const std::string& flag);
 
 // Adds --quant-activations int8|f32: how AWQ/GPTQ matmuls take the
-// activations (backend/quant_ops.h). Default: SHARDLM_QUANT_ACTIVATIONS, else int8.
+// activations (backend/cpu/quant_ops.h). Default: SHARDLM_QUANT_ACTIVATIONS, else int8.
 void add_quant_activations_option(CLI::App* sub, std::string* value);
 // Sets the process's choice from the flag, or checks the environment variable
 // when the flag is empty, so that a bad value stops the command before any

@@ -7,7 +7,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/bf16_dot_gemm.h"
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "loader/model_spec.h"
 #include "model/draft_model.h"

@@ -45,7 +45,7 @@ CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int
   dims_.n_q_local = shard_.q_heads.size();
   dims_.n_kv_local = shard_.kv_heads.size();
   dims_.inter_local = shard_.intermediate.size();
-  if (spec.is_moe() && !backend_->has_moe_ops())
+  if (spec.is_moe() && !backend_->supports(backend::OpArgs::of(backend::Op::kMoe)))
     fail(ErrorCode::kUnsupported, spec.architecture, " is a mixture-of-experts model; the ", backend_->name(),
          " backend does not implement the MoE ops (moe_route, moe_experts) yet; run it on the CPU backend");
   // Every layer sparse (Mixtral, Qwen3-MoE without mlp_only_layers): no dense
@@ -92,11 +92,12 @@ CausalLM::CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int
     if (sliding && spec.sliding_layers.empty()) continue;
     backend::AttentionHeads heads = dims_.heads;
     heads.window = sliding ? spec.sliding_window : 0;
-    if (!backend_->supports_attention(heads))
-      fail(ErrorCode::kUnsupported, spec.architecture, ": the ", backend_->name(), " backend cannot compute ",
+    const backend::OpArgs args = backend::OpArgs::attention(heads, spec.head_dim);
+    if (!backend_->supports(args))
+      fail(ErrorCode::kUnsupported, spec.architecture, ": the ", backend_->name(), " backend cannot compute its ",
            sliding ? str_cat("sliding-window attention (", spec.sliding_window, " positions)")
-                   : std::string("attention scaled by query_pre_attn_scalar"),
-           " yet; run this model on the CPU backend");
+                   : std::string("attention"),
+           ": ", backend_->unsupported(args), "; run this model on the CPU backend");
   }
   for (int r = 0; r < layout.tp; ++r) vocab_ranges_.push_back(shard_for(spec, layout, r, pp_rank).vocab);
 }
@@ -119,7 +120,7 @@ std::unique_ptr<CausalLM> CausalLM::load_dir(const std::filesystem::path& model_
 void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
   weights_ = std::move(weights);
   backend::Backend& b = *backend_;
-  if (spec_.quant.enabled()) b.require_support(weight_scheme(spec_.quant), spec_.quant.bits);
+  if (spec_.quant.enabled()) b.require(backend::OpArgs::quant_matmul(weight_scheme(spec_.quant), spec_.quant.bits));
   const int64_t allocated_before = b.allocated_bytes();
   std::map<std::string, TensorSpec> specs;
   for (TensorSpec& t : expected_tensors(spec_)) specs.emplace(t.name, std::move(t));
@@ -322,7 +323,7 @@ bool CausalLM::forward(const ForwardBatch& batch, KvCache& cache, float* logits)
 
 void CausalLM::forward_sampled(const ForwardBatch& batch, KvCache& cache,
                                std::span<const backend::DeviceSampleRow> rows, int32_t* ids, float* logprobs) {
-  if (layout_.tp > 1 || layout_.pp > 1 || !backend_->has_device_sampler())
+  if (layout_.tp > 1 || layout_.pp > 1 || !backend_->supports(backend::OpArgs::of(backend::Op::kSampleRows)))
     fail(ErrorCode::kUnsupported, "sampling on the device needs TP = PP = 1 and a backend with a device sampler; ",
          backend_->name(), " at ", layout_.to_string(), " samples on the host");
   const int64_t n_logits = batch.n_logits();

@@ -66,7 +66,7 @@ WorkspaceBreakdown workspace_breakdown(const ModelSpec& spec, const Layout& layo
   w.mlp = has_dense ? 2 * t * s.intermediate.size() * a : 0;
   if (spec.is_moe()) {
     const int64_t k = std::max<int64_t>(1, spec.n_experts_per_token);
-    // + the expert op's scratch (backend/moe_ops.cpp: the rows routed to one
+    // + the expert op's scratch (backend/cpu/moe_ops.cpp: the rows routed to one
     // expert gathered, their outputs, gate and up; host vectors the allocator
     // does not meter), at its worst: every token routed to one expert.
     w.mlp += t * spec.n_experts * a + 2 * t * k * 4 + t * (2 * h + 2 * s.expert_intermediate.size()) * 4;

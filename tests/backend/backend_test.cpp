@@ -1,15 +1,19 @@
 // Every Backend implementation against the scalar reference kernels, through
-// the interface the model uses. One parameterised suite; each backend this
-// build has is an instance (CPU always; CUDA adds itself when built).
+// the interface the model uses. One parameterised suite with an instance per
+// backend: CPU, and CUDA, whose tests skip where no CUDA device exists (a
+// build without CUDA, or a machine without a GPU: scripts/gpu-check.sh runs
+// them on one, built as cuda_backend_interface_test). What a backend does not
+// implement it must say through supports(OpArgs), and the test skips only that.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/moe_ops.h"
+#include "backend/cpu/moe_ops.h"
 #include "core/error.h"
 
 namespace shardlm::backend {
@@ -31,7 +35,29 @@ Tensor host_tensor(DType dtype, TensorShape shape, const std::vector<float>& val
 
 class BackendTest : public ::testing::TestWithParam<Device> {
  protected:
-  void SetUp() override { b_ = make_backend({GetParam(), 2}); }
+  void SetUp() override {
+    if (!GetParam().is_cpu() && cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    b_ = make_backend({GetParam(), 2});
+  }
+  // A CPU backend computes in f32 throughout; a GPU rounds GEMM inputs, norm
+  // and attention outputs to bf16 (8 bits of mantissa).
+  float tol(float cpu_tol) const { return GetParam().is_cpu() ? cpu_tol : std::max(cpu_tol, 2e-2f); }
+  // Whether the backend has the MoE ops. One without them must say so by
+  // name (moe_route throws kUnsupported), and the CPU backend must have them.
+  bool has_moe() {
+    if (b_->supports(OpArgs::of(Op::kMoe))) return true;
+    EXPECT_FALSE(GetParam().is_cpu()) << b_->unsupported(OpArgs::of(Op::kMoe));
+    Tensor logits = on_device({1.0f, 2.0f}, {1, 2}), ids = b_->alloc(DType::kI32, {1, 1}),
+           w = b_->alloc(DType::kF32, {1, 1});
+    try {
+      b_->moe_route(logits, 1, false, ids, w);
+      ADD_FAILURE() << "moe_route ran where supports() said it does not";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find("not supported on"), std::string::npos) << e.what();
+    }
+    return false;
+  }
   // The tensor on the backend's device (f32 activations are uploaded as is).
   Tensor on_device(const std::vector<float>& v, TensorShape shape) {
     Tensor t = b_->alloc(DType::kF32, shape);
@@ -54,6 +80,10 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 TEST_P(BackendTest, MatmulWithBiasMatchesReference) {
   std::mt19937 rng(1);
   for (DType wd : {DType::kF32, DType::kBF16}) {
+    if (!b_->supports(OpArgs::dense_matmul(wd))) {  // CUDA keeps bf16 weights only
+      EXPECT_FALSE(GetParam().is_cpu() || wd == DType::kBF16) << b_->unsupported(OpArgs::dense_matmul(wd));
+      continue;
+    }
     const int64_t n = 5, m = 37, k = 64;
     auto wv = random_f32(m * k, rng), bv = random_f32(m, rng), xv = random_f32(n * k, rng);
     Tensor w = b_->adopt_weight(host_tensor(wd, {m, k}, wv)), bias = b_->adopt_weight(host_tensor(wd, {m}, bv));
@@ -64,7 +94,7 @@ TEST_P(BackendTest, MatmulWithBiasMatchesReference) {
     VectorView bvw{hb.data(), wd, m};
     std::vector<float> want(static_cast<size_t>(n * m));
     ref::matmul(xv.data(), n, mv, &bvw, want.data());
-    expect_close(to_host(y), want, 1e-4f);
+    expect_close(to_host(y), want, tol(1e-4f));
   }
 }
 
@@ -79,8 +109,8 @@ TEST_P(BackendTest, AddRmsNormFusesTheResidualAdd) {
   for (size_t i = 0; i < sum.size(); ++i) sum[i] = hv[i] + dv[i];
   Tensor hw = host_tensor(DType::kBF16, {d}, wv);
   ref::rms_norm(sum.data(), rows, VectorView{hw.data(), DType::kBF16, d}, 1e-6f, want.data());
-  expect_close(to_host(hidden), sum, 1e-6f);
-  expect_close(to_host(out), want, 1e-5f);
+  expect_close(to_host(hidden), sum, 1e-6f);  // an f32 add on every device
+  expect_close(to_host(out), want, tol(1e-5f));
 }
 
 TEST_P(BackendTest, AttentionStepMatchesReference) {
@@ -89,8 +119,13 @@ TEST_P(BackendTest, AttentionStepMatchesReference) {
     SCOPED_TRACE(dtype_safetensors_name(kv_dtype));
     // Two sequences: one prefilling 3 tokens, one decoding after 5 cached.
     std::mt19937 rng(3);
-    const int64_t n_kv = 2, group = 3, hd = 16, bs = 4, n_blocks = 6;
+    const int64_t n_kv = 2, group = 3, hd = 64, bs = 4, n_blocks = 6;
     const AttentionHeads heads{n_kv * group, 0, 0, group};
+    if (!b_->supports(OpArgs::attention(heads, hd, kv_dtype))) {  // CUDA: a bf16 cache only
+      EXPECT_FALSE(GetParam().is_cpu() || kv_dtype == DType::kBF16)
+          << b_->unsupported(OpArgs::attention(heads, hd, kv_dtype));
+      continue;
+    }
     StepMetadata meta;
     std::vector<int32_t> ids_a{1, 2, 3}, ids_b{4}, table_a{0}, table_b{2, 5};
     meta.add_seq(ids_a, 0, table_a, true);
@@ -132,7 +167,7 @@ TEST_P(BackendTest, AttentionStepMatchesReference) {
     b_->download(v_cache, v_host.data());
     KvLayerView host_cache{k_host.data(), v_host.data(), kv_dtype, n_blocks, bs, n_kv, hd};
     ref::paged_attention(q_ref.data(), host_cache, meta.seqs(), meta.n_seqs(), heads, want.data());
-    expect_close(to_host(out), want, 1e-4f);
+    expect_close(to_host(out), want, tol(1e-4f));
     // Logit rows: the last token of each sequence.
     Tensor rows = b_->alloc(DType::kF32, {2, heads.n_q_heads * hd});
     b_->gather_logit_rows(out.reshape({n, heads.n_q_heads * hd}), meta, rows);
@@ -142,6 +177,67 @@ TEST_P(BackendTest, AttentionStepMatchesReference) {
       ASSERT_EQ(got_rows[i], all[2 * d + i]);
       ASSERT_EQ(got_rows[d + i], all[3 * d + i]);
     }
+  }
+}
+
+// Sliding windows, explicit softmax scales and the head sizes of Mistral
+// (128), Phi-3-mini (96) and Gemma 3 (256): a mixed step (a prompt and a
+// chunk after 600 cached positions: CUDA's prefill kernel), then an
+// all-decode step (CUDA's split-K decode: 610 positions are two 512-token
+// partitions, or one window's worth), on the backend's cache, against ref.
+TEST_P(BackendTest, AttentionWindowsScalesAndHeadSizesMatchReference) {
+  struct Case {
+    int64_t head_dim, window;
+    float scale;
+  };
+  for (const Case& c : {Case{64, 0, 0.0f}, Case{96, 40, 0.0f}, Case{128, 520, 0.0f}, Case{256, 0, 0.0625f},
+                        Case{256, 100, 0.0625f}}) {
+    SCOPED_TRACE(testing::Message() << "head_dim " << c.head_dim << ", window " << c.window << ", scale " << c.scale);
+    std::mt19937 rng(static_cast<uint32_t>(c.head_dim + c.window));
+    const int64_t n_kv = 2, group = 2, hd = c.head_dim, bs = 16, n_blocks = 42;
+    const AttentionHeads heads{n_kv * group, 0, 0, group, c.scale, c.window};
+    ASSERT_TRUE(b_->supports(OpArgs::attention(heads, hd, DType::kBF16))) << b_->unsupported(OpArgs::attention(heads, hd, DType::kBF16));
+    Tensor k_cache = b_->alloc(DType::kBF16, {n_blocks, bs, n_kv, hd}),
+           v_cache = b_->alloc(DType::kBF16, {n_blocks, bs, n_kv, hd});
+    const KvLayerView cache{k_cache.data(), v_cache.data(), DType::kBF16, n_blocks, bs, n_kv, hd};
+    std::vector<int32_t> table_a{0, 1, 2}, table_b(39);
+    for (size_t i = 0; i < table_b.size(); ++i) table_b[i] = static_cast<int32_t>(41 - i);  // any order
+    // Sequence b's first 600 positions, as earlier steps would have written them.
+    StepMetadata past;
+    std::vector<int32_t> ids_past(600, 9);
+    past.add_seq(ids_past, 0, table_b, false);
+    past.finish();
+    b_->begin_step(past);
+    b_->kv_cache_write(cache, past, on_device(random_f32(600 * n_kv * hd, rng), {600, n_kv, hd}),
+                       on_device(random_f32(600 * n_kv * hd, rng), {600, n_kv, hd}));
+    auto run_step = [&](const StepMetadata& meta) {
+      b_->begin_step(meta);
+      const int64_t n = meta.n_tokens();
+      b_->kv_cache_write(cache, meta, on_device(random_f32(n * n_kv * hd, rng), {n, n_kv, hd}),
+                         on_device(random_f32(n * n_kv * hd, rng), {n, n_kv, hd}));
+      auto qv = random_f32(n * heads.n_q_heads * hd, rng);
+      Tensor out = b_->alloc(DType::kF32, {n, heads.n_q_heads, hd});
+      b_->paged_attention(on_device(qv, {n, heads.n_q_heads, hd}), cache, meta, heads, out);
+      std::vector<uint8_t> k_host(k_cache.nbytes()), v_host(v_cache.nbytes());
+      b_->download(k_cache, k_host.data());
+      b_->download(v_cache, v_host.data());
+      const KvLayerView host_cache{k_host.data(), v_host.data(), DType::kBF16, n_blocks, bs, n_kv, hd};
+      std::vector<float> want(static_cast<size_t>(n * heads.n_q_heads * hd));
+      ref::paged_attention(qv.data(), host_cache, meta.seqs(), meta.n_seqs(), heads, want.data());
+      expect_close(to_host(out), want, tol(1e-4f));
+    };
+    StepMetadata mixed;
+    std::vector<int32_t> ids_a(37, 1), ids_b(9, 2);
+    mixed.add_seq(ids_a, 0, table_a, true);
+    mixed.add_seq(ids_b, 600, table_b, true);
+    mixed.finish();
+    run_step(mixed);
+    StepMetadata decode;
+    std::vector<int32_t> one{3};
+    decode.add_seq(one, 37, table_a, true);
+    decode.add_seq(one, 609, table_b, true);
+    decode.finish();
+    run_step(decode);
   }
 }
 
@@ -197,6 +293,9 @@ TEST_P(BackendTest, EmbedRefusesIdsOutsideTheVocabulary) {
 }
 
 TEST_P(BackendTest, AllocatedBytesAreCountedAndReturned) {
+  if (!GetParam().is_cpu())
+    GTEST_SKIP() << "a GPU's bytes are the driver's measurement (allocation granularity included): "
+                    "cuda_backend_test's AllocationsAreMeasuredAndWeightsStayBf16 checks them";
   const int64_t before = b_->allocated_bytes();
   {
     Tensor a = b_->alloc(DType::kBF16, {1000, 1000});  // over the mmap threshold
@@ -212,18 +311,8 @@ TEST_P(BackendTest, AllocatedBytesAreCountedAndReturned) {
   EXPECT_EQ(b_->allocated_bytes(), before);
 }
 
-// A device backend may not have the MoE ops yet: it must say so by name
-// (kUnsupported), and the CPU backend must have them.
-#define SHARDLM_SKIP_UNLESS_MOE(call)                                                              \
-  try {                                                                                            \
-    call;                                                                                          \
-  } catch (const Error& e) {                                                                       \
-    if (GetParam().is_cpu() || e.code() != ErrorCode::kUnsupported) throw;                         \
-    EXPECT_NE(std::string(e.what()).find("not supported on"), std::string::npos) << e.what();      \
-    GTEST_SKIP() << e.what();                                                                      \
-  }
-
 TEST_P(BackendTest, MoeRouteTakesTopKOfTheSoftmax) {
+  if (!has_moe()) GTEST_SKIP() << b_->unsupported(OpArgs::of(Op::kMoe));
   // Row 0 by hand: logits 1, 3, 2, 3 -> experts 1 and 3 (the tie goes to the lower id first),
   // each e^3 / (e + 2e^3 + e^2); renormalised, 1/2 each. Row 1: random, against ref.
   std::mt19937 rng(7);
@@ -234,7 +323,7 @@ TEST_P(BackendTest, MoeRouteTakesTopKOfTheSoftmax) {
   for (bool renorm : {false, true}) {
     Tensor logits = on_device(lv, {2, n_experts});
     Tensor ids = b_->alloc(DType::kI32, {2, k}), w = b_->alloc(DType::kF32, {2, k});
-    SHARDLM_SKIP_UNLESS_MOE(b_->moe_route(logits, k, renorm, ids, w));
+    b_->moe_route(logits, k, renorm, ids, w);
     std::vector<int32_t> got_ids(4);
     b_->download(ids, got_ids.data());
     auto got_w = to_host(w);
@@ -247,12 +336,13 @@ TEST_P(BackendTest, MoeRouteTakesTopKOfTheSoftmax) {
     std::vector<float> want_w(4);
     ref::moe_route(lv.data(), 2, n_experts, k, renorm, want_ids.data(), want_w.data());
     EXPECT_EQ(got_ids, want_ids);
-    expect_close(got_w, want_w, 1e-6f);
+    expect_close(got_w, want_w, tol(1e-6f));
     EXPECT_GT(lv[4 + got_ids[2]], lv[4 + got_ids[3]]);
   }
 }
 
 TEST_P(BackendTest, MoeExpertsGroupedMatchTokenByTokenReference) {
+  if (!has_moe()) GTEST_SKIP() << b_->unsupported(OpArgs::of(Op::kMoe));
   // 9 tokens, top-3 of 8 experts; the rank holds experts [2, 7) (uneven EP),
   // BF16 and F32 weights. Token 0 routes only to experts it does not hold.
   std::mt19937 rng(8);
@@ -289,11 +379,11 @@ TEST_P(BackendTest, MoeExpertsGroupedMatchTokenByTokenReference) {
     Tensor x = on_device(xv, {n, hidden}), w = on_device(wv, {n, k}), out = b_->alloc(DType::kF32, {n, hidden});
     Tensor ids = b_->alloc(DType::kI32, {n, k});
     b_->upload(idv.data(), ids);
-    SHARDLM_SKIP_UNLESS_MOE(b_->moe_experts(x, ids, w, experts.data(), n_local, begin, out));
+    b_->moe_experts(x, ids, w, experts.data(), n_local, begin, out);
     std::vector<float> want(static_cast<size_t>(n * hidden));
     ref::moe_experts(xv.data(), n, hidden, idv.data(), wv.data(), k, views.data(), begin, n_local, want.data());
     auto got = to_host(out);
-    expect_close(got, want, 1e-4f);
+    expect_close(got, want, tol(1e-4f));
     for (int64_t i = 0; i < hidden; ++i) ASSERT_EQ(got[i], 0.0f) << "token 0 has no expert here";
     float norm = 0;
     for (float v : want) norm += std::fabs(v);
@@ -301,7 +391,114 @@ TEST_P(BackendTest, MoeExpertsGroupedMatchTokenByTokenReference) {
   }
 }
 
+// The one capability query: what the CPU runs, and a refusal that names the
+// op, the device and the reason.
+TEST(BackendSupports, RefusalNamesTheOpTheDeviceAndTheReason) {
+  auto cpu = make_backend({Device{}, 1});
+  EXPECT_TRUE(cpu->supports(OpArgs::of(Op::kMoe)));
+  EXPECT_TRUE(cpu->supports(OpArgs::dense_matmul(DType::kF16)));
+  EXPECT_FALSE(cpu->supports(OpArgs::dense_matmul(DType::kI32)));
+  EXPECT_NE(cpu->unsupported(OpArgs::dense_matmul(DType::kI32)).find("int32"), std::string::npos)
+      << cpu->unsupported(OpArgs::dense_matmul(DType::kI32));
+  // Any window, scale and head size, over any cache dtype the CPU stores.
+  EXPECT_TRUE(cpu->supports(OpArgs::attention(AttentionHeads{4, 0, 0, 2, 0.1f, 7}, 80, DType::kF8E4M3)));
+  EXPECT_FALSE(cpu->supports(OpArgs::attention(AttentionHeads{4, 0, 0, 2}, 64, DType::kI32)));
+  EXPECT_FALSE(cpu->supports(OpArgs::of(Op::kSampleRows)));
+  try {
+    cpu->require(OpArgs::of(Op::kSampleRows));
+    FAIL() << "the CPU has no device sampler";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("sample_rows (sampling on the device) is not supported on cpu"), std::string::npos) << what;
+    EXPECT_NE(what.find("sampled on the host"), std::string::npos) << what;
+  }
+  EXPECT_EQ(describe(OpArgs::attention(AttentionHeads{4, 0, 0, 2, 0.0625f, 1024}, 256, DType::kBF16)),
+            "paged_attention (head_dim 256, sliding window 1024, softmax scale 0.0625, bfloat16 KV cache)");
+}
+
+// The public ops check shapes once, before any device sees them: a backend
+// whose do_<op>s check nothing (this one counts its calls) still refuses a
+// mismatch, and a good call reaches it exactly once.
+class CountingBackend final : public Backend {
+ public:
+  int calls = 0;
+  Device device() const override { return Device{}; }
+  std::string name() const override { return "counting"; }
+  DType activation_dtype() const override { return DType::kF32; }
+  Tensor alloc(DType d, TensorShape s) override { return Tensor::host(d, s); }
+  int64_t allocated_bytes() const override { return 0; }
+  Tensor adopt_weight(Tensor host) override { return host; }
+  void upload(const void*, Tensor&) override {}
+  void download(const Tensor&, void*) override {}
+  void synchronize() override {}
+  void begin_step(const StepMetadata&) override {}
+
+ protected:
+  void do_embed(const Tensor&, int64_t, int64_t, int64_t, const StepMetadata&, Tensor&) override { ++calls; }
+  void do_matmul(const Tensor&, const Linear&, Tensor&) override { ++calls; }
+  void do_rms_norm(const Tensor&, const NormWeight&, float, Tensor&) override { ++calls; }
+  void do_add_rms_norm(Tensor&, const Tensor&, const NormWeight&, float, Tensor&) override { ++calls; }
+  void do_add(Tensor&, const Tensor&) override { ++calls; }
+  void do_scale(Tensor&, float) override { ++calls; }
+  void do_rope(Tensor&, const Tensor&, const StepMetadata&, float) override { ++calls; }
+  void do_silu_mul(const Tensor&, const Tensor&, Tensor&) override { ++calls; }
+  void do_gelu_tanh_mul(const Tensor&, const Tensor&, Tensor&) override { ++calls; }
+  void do_kv_cache_write(const KvLayerView&, const StepMetadata&, const Tensor&, const Tensor&) override { ++calls; }
+  void do_paged_attention(const Tensor&, const KvLayerView&, const StepMetadata&, const AttentionHeads&,
+                          Tensor&) override {
+    ++calls;
+  }
+  void do_gather_logit_rows(const Tensor&, const StepMetadata&, Tensor&) override { ++calls; }
+};
+
+TEST(BackendShapeChecks, ThePublicOpRefusesAMismatchBeforeTheDevice) {
+  CountingBackend b;
+  auto expect_internal = [&](const std::function<void()>& call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": a mismatch was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInternal) << what;
+    }
+  };
+  Tensor x = Tensor::host(DType::kF32, {3, 8}), y = Tensor::host(DType::kF32, {3, 5}), w = Tensor::host(DType::kF32, {5, 8});
+  Tensor w_bad = Tensor::host(DType::kF32, {5, 7}), bias_bad = Tensor::host(DType::kF32, {4});
+  Tensor norm_w = Tensor::host(DType::kF32, {8}), out = Tensor::host(DType::kF32, {3, 8});
+  b.matmul(x, Linear{w, {}}, y);
+  EXPECT_EQ(b.calls, 1);
+  expect_internal([&] { b.matmul(x, Linear{w_bad, {}}, y); }, "matmul in");
+  expect_internal([&] { b.matmul(x, Linear{w, bias_bad}, y); }, "matmul bias");
+  expect_internal([&] { b.matmul(x, Linear{w, {}}, out); }, "matmul out");
+  expect_internal([&] { b.rms_norm(x, NormWeight(Tensor::host(DType::kF32, {7})), 1e-6f, out); }, "rms_norm weight");
+  expect_internal([&] { b.add_rms_norm(out, y, norm_w, 1e-6f, out); }, "add_rms_norm delta");
+  expect_internal([&] { b.add(out, y); }, "add");
+  expect_internal([&] { b.silu_mul(x, y, out); }, "silu_mul");
+  expect_internal([&] { b.gelu_tanh_mul(x, x, y); }, "gelu_tanh_mul");
+  StepMetadata meta;
+  std::vector<int32_t> ids{1, 2, 3}, table{0};
+  meta.add_seq(ids, 0, table, true);
+  meta.finish();
+  const KvLayerView cache{nullptr, nullptr, DType::kBF16, 1, 16, 2, 4};
+  const AttentionHeads heads{4, 0, 0, 2};
+  Tensor q = Tensor::host(DType::kF32, {3, 4, 4}), kv = Tensor::host(DType::kF32, {3, 2, 4});
+  b.kv_cache_write(cache, meta, kv, kv);
+  b.paged_attention(q, cache, meta, heads, q);
+  EXPECT_EQ(b.calls, 3);
+  expect_internal([&] { b.kv_cache_write(cache, meta, kv, q); }, "kv_cache_write v");
+  expect_internal([&] { b.paged_attention(q, cache, meta, heads, kv); }, "paged_attention out");
+  expect_internal([&] { b.rope(x, norm_w, meta, 1.0f); }, "rope x");
+  expect_internal([&] { b.gather_logit_rows(y, meta, out); }, "gather_logit_rows out");
+  expect_internal([&] { b.embed(w, 0, 4, 8, meta, out); }, "embed table");
+  EXPECT_EQ(b.calls, 3) << "a mismatched call reached the device";
+  // Ids outside the vocabulary are the caller's input: kInvalidArgument, also before the device.
+  EXPECT_THROW(b.embed(Tensor::host(DType::kF32, {2, 8}), 0, 2, 2, meta, out), Error);
+  EXPECT_EQ(b.calls, 3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendTest, ::testing::Values(Device{}),
+                         [](const auto& info) { return info.param.is_cpu() ? "cpu" : "cuda"; });
+INSTANTIATE_TEST_SUITE_P(Cuda, BackendTest, ::testing::Values(Device{DeviceKind::kCuda, 0}),
                          [](const auto& info) { return info.param.is_cpu() ? "cpu" : "cuda"; });
 
 TEST(MakeBackend, CudaWithoutTheBuildFlagIsRefusedNamingIt) {

@@ -1,6 +1,6 @@
 // Batch invariance: a row computed alone, among 3, 5, 16 and 64 rows (at
 // different places in the batch) gives bit-identical output, on every
-// kernel path this machine runs: backend/rows_gemm.h per ISA (scalar, AVX2,
+// kernel path this machine runs: backend/cpu/rows_gemm.h per ISA (scalar, AVX2,
 // AVX-512), backend::matmul in batch-invariant mode (where 16 and 64 rows
 // would otherwise take the packed GEMM), and paged attention whose
 // context split would otherwise follow the number of rows.
@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu_isa.h"
-#include "backend/ops.h"
-#include "backend/packed_gemm.h"
-#include "backend/rows_gemm.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/packed_gemm.h"
+#include "backend/cpu/rows_gemm.h"
 
 namespace shardlm::backend {
 namespace {

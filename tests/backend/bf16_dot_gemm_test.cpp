@@ -22,8 +22,8 @@
 
 #include "backend/cpu/bf16_dot_gemm.h"
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu_isa.h"
-#include "backend/ops.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/ops.h"
 #include "core/error.h"
 
 namespace shardlm::backend {

@@ -8,7 +8,7 @@
 #include <tuple>
 #include <vector>
 
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "core/error.h"
 
 namespace shardlm::backend {

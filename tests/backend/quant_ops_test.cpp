@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
-#include "backend/cpu_isa.h"
-#include "backend/quant_ops.h"
-#include "backend/quant_ops_isa.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/quant_ops.h"
+#include "backend/cpu/quant_ops_isa.h"
 #include "core/error.h"
 #include "loader/quant_config.h"
 #include "loader/quant_pack.h"
@@ -165,7 +165,7 @@ TEST_P(QuantMatmulTest, MatchesMatmulOnDequantizedWeights) {
   for (size_t i = 0; i < deq.size(); ++i) ASSERT_EQ(mine[i], deq[i]) << c.name << " element " << i;
 
   auto b = make_backend({Device{}, 2});
-  ASSERT_TRUE(b->supports(l.quant.scheme, l.quant.bits));
+  ASSERT_TRUE(b->supports(OpArgs::quant_matmul(l.quant.scheme, l.quant.bits)));
   std::normal_distribution<float> xd(0.0f, 1.0f);
   const QuantMatrixView view = quant_view(l.quant, l.weight);
   // The int8-activation kernels run wherever the build has them (AVX-512 VNNI)
@@ -240,7 +240,7 @@ TEST_P(QuantMatmulTest, MatchesMatmulOnDequantizedWeights) {
   }
 }
 
-// Batch invariance (backend/ops.h set_batch_invariant): with f32
+// Batch invariance (backend/cpu/ops.h set_batch_invariant): with f32
 // activations, a row's output is bit-identical computed alone or as one of
 // 3, 5, 16 or 64 rows, whichever token tile or GEMM the row count selects.
 TEST_P(QuantMatmulTest, ARowAloneOrInAnyBatchIsBitIdentical) {
@@ -377,25 +377,25 @@ class NoQuantBackend final : public Backend {
   void download(const Tensor&, void*) override {}
   void synchronize() override {}
   void begin_step(const StepMetadata&) override {}
-  void embed(const Tensor&, int64_t, int64_t, int64_t, const StepMetadata&, Tensor&) override {}
-  void matmul(const Tensor&, const Linear&, Tensor&) override {}
-  void rms_norm(const Tensor&, const NormWeight&, float, Tensor&) override {}
-  void add_rms_norm(Tensor&, const Tensor&, const NormWeight&, float, Tensor&) override {}
-  void add(Tensor&, const Tensor&) override {}
-  void scale(Tensor&, float) override {}
-  void rope(Tensor&, const Tensor&, const StepMetadata&, float) override {}
-  void silu_mul(const Tensor&, const Tensor&, Tensor&) override {}
-  void gelu_tanh_mul(const Tensor&, const Tensor&, Tensor&) override {}
-  void kv_cache_write(const KvLayerView&, const StepMetadata&, const Tensor&, const Tensor&) override {}
-  void paged_attention(const Tensor&, const KvLayerView&, const StepMetadata&, const AttentionHeads&,
+  void do_embed(const Tensor&, int64_t, int64_t, int64_t, const StepMetadata&, Tensor&) override {}
+  void do_matmul(const Tensor&, const Linear&, Tensor&) override {}
+  void do_rms_norm(const Tensor&, const NormWeight&, float, Tensor&) override {}
+  void do_add_rms_norm(Tensor&, const Tensor&, const NormWeight&, float, Tensor&) override {}
+  void do_add(Tensor&, const Tensor&) override {}
+  void do_scale(Tensor&, float) override {}
+  void do_rope(Tensor&, const Tensor&, const StepMetadata&, float) override {}
+  void do_silu_mul(const Tensor&, const Tensor&, Tensor&) override {}
+  void do_gelu_tanh_mul(const Tensor&, const Tensor&, Tensor&) override {}
+  void do_kv_cache_write(const KvLayerView&, const StepMetadata&, const Tensor&, const Tensor&) override {}
+  void do_paged_attention(const Tensor&, const KvLayerView&, const StepMetadata&, const AttentionHeads&,
                        Tensor&) override {}
-  void gather_logit_rows(const Tensor&, const StepMetadata&, Tensor&) override {}
+  void do_gather_logit_rows(const Tensor&, const StepMetadata&, Tensor&) override {}
 };
 
 TEST(QuantSupport, ABackendWithoutKernelsNamesTheSchemeAndDevice) {
   NoQuantBackend b;
   try {
-    b.require_support(WeightScheme::kAwq, 4);
+    b.require(OpArgs::quant_matmul(WeightScheme::kAwq, 4));
     FAIL() << "expected a refusal";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
@@ -403,9 +403,13 @@ TEST(QuantSupport, ABackendWithoutKernelsNamesTheSchemeAndDevice) {
         << e.what();
   }
   auto cpu = make_backend({Device{}, 1});
-  EXPECT_FALSE(cpu->supports(WeightScheme::kAwq, 8));
-  EXPECT_THROW(cpu->require_support(WeightScheme::kGptq, 3), Error);
-  EXPECT_NO_THROW(cpu->require_support(WeightScheme::kFp8, 8));
+  EXPECT_FALSE(cpu->supports(OpArgs::quant_matmul(WeightScheme::kAwq, 8)));
+  EXPECT_NE(cpu->unsupported(OpArgs::quant_matmul(WeightScheme::kAwq, 8)).find("8-bit AWQ"), std::string::npos);
+  EXPECT_THROW(cpu->require(OpArgs::quant_matmul(WeightScheme::kGptq, 3)), Error);
+  EXPECT_NO_THROW(cpu->require(OpArgs::quant_matmul(WeightScheme::kFp8, 8)));
+  EXPECT_TRUE(cpu->supports(OpArgs::quant_matmul(WeightScheme::kGptq, 8)));
+  EXPECT_FALSE(b.supports(OpArgs::quant_matmul(WeightScheme::kFp8, 8)));
+  EXPECT_TRUE(b.supports(OpArgs::dense_matmul(DType::kBF16)));
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include <bit>
 #include <map>
 
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/local_group_executor.h"

@@ -61,7 +61,7 @@ GPU_CHECK_DRY_RUN=1 GPU_CHECK_PPL_TOKENS=1024 GPU_WORK_DIR=$tmp/work OUT=$tmp/ou
 rc=$?
 [[ $rc == 3 ]] || { cat "$tmp/dry.out" >&2; fail "the dry run exited $rc, expected 3"; }
 unexpected=$(sed -n '/^check  /,$p' "$tmp/dry.out" | grep -E '^[^ ].* (FAIL|PASS) ' | grep ' FAIL ' |
-  grep -Ev '^(1 kernels vs CPU reference|1 CudaBackend vs CPU reference|HBM copy bandwidth|3 device-local communicator|target: )' || true)
+  grep -Ev '^(1 kernels vs CPU reference|1 BackendTest on CUDA|1 CudaBackend vs CPU reference|HBM copy bandwidth|3 device-local communicator|target: )' || true)
 [[ -z $unexpected ]] || { cat "$tmp/dry.out" >&2; fail "dry-run rows failed: $unexpected"; }
 for row in '2 tokens qwen2.5-7b' '2 perplexity demo model' '3 tp 6 on one device' '4 prefill qwen2.5-7b' \
   '4 decode qwen2.5-7b batch 64' '5 serve+bench concurrency 16'; do

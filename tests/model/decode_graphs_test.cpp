@@ -66,28 +66,28 @@ class GraphCpuBackend final : public Backend {
   void download(const Tensor& s, void* h) override { cpu_->download(s, h); }
   void synchronize() override { cpu_->synchronize(); }
   void begin_step(const backend::StepMetadata& m) override { cpu_->begin_step(m); }
-  void embed(const Tensor& t, int64_t b, int64_t e, int64_t v, const backend::StepMetadata& m, Tensor& o) override {
+  void do_embed(const Tensor& t, int64_t b, int64_t e, int64_t v, const backend::StepMetadata& m, Tensor& o) override {
     cpu_->embed(t, b, e, v, m, o);
   }
-  void matmul(const Tensor& x, const backend::Linear& w, Tensor& y) override { cpu_->matmul(x, w, y); }
-  void rms_norm(const Tensor& x, const backend::NormWeight& w, float eps, Tensor& o) override { cpu_->rms_norm(x, w, eps, o); }
-  void add_rms_norm(Tensor& h, const Tensor& d, const backend::NormWeight& w, float eps, Tensor& o) override {
+  void do_matmul(const Tensor& x, const backend::Linear& w, Tensor& y) override { cpu_->matmul(x, w, y); }
+  void do_rms_norm(const Tensor& x, const backend::NormWeight& w, float eps, Tensor& o) override { cpu_->rms_norm(x, w, eps, o); }
+  void do_add_rms_norm(Tensor& h, const Tensor& d, const backend::NormWeight& w, float eps, Tensor& o) override {
     cpu_->add_rms_norm(h, d, w, eps, o);
   }
-  void add(Tensor& y, const Tensor& x) override { cpu_->add(y, x); }
-  void scale(Tensor& x, float s) override { cpu_->scale(x, s); }
-  void rope(Tensor& x, const Tensor& f, const backend::StepMetadata& m, float s) override { cpu_->rope(x, f, m, s); }
-  void silu_mul(const Tensor& g, const Tensor& u, Tensor& o) override { cpu_->silu_mul(g, u, o); }
-  void gelu_tanh_mul(const Tensor& g, const Tensor& u, Tensor& o) override { cpu_->gelu_tanh_mul(g, u, o); }
-  void kv_cache_write(const backend::KvLayerView& c, const backend::StepMetadata& m, const Tensor& k,
+  void do_add(Tensor& y, const Tensor& x) override { cpu_->add(y, x); }
+  void do_scale(Tensor& x, float s) override { cpu_->scale(x, s); }
+  void do_rope(Tensor& x, const Tensor& f, const backend::StepMetadata& m, float s) override { cpu_->rope(x, f, m, s); }
+  void do_silu_mul(const Tensor& g, const Tensor& u, Tensor& o) override { cpu_->silu_mul(g, u, o); }
+  void do_gelu_tanh_mul(const Tensor& g, const Tensor& u, Tensor& o) override { cpu_->gelu_tanh_mul(g, u, o); }
+  void do_kv_cache_write(const backend::KvLayerView& c, const backend::StepMetadata& m, const Tensor& k,
                       const Tensor& v) override {
     cpu_->kv_cache_write(c, m, k, v);
   }
-  void paged_attention(const Tensor& q, const backend::KvLayerView& c, const backend::StepMetadata& m,
+  void do_paged_attention(const Tensor& q, const backend::KvLayerView& c, const backend::StepMetadata& m,
                        const backend::AttentionHeads& h, Tensor& o) override {
     cpu_->paged_attention(q, c, m, h, o);
   }
-  void gather_logit_rows(const Tensor& x, const backend::StepMetadata& m, Tensor& o) override {
+  void do_gather_logit_rows(const Tensor& x, const backend::StepMetadata& m, Tensor& o) override {
     cpu_->gather_logit_rows(x, m, o);
   }
   std::unique_ptr<backend::GraphStepRunner> make_graph_runner(std::function<void(int)> step) override {
@@ -95,8 +95,10 @@ class GraphCpuBackend final : public Backend {
   }
   uint64_t buffer_epoch() const override { return s_->epoch; }
   // A "device" sampler over the host logits: greedy rows only (what the test asks of it).
-  bool has_device_sampler() const override { return true; }
-  void sample_rows(const Tensor& logits, std::span<const backend::DeviceSampleRow> rows, int32_t* ids,
+  std::string unsupported(const backend::OpArgs& args) const override {
+    return args.op == backend::Op::kSampleRows ? std::string() : cpu_->unsupported(args);
+  }
+  void do_sample_rows(const Tensor& logits, std::span<const backend::DeviceSampleRow> rows, int32_t* ids,
                    float* logprobs) override {
     const int64_t vocab = logits.dim(1);
     for (size_t r = 0; r < rows.size(); ++r) {

@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <map>
 
-#include "backend/quant_ops.h"
+#include "backend/cpu/quant_ops.h"
 #include "comm/communicator.h"
 #include "comm/local_comm.h"
 #include "core/error.h"

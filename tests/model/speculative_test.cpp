@@ -10,7 +10,7 @@
 #include <filesystem>
 
 #include "backend/backend.h"
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "loader/synthetic_checkpoint.h"
 #include "model/draft_model.h"
 #include "model/generate.h"

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cpu_isa.h"
-#include "backend/ops.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/ops.h"
 #include "core/error.h"
 
 // GCC 10 and clang 9 have the AVX512_BF16 intrinsics. The kernel's functions

@@ -7,7 +7,8 @@
 #include <cstring>
 #include <functional>
 
-#include "backend/cpu_isa.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/rows_gemm.h"
 #include "core/error.h"
 
 namespace shardlm::backend {
@@ -102,19 +103,15 @@ void CpuBackend::download(const Tensor& src, void* host) { std::memcpy(host, src
 
 void CpuBackend::begin_step(const StepMetadata&) { set_num_threads(n_threads_); }
 
-void CpuBackend::embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
+void CpuBackend::do_embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
                        const StepMetadata& meta, Tensor& out) {
   const int64_t n = meta.n_tokens(), h = cols_of(table);
-  SHARDLM_CHECK(table.rank() == 2 && table.dim(0) == vocab_end - vocab_begin && out.numel() == n * h,
-                "embed: table ", table.describe(), ", vocab [", vocab_begin, ", ", vocab_end, "), out ", out.describe());
+  (void)vocab_size;  // every id was checked against it by Backend::embed
   float* o = f32_mut(out, "embed out");
   const int32_t* ids = meta.token_ids();
   const size_t esize = dtype_size(table.dtype());
   for (int64_t t = 0; t < n; ++t) {
     const int64_t id = ids[t];
-    if (id < 0 || id >= vocab_size)
-      fail(ErrorCode::kInvalidArgument, "token id ", id, " at position ", t, " is outside the vocabulary [0, ",
-           vocab_size, ")");
     float* row = o + t * h;
     if (id < vocab_begin || id >= vocab_end) {
       std::memset(row, 0, static_cast<size_t>(h) * sizeof(float));
@@ -125,56 +122,61 @@ void CpuBackend::embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_e
   }
 }
 
-bool CpuBackend::supports(WeightScheme scheme, int bits) const {
-  switch (scheme) {
-    case WeightScheme::kDense: return true;
-    case WeightScheme::kAwq: return bits == 4;
-    case WeightScheme::kGptq: return bits == 4 || bits == 8;
-    case WeightScheme::kFp8: return true;
+std::string CpuBackend::unsupported(const OpArgs& args) const {
+  switch (args.op) {
+    case Op::kMatmul:
+      switch (args.scheme) {
+        case WeightScheme::kDense:
+          return rows_gemm_supports(args.weight_dtype)
+                     ? std::string()
+                     : str_cat("weights stored as ", dtype_torch_name(args.weight_dtype), " (f32, f16 or bf16)");
+        case WeightScheme::kAwq: return args.bits == 4 ? std::string() : str_cat(args.bits, "-bit AWQ (4-bit only)");
+        case WeightScheme::kGptq:
+          return args.bits == 4 || args.bits == 8 ? std::string() : str_cat(args.bits, "-bit GPTQ (4 or 8 bits)");
+        case WeightScheme::kFp8: return std::string();
+      }
+      break;
+    case Op::kPagedAttention:
+      if (args.kv_dtype && *args.kv_dtype != DType::kF32 && *args.kv_dtype != DType::kF16 &&
+          *args.kv_dtype != DType::kBF16 && *args.kv_dtype != DType::kF8E4M3)
+        return str_cat("a KV cache of ", dtype_torch_name(*args.kv_dtype), " (f32, f16, bf16 or fp8)");
+      return std::string();
+    case Op::kMoe: return std::string();
+    case Op::kSampleRows: break;
   }
-  return false;
+  return Backend::unsupported(args);
 }
 
-void CpuBackend::matmul(const Tensor& x, const Linear& w, Tensor& y) {
+void CpuBackend::do_matmul(const Tensor& x, const Linear& w, Tensor& y) {
   if (w.quantized()) {
     const QuantMatrixView q = quant_view(w.quant, w.weight);
     const int64_t n = rows_of(x);
-    SHARDLM_CHECK(cols_of(x) == q.n_in && y.numel() == n * q.n_out, "matmul: x ", x.describe(), ", ",
-                  weight_scheme_name(q.scheme), " weight [", q.n_out, ", ", q.n_in, "], y ", y.describe());
     const VectorView b = w.bias.defined() ? vector(w.bias) : VectorView{};
     quant_matmul(f32(x, "matmul x"), n, q, w.bias.defined() ? &b : nullptr, f32_mut(y, "matmul y"));
     return;
   }
   const MatrixView m = matrix(w.weight);
   const int64_t n = rows_of(x);
-  SHARDLM_CHECK(cols_of(x) == m.cols && y.numel() == n * m.rows, "matmul: x ", x.describe(), ", weight ",
-                w.weight.describe(), ", y ", y.describe());
   const VectorView b = w.bias.defined() ? vector(w.bias) : VectorView{};
   backend::matmul(f32(x, "matmul x"), n, m, w.bias.defined() ? &b : nullptr, f32_mut(y, "matmul y"));
 }
 
-void CpuBackend::rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) {
+void CpuBackend::do_rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) {
   const Tensor& w = weight.weight;
-  SHARDLM_CHECK(cols_of(x) == w.numel() && out.numel() == x.numel(), "rms_norm: x ", x.describe(), ", weight ",
-                w.describe(), ", out ", out.describe());
   backend::rms_norm(f32(x, "rms_norm x"), rows_of(x), vector(w), eps, f32_mut(out, "rms_norm out"), weight.offset);
 }
 
-void CpuBackend::add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) {
+void CpuBackend::do_add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) {
   add(hidden, delta);
   rms_norm(hidden, weight, eps, out);
 }
 
-void CpuBackend::add(Tensor& y, const Tensor& x) {
-  SHARDLM_CHECK(y.numel() == x.numel(), "add: y ", y.describe(), ", x ", x.describe());
+void CpuBackend::do_add(Tensor& y, const Tensor& x) {
   add_inplace(f32_mut(y, "add y"), f32(x, "add x"), y.numel());
 }
 
-void CpuBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) {
+void CpuBackend::do_rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) {
   const int64_t half = inv_freq.rank() == 2 ? inv_freq.dim(1) : inv_freq.numel();
-  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && half > 0 && half * 2 <= x.dim(2) &&
-                    (inv_freq.rank() == 1 || (inv_freq.rank() == 2 && inv_freq.dim(0) == 2)),
-                "rope: x ", x.describe(), ", inv_freq ", inv_freq.describe(), ", ", meta.n_tokens(), " tokens");
   const float* freq = f32(inv_freq, "inv_freq");
   const bool has_long = inv_freq.rank() == 2;
   SHARDLM_CHECK(has_long || meta.long_rope() == nullptr, "rope: the step marks long-rope tokens, but inv_freq ",
@@ -183,61 +185,43 @@ void CpuBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& met
                 has_long ? freq + half : nullptr, has_long ? meta.long_rope() : nullptr);
 }
 
-void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
-  SHARDLM_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "silu_mul: gate ", gate.describe(),
-                ", up ", up.describe(), ", out ", out.describe());
+void CpuBackend::do_silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
   backend::silu_mul(f32(gate, "gate"), f32(up, "up"), gate.numel(), f32_mut(out, "silu_mul out"));
 }
 
-void CpuBackend::gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
-  SHARDLM_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "gelu_tanh_mul: gate ", gate.describe(),
-                ", up ", up.describe(), ", out ", out.describe());
+void CpuBackend::do_gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
   backend::gelu_tanh_mul(f32(gate, "gate"), f32(up, "up"), gate.numel(), f32_mut(out, "gelu_tanh_mul out"));
 }
 
-void CpuBackend::scale(Tensor& x, float s) { backend::scale_inplace(f32_mut(x, "scale x"), x.numel(), s); }
+void CpuBackend::do_scale(Tensor& x, float s) { backend::scale_inplace(f32_mut(x, "scale x"), x.numel(), s); }
 
-void CpuBackend::kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
+void CpuBackend::do_kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
                                 const Tensor& v) {
-  const int64_t row = cache.n_kv_heads * cache.head_dim;
-  SHARDLM_CHECK(k.numel() == meta.n_tokens() * row && v.numel() == k.numel(), "kv_cache_write: k ", k.describe(),
-                ", v ", v.describe());
   backend::kv_cache_write(cache, meta.seqs(), meta.n_seqs(), f32(k, "k"), f32(v, "v"));
 }
 
-void CpuBackend::paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
+void CpuBackend::do_paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                                  const AttentionHeads& heads, Tensor& out) {
-  const int64_t elems = meta.n_tokens() * heads.n_q_heads * cache.head_dim;
-  SHARDLM_CHECK(q.numel() == elems && out.numel() == elems, "paged_attention: q ", q.describe(), ", out ",
-                out.describe());
   backend::paged_attention(f32(q, "q"), cache, meta.seqs(), meta.n_seqs(), heads, f32_mut(out, "attention out"));
 }
 
-void CpuBackend::gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) {
+void CpuBackend::do_gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) {
   const int64_t d = cols_of(x);
-  SHARDLM_CHECK(rows_of(x) == meta.n_tokens() && out.numel() == meta.n_logits() * d, "gather_logit_rows: x ",
-                x.describe(), ", out ", out.describe());
   const float* src = f32(x, "x");
   float* dst = f32_mut(out, "out");
   for (int64_t i = 0; i < meta.n_logits(); ++i)
     std::memcpy(dst + i * d, src + static_cast<int64_t>(meta.logit_rows()[i]) * d, static_cast<size_t>(d) * sizeof(float));
 }
 
-void CpuBackend::moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights) {
+void CpuBackend::do_moe_route(const Tensor& logits, int64_t top_k, bool renormalize, Tensor& ids, Tensor& weights) {
   const int64_t n = rows_of(logits), n_experts = cols_of(logits);
-  SHARDLM_CHECK(ids.dtype() == DType::kI32 && ids.numel() == n * top_k && weights.numel() == n * top_k,
-                "moe_route: logits ", logits.describe(), ", ids ", ids.describe(), ", weights ", weights.describe());
   backend::moe_route(f32(logits, "router logits"), n, n_experts, top_k, renormalize, static_cast<int32_t*>(ids.data()),
                      f32_mut(weights, "routing weights"));
 }
 
-void CpuBackend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
+void CpuBackend::do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertLinears* experts,
                              int64_t n_experts_local, int64_t expert_begin, Tensor& out) {
   const int64_t n = rows_of(x), hidden = cols_of(x), top_k = n > 0 ? ids.numel() / n : 0;
-  SHARDLM_CHECK(ids.dtype() == DType::kI32 && ids.numel() == n * top_k && weights.numel() == ids.numel() &&
-                    out.numel() == x.numel(),
-                "moe_experts: x ", x.describe(), ", ids ", ids.describe(), ", weights ", weights.describe(), ", out ",
-                out.describe());
   moe_views_.resize(static_cast<size_t>(n_experts_local));
   for (int64_t e = 0; e < n_experts_local; ++e)
     moe_views_[e] = {matrix(experts[e].gate), matrix(experts[e].up), matrix(experts[e].down)};

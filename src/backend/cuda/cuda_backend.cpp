@@ -295,69 +295,51 @@ DeviceSeqs CudaBackend::device_seqs() const {
   return {base + step_->seq_records_offset(), base + step_->block_tables_offset(), step_n_seqs_};
 }
 
-void CudaBackend::embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
+void CudaBackend::do_embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
                         const StepMetadata& meta, Tensor& out) {
   check_step(meta, "embed");
   const int64_t n = meta.n_tokens(), h = cols_of(table);
-  SHARDLM_CHECK(table.rank() == 2 && table.dim(0) == vocab_end - vocab_begin && out.numel() == n * h,
-                "embed: table ", table.describe(), ", vocab [", vocab_begin, ", ", vocab_end, "), out ", out.describe());
-  for (int64_t t = 0; t < n; ++t) {  // the ids are on the host too: checked before any launch
-    const int64_t id = meta.token_ids()[t];
-    if (id < 0 || id >= vocab_size)
-      fail(ErrorCode::kInvalidArgument, "token id ", id, " at position ", t, " is outside the vocabulary [0, ",
-           vocab_size, ")");
-  }
+  (void)vocab_size;  // every id was checked against it on the host by Backend::embed, before any launch
   embedding_gather(bf16_of(table, "embed table"), vocab_end - vocab_begin, h, vocab_begin,
                    static_cast<const int32_t*>(meta_dev_.data), n, f32_mut(out, "embed out"), stream_);
 }
 
-void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& y) {
-  SHARDLM_CHECK(w.weight.rank() == 2, "a weight matrix must be 2-D, got ", w.weight.describe());
+void CudaBackend::do_matmul(const Tensor& x, const Linear& w, Tensor& y) {
+  if (w.quantized())
+    fail(ErrorCode::kUnsupported, "matmul on ", name(), ": ", describe(OpArgs::quant_matmul(w.quant.scheme, w.quant.bits)),
+         " has no CUDA kernel");
   const int64_t n = rows_of(x), m = w.weight.dim(0), k = w.weight.dim(1);
-  SHARDLM_CHECK(cols_of(x) == k && y.numel() == n * m, "matmul: x ", x.describe(), ", weight ", w.weight.describe(),
-                ", y ", y.describe());
   auto* xb = static_cast<bf16*>(scratch(x_bf16_, static_cast<size_t>(n * k) * sizeof(bf16)));
   f32_to_bf16(f32(x, "matmul x"), n * k, xb, stream_);
   float* out = f32_mut(y, "matmul y");
   gemm_->matmul(xb, n, bf16_of(w.weight, "matmul weight"), m, k, out, stream_);
-  if (w.bias.defined()) {
-    SHARDLM_CHECK(w.bias.numel() == m, "matmul: bias ", w.bias.describe(), " for ", m, " outputs");
-    add_bias(out, bf16_of(w.bias, "matmul bias"), n, m, stream_);
-  }
+  if (w.bias.defined()) add_bias(out, bf16_of(w.bias, "matmul bias"), n, m, stream_);
 }
 
-void CudaBackend::rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) {
+void CudaBackend::do_rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) {
   const Tensor& w = weight.weight;
-  SHARDLM_CHECK(cols_of(x) == w.numel() && out.numel() == x.numel(), "rms_norm: x ", x.describe(), ", weight ",
-                w.describe(), ", out ", out.describe());
   rms_norm_f32(f32(x, "rms_norm x"), rows_of(x), cols_of(x), bf16_of(w, "rms_norm weight"), eps, weight.offset,
                f32_mut(out, "rms_norm out"), stream_);
 }
 
-void CudaBackend::add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) {
+void CudaBackend::do_add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) {
   const Tensor& w = weight.weight;
-  SHARDLM_CHECK(hidden.numel() == delta.numel() && out.numel() == hidden.numel() && cols_of(hidden) == w.numel(),
-                "add_rms_norm: hidden ", hidden.describe(), ", delta ", delta.describe(), ", weight ", w.describe(),
-                ", out ", out.describe());
   auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(out.numel()) * sizeof(bf16)));
   rms_norm_residual(f32_mut(hidden, "add_rms_norm hidden"), f32(delta, "add_rms_norm delta"), rows_of(hidden),
                     cols_of(hidden), bf16_of(w, "add_rms_norm weight"), eps, weight.offset, ob, stream_);
   bf16_to_f32(ob, out.numel(), f32_mut(out, "add_rms_norm out"), stream_);
 }
 
-void CudaBackend::add(Tensor& y, const Tensor& x) {
-  SHARDLM_CHECK(y.numel() == x.numel(), "add: y ", y.describe(), ", x ", x.describe());
+void CudaBackend::do_add(Tensor& y, const Tensor& x) {
   add_f32(f32_mut(y, "add y"), f32(x, "add x"), y.numel(), stream_);
 }
 
-void CudaBackend::scale(Tensor& x, float s) { scale_f32(f32_mut(x, "scale x"), x.numel(), s, stream_); }
-void CudaBackend::softcap(Tensor& x, float cap) { softcap_f32(f32_mut(x, "softcap x"), x.numel(), cap, stream_); }
+void CudaBackend::do_scale(Tensor& x, float s) { scale_f32(f32_mut(x, "scale x"), x.numel(), s, stream_); }
+void CudaBackend::do_softcap(Tensor& x, float cap) { softcap_f32(f32_mut(x, "softcap x"), x.numel(), cap, stream_); }
 
-void CudaBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) {
+void CudaBackend::do_rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) {
   check_step(meta, "rope");
   const int64_t half = inv_freq.rank() == 2 ? inv_freq.dim(1) : inv_freq.numel();
-  SHARDLM_CHECK(x.rank() == 3 && x.dim(0) == meta.n_tokens() && half > 0 && half * 2 <= x.dim(2),
-                "rope: x ", x.describe(), ", inv_freq ", inv_freq.describe(), ", ", meta.n_tokens(), " tokens");
   // Row 0 of a LongRoPE table is the short factors'; the long ones are not
   // carried to the device yet.
   if (meta.long_rope() != nullptr)
@@ -369,65 +351,78 @@ void CudaBackend::rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& me
                       f32(inv_freq, "rope inv_freq"), half * 2, mscale, stream_);
 }
 
-void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
-  SHARDLM_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "silu_mul: gate ", gate.describe(),
-                ", up ", up.describe(), ", out ", out.describe());
+void CudaBackend::do_silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
   auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(out.numel()) * sizeof(bf16)));
   backend::cuda::silu_mul(f32(gate, "silu_mul gate"), f32(up, "silu_mul up"), rows_of(gate), cols_of(gate),
                           cols_of(gate), ob, stream_);
   bf16_to_f32(ob, out.numel(), f32_mut(out, "silu_mul out"), stream_);
 }
 
-void CudaBackend::kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
+void CudaBackend::do_kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
                                  const Tensor& v) {
   check_step(meta, "kv_cache_write");
   const int64_t row = cache.n_kv_heads * cache.head_dim;
-  SHARDLM_CHECK(k.numel() == meta.n_tokens() * row && v.numel() == k.numel(), "kv_cache_write: k ", k.describe(),
-                ", v ", v.describe());
   backend::cuda::kv_cache_write(device_kv(cache, "kv_cache_write"), f32(k, "k"), f32(v, "v"), row, device_seqs(),
                                 meta.n_tokens(), stream_);
 }
 
-void CudaBackend::gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
-  SHARDLM_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "gelu_tanh_mul: gate ", gate.describe(),
-                ", up ", up.describe(), ", out ", out.describe());
+void CudaBackend::do_gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
   auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(out.numel()) * sizeof(bf16)));
   backend::cuda::gelu_tanh_mul(f32(gate, "gelu_tanh_mul gate"), f32(up, "gelu_tanh_mul up"), rows_of(gate),
                                cols_of(gate), cols_of(gate), ob, stream_);
   bf16_to_f32(ob, out.numel(), f32_mut(out, "gelu_tanh_mul out"), stream_);
 }
 
-void CudaBackend::paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
+std::string CudaBackend::unsupported(const OpArgs& args) const {
+  switch (args.op) {
+    case Op::kMatmul:
+      if (args.scheme == WeightScheme::kDense && args.weight_dtype != DType::kBF16)
+        return str_cat("weights stored as ", dtype_torch_name(args.weight_dtype),
+                       " (the CUDA backend keeps bf16 weights)");
+      break;
+    case Op::kPagedAttention: {
+      if (!attention_head_dim_supported(args.head_dim))
+        return str_cat("head_dim ", args.head_dim, " (the attention kernels take ", kAttentionHeadDims, ")");
+      const int64_t group = std::min(args.heads.group_size, args.heads.n_q_heads);
+      if (group > kMaxAttentionGroup)
+        return str_cat(group, " Q heads per KV head on one rank (at most ", kMaxAttentionGroup, ")");
+      if (args.kv_dtype && *args.kv_dtype != DType::kBF16)
+        return str_cat("a KV cache of ", dtype_torch_name(*args.kv_dtype),
+                       " (bf16 only: --kv-cache-dtype bf16, or auto on a bf16 checkpoint)");
+      return std::string();
+    }
+    case Op::kSampleRows: return std::string();
+    case Op::kMoe: break;
+  }
+  return Backend::unsupported(args);
+}
+
+void CudaBackend::do_paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                                   const AttentionHeads& heads, Tensor& out) {
   check_step(meta, "paged_attention");
-  if (!supports_attention(heads))
-    fail(ErrorCode::kUnsupported, "paged_attention on ", name(), ": ",
-         heads.window > 0 ? "a sliding window" : "a softmax scale other than 1/sqrt(head_dim)",
-         " is not implemented on CUDA yet; run this model on the CPU backend");
   const int64_t hd = cache.head_dim, elems = meta.n_tokens() * heads.n_q_heads * hd;
-  SHARDLM_CHECK(q.numel() == elems && out.numel() == elems, "paged_attention: q ", q.describe(), ", out ",
-                out.describe());
   const DeviceKvLayer dc = device_kv(cache, "paged_attention");
-  const DeviceHeads dh{heads.n_q_heads, heads.q_head_begin, heads.kv_head_begin, heads.group_size};
   auto* ob = static_cast<bf16*>(scratch(out_bf16_, static_cast<size_t>(elems) * sizeof(bf16)));
   const float* qp = f32(q, "attention q");
   if (step_all_decode_) {
-    // Sized for the largest graph bucket when graphs are on, so that no bucket regrows it (and moves it).
-    const size_t ws_bytes = decode_attention_workspace_bytes(std::max(step_n_seqs_, graph_max_rows_), heads.n_q_heads,
-                                                             hd, step_max_context_);
+    // Sized for the largest graph bucket when graphs are on, so that no bucket regrows it (and moves it),
+    // and for the whole context even on a sliding-window layer (which uses less of it), so that the
+    // layers of one step (Gemma 3: five local, then a global one) never regrow it between them.
+    AttentionHeads sizing = heads;
+    sizing.window = 0;
+    const size_t ws_bytes = decode_attention_workspace_bytes(std::max(step_n_seqs_, graph_max_rows_), sizing, hd,
+                                                             step_max_context_);
     void* ws = ws_bytes ? scratch(attn_ws_, ws_bytes) : nullptr;
-    paged_attention_decode(qp, heads.n_q_heads * hd, dc, dh, device_seqs(), step_max_context_, ws, ob, stream_);
+    paged_attention_decode(qp, heads.n_q_heads * hd, dc, heads, device_seqs(), step_max_context_, ws, ob, stream_);
   } else {
-    paged_attention_prefill(qp, heads.n_q_heads * hd, dc, dh, device_seqs(), step_max_chunk_, ob, stream_);
+    paged_attention_prefill(qp, heads.n_q_heads * hd, dc, heads, device_seqs(), step_max_chunk_, ob, stream_);
   }
   bf16_to_f32(ob, elems, f32_mut(out, "attention out"), stream_);
 }
 
-void CudaBackend::gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) {
+void CudaBackend::do_gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) {
   check_step(meta, "gather_logit_rows");
   const int64_t d = cols_of(x);
-  SHARDLM_CHECK(rows_of(x) == meta.n_tokens() && out.numel() == meta.n_logits() * d, "gather_logit_rows: x ",
-                x.describe(), ", out ", out.describe());
   const int32_t* rows = static_cast<const int32_t*>(meta_dev_.data) + 2 * step_n_tokens_;
   gather_rows_f32(f32(x, "gather_logit_rows x"), d, rows, meta.n_logits(), f32_mut(out, "gather_logit_rows out"),
                   stream_);
@@ -448,11 +443,9 @@ void CudaBackend::copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin
                                        stream_));
 }
 
-void CudaBackend::sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids,
+void CudaBackend::do_sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids,
                               float* logprobs) {
   const int64_t n = static_cast<int64_t>(rows.size());
-  SHARDLM_CHECK(logits.rank() == 2 && logits.dim(0) == n, "sample_rows: logits ", logits.describe(), " for ", n,
-                " rows");
   if (n == 0) return;
   const int64_t vocab = logits.dim(1);
   const float* lg = f32(logits, "sample_rows logits");

@@ -24,6 +24,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -63,23 +64,6 @@ class CudaBackend final : public Backend {
   void synchronize() override;
 
   void begin_step(const StepMetadata& meta) override;
-  void embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
-             const StepMetadata& meta, Tensor& out) override;
-  void matmul(const Tensor& x, const Linear& w, Tensor& y) override;
-  void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) override;
-  void add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) override;
-  void add(Tensor& y, const Tensor& x) override;
-  void scale(Tensor& x, float s) override;
-  void softcap(Tensor& x, float cap) override;
-  void rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) override;
-  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
-  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
-  // The decode and prefill kernels scale by 1/sqrt(head_dim) over the whole past.
-  bool supports_attention(const AttentionHeads& heads) const override { return heads.window == 0 && heads.scale == 0.0f; }
-  void kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k, const Tensor& v) override;
-  void paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
-                       const AttentionHeads& heads, Tensor& out) override;
-  void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) override;
   void copy_columns(const Tensor& src, Tensor& dst, int64_t col_begin) override;
 
   // CUDA graphs of decode steps on this backend's stream (CudaGraphRunner).
@@ -87,14 +71,36 @@ class CudaBackend final : public Backend {
   uint64_t buffer_epoch() const override { return buffer_epoch_; }
   void set_decode_graph_bounds(int64_t max_rows, int64_t max_context) override;
 
-  // backend/cuda/sampling.h's sampler over logits already on this device.
-  bool has_device_sampler() const override { return true; }
-  void sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids, float* logprobs) override;
+  // Dense bf16 matmuls (no quantized kernels yet); attention of any window and
+  // scale, head_dim 64/96/128/256, at most 16 Q heads per KV head, over a bf16
+  // cache; sample_rows; no MoE ops yet.
+  std::string unsupported(const OpArgs& args) const override;
 
   // Measured bytes per category (weights, kv_cache, workspace, runtime) and
   // what was asked for: DeviceMemoryAccounting::summary().
   std::string memory_summary() const;
   uint64_t measured_bytes(MemCategory category) const;
+
+ protected:
+  // The ops, after Backend's shape checks (kernels.h's kernels, cuBLASLt).
+  void do_embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
+                const StepMetadata& meta, Tensor& out) override;
+  void do_matmul(const Tensor& x, const Linear& w, Tensor& y) override;
+  void do_rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) override;
+  void do_add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) override;
+  void do_add(Tensor& y, const Tensor& x) override;
+  void do_scale(Tensor& x, float s) override;
+  void do_softcap(Tensor& x, float cap) override;
+  void do_rope(Tensor& x, const Tensor& inv_freq, const StepMetadata& meta, float mscale) override;
+  void do_silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void do_gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void do_kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k, const Tensor& v) override;
+  void do_paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
+                          const AttentionHeads& heads, Tensor& out) override;
+  void do_gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) override;
+  // backend/cuda/sampling.h's sampler over logits already on this device.
+  void do_sample_rows(const Tensor& logits, std::span<const DeviceSampleRow> rows, int32_t* ids,
+                      float* logprobs) override;
 
  private:
   // A device buffer grown on demand (scratch between ops), counted as workspace.

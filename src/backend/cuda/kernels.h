@@ -1,17 +1,21 @@
 // The CUDA backend's own kernels (kernels/*.cu), as host-callable launchers on
 // a stream. Device pointers throughout; shapes in the comments. Contracts
-// mirror the CPU ops in backend/ops.h, which are their oracle (the ops test in
+// mirror the CPU ops in backend/cpu/ops.h, which are their oracle (the ops test in
 // tests/backend/cuda/ compares each against backend::ref on a device):
 //   - the residual stream and attention scores stay f32; GEMM inputs, the KV
 //     cache and the attention output are bf16 (tensor-core operands);
 //   - per-step metadata (positions, slot mapping, block tables, sequence
-//     boundaries) is packed once per step on the host and copied in one go.
+//     boundaries) is packed once per step on the host and copied in one go;
+//   - the op arguments the CPU kernels take too (AttentionHeads: which heads,
+//     their scale and window) are backend/op_args.h's, passed by value.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "backend/op_args.h"
 
 namespace shardlm::backend::cuda {
 
@@ -82,13 +86,12 @@ constexpr int kSeqRecord = 5;
 void kv_cache_write(const DeviceKvLayer& cache, const float* k, const float* v, int64_t row_stride,
                     const DeviceSeqs& seqs, int64_t n_tokens, cudaStream_t stream);
 
-// Which heads this rank computes: backend::AttentionHeads (uneven TP included).
-struct DeviceHeads {
-  int64_t n_q_heads = 0;
-  int64_t q_head_begin = 0;
-  int64_t kv_head_begin = 0;
-  int64_t group_size = 1;
-};
+// The head sizes the attention kernels are built for (a warp holds a head
+// dimension in registers: multiples of 32, at most 256).
+inline bool attention_head_dim_supported(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+}
+constexpr const char* kAttentionHeadDims = "64, 96, 128 or 256";
 
 // Decode attention (one new token per sequence), split-K / flash-decoding:
 // each thread block takes one (sequence, local KV head, context partition of
@@ -96,25 +99,34 @@ struct DeviceHeads {
 // GQA group from one read of K and V; a second kernel merges the partitions.
 // Sequence s's query is row token_begin of q: [n_tokens, n_q_heads, head_dim]
 // f32 (row stride q_stride floats); its context is n_past + 1 cached tokens
-// (the new one written first). out: [n_tokens, n_q_heads, head_dim] bf16.
+// (the new one written first), of which it reads the last heads.window when
+// the layer has a sliding window (the partitions cut only that span); scores
+// are scaled by heads.scale_for(head_dim). out: [n_tokens, n_q_heads, head_dim] bf16.
 // max_context bounds every context (it fixes the partition count, so a CUDA
 // graph captured with it serves any step up to it). workspace:
-// decode_attention_workspace_bytes(...) bytes, or null when max_context <= kDecodePartition.
+// decode_attention_workspace_bytes(...) bytes, or null when it is 0 (one partition).
 constexpr int kDecodePartition = 512;
-size_t decode_attention_workspace_bytes(int64_t n_seqs, int64_t n_q_heads, int64_t head_dim, int64_t max_context);
-void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
+// Local Q heads per KV head a decode block serves (each keeps its own
+// accumulator per output dimension); more is refused, naming the count.
+constexpr int kMaxAttentionGroup = 16;
+// Partitions per sequence: ceil(min(max_context, window or max_context) / kDecodePartition).
+int64_t decode_attention_partitions(int64_t max_context, int64_t window);
+size_t decode_attention_workspace_bytes(int64_t n_seqs, const AttentionHeads& heads, int64_t head_dim,
+                                        int64_t max_context);
+void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const AttentionHeads& heads,
                             const DeviceSeqs& seqs, int64_t max_context, void* workspace, bf16* out,
                             cudaStream_t stream);
 
 // Prefill / chunked prefill attention, tiled and causal: sequence s's tokens
 // [token_begin, token_begin + n_tokens) of the batch sit at positions
 // n_past ..; each query attends to every cached position <= its own (the
-// chunk must already be in the cache). Thread blocks take (tile of
+// chunk must already be in the cache), or to the last heads.window of them
+// on a sliding-window layer, scaled by heads.scale_for(head_dim). Thread blocks take (tile of
 // kPrefillQueryTile queries, Q head, sequence) and stream K/V tiles through
 // shared memory with an online softmax. q: [n_tokens, n_q_heads, head_dim] f32
 // (row stride q_stride); out: [n_tokens, n_q_heads, head_dim] bf16.
 constexpr int kPrefillQueryTile = 8;
-void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
+void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const AttentionHeads& heads,
                              const DeviceSeqs& seqs, int64_t max_tokens_per_seq, bf16* out, cudaStream_t stream);
 
 // y[i] += x[i] for i < count, both f32 (the residual add of the Backend interface).

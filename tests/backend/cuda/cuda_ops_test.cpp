@@ -15,7 +15,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling.h"
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -180,9 +180,12 @@ TEST(CudaOps, SiluMulAndGemmMatchReference) {
 }
 
 // Decode and prefill attention on an uneven-TP rank: Qwen2.5-7B's 28 Q / 4 KV
-// heads at TP 3, rank 1 (Q heads 10..19 read KV heads 1 and 2).
+// heads at TP 3, rank 1 (Q heads 10..19 read KV heads 1 and 2). window > 0:
+// a sliding-window layer; scale > 0: an explicit softmax scale (Gemma 3).
 struct AttentionCase {
   int64_t head_dim, n_q_heads, q_head_begin, kv_head_begin, n_kv_heads, group_size;
+  int64_t window = 0;
+  float scale = 0.0f;
 };
 
 void run_attention_case(const AttentionCase& c, const std::vector<int64_t>& n_past,
@@ -215,13 +218,13 @@ void run_attention_case(const AttentionCase& c, const std::vector<int64_t>& n_pa
     t0 += n_new[s];
   }
   KvLayerView view{kb.data(), vb.data(), DType::kBF16, n_blocks, block_size, c.n_kv_heads, hd};
-  const AttentionHeads heads{c.n_q_heads, c.q_head_begin, c.kv_head_begin, c.group_size};
+  const AttentionHeads heads{c.n_q_heads, c.q_head_begin, c.kv_head_begin, c.group_size, c.scale, c.window};
   std::vector<float> want(n_tokens * c.n_q_heads * hd);
   ref::paged_attention(q.data(), view, seqs.data(), n_seqs, heads, want.data());
 
   DeviceKvLayer dev{reinterpret_cast<bf16*>(upload(kb)), reinterpret_cast<bf16*>(upload(vb)), n_blocks, block_size,
                     c.n_kv_heads, hd};
-  const DeviceHeads dh{c.n_q_heads, c.q_head_begin, c.kv_head_begin, c.group_size};
+  const AttentionHeads& dh = heads;
   float* d_q = upload(q);
   int32_t* d_tables = upload(tables);
   int32_t* d_records = upload(records);
@@ -231,7 +234,7 @@ void run_attention_case(const AttentionCase& c, const std::vector<int64_t>& n_pa
   const bool decode = max_new == 1;
   if (decode) {
     void* ws = nullptr;
-    const size_t ws_bytes = decode_attention_workspace_bytes(n_seqs, c.n_q_heads, hd, max_ctx);
+    const size_t ws_bytes = decode_attention_workspace_bytes(n_seqs, dh, hd, max_ctx);
     if (ws_bytes) SHARDLM_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
     paged_attention_decode(d_q, c.n_q_heads * hd, dev, dh, dseqs, max_ctx, ws, d_out, nullptr);
     cudaFree(ws);
@@ -258,6 +261,38 @@ TEST(CudaOps, PrefillAndChunkedPrefillAttention) {
   run_attention_case({128, 10, 10, 1, 2, 7}, {0, 0}, {1, 37});       // plain prefill, uneven lengths
   run_attention_case({128, 28, 0, 0, 4, 7}, {64, 300}, {20, 9});     // chunks after cached context
   run_attention_case({256, 4, 0, 0, 1, 4}, {5}, {40});
+}
+
+// Sliding windows: a window inside one partition, one spanning partitions
+// (its first key mid-partition), one longer than the context (the whole
+// past), and window 1 (only the query's own key). Decode and prefill.
+TEST(CudaOps, SlidingWindowAttentionReadsOnlyTheLastWindowKeys) {
+  REQUIRE_GPU();
+  // Mistral v0.1-shaped (window 4096 scaled down). Decode: a window of one
+  // partition over contexts up to 2048, then one of three partitions whose
+  // first key falls mid-partition.
+  run_attention_case({128, 8, 0, 0, 2, 4, 300}, {0, 299, 300, 2047}, {1, 1, 1, 1});
+  run_attention_case({128, 8, 0, 0, 2, 4, 1100}, {2000, 1099, 5}, {1, 1, 1});
+  run_attention_case({128, 4, 0, 0, 1, 4, 1}, {17, 0}, {1, 1});
+  // Prefill and chunked prefill: windows shorter than, equal to and longer than a chunk, across key tiles.
+  run_attention_case({128, 10, 10, 1, 2, 7, 40}, {0, 100}, {90, 33});
+  run_attention_case({128, 8, 0, 0, 2, 4, 5}, {0, 64}, {37, 20});
+  run_attention_case({128, 8, 0, 0, 2, 4, 4096}, {0, 300}, {50, 9});
+  // Phi-3-mini: head_dim 96, window 2047.
+  run_attention_case({96, 32, 0, 0, 32, 1, 2047}, {3000, 10}, {1, 1});
+  run_attention_case({96, 8, 0, 0, 8, 1, 64}, {30, 0}, {50, 70});
+}
+
+// Gemma 3: head_dim 256, query_pre_attn_scalar's scale, sliding and global
+// layers; decode past one partition and prefill chunks.
+TEST(CudaOps, Gemma3HeadDim256WithScaleAndWindow) {
+  REQUIRE_GPU();
+  const float scale = 1.0f / std::sqrt(168.0f);  // query_pre_attn_scalar 168 (27B-style), not 1/sqrt(256)
+  run_attention_case({256, 8, 0, 0, 4, 2, 0, scale}, {0, 700, 1500}, {1, 1, 1});      // global layer, decode
+  run_attention_case({256, 8, 0, 0, 4, 2, 512, scale}, {0, 700, 1500}, {1, 1, 1});    // sliding layer, decode
+  run_attention_case({256, 4, 0, 0, 1, 4, 0, scale}, {0, 48}, {40, 17});              // global layer, prefill
+  run_attention_case({256, 4, 0, 0, 1, 4, 32, scale}, {0, 48}, {40, 17});             // sliding layer, prefill
+  run_attention_case({256, 16, 0, 0, 1, 16, 0, 0.25f}, {600}, {1});                   // a 16-head group: over 48 KiB of shared memory
 }
 
 TEST(CudaOps, KvCacheWriteStoresEachTokenAtItsPositionsSlot) {

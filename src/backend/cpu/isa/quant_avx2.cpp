@@ -1,4 +1,4 @@
-// backend/quant_ops_isa.h's AVX2 kernels (flags: src/backend/CMakeLists.txt):
+// backend/cpu/quant_ops_isa.h's AVX2 kernels (flags: src/backend/CMakeLists.txt):
 // AWQ and GPTQ with f32 activations, 8 output channels per ymm vector,
 // dequantized in registers (never into memory), threaded over output
 // channels with OpenMP. Per group the kernels accumulate Σ x·q and Σ x and
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/quant_ops_isa.h"
+#include "backend/cpu/quant_ops_isa.h"
 #include "core/dtype.h"
 #include "core/error.h"
 

@@ -17,7 +17,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxGroup = 16;  // local Q heads per KV head a block serves
+constexpr int kMaxGroup = kMaxAttentionGroup;  // local Q heads per KV head a block serves
 
 struct DecodeArgs {
   const float* q;
@@ -26,10 +26,11 @@ struct DecodeArgs {
   const bf16* vc;
   int64_t block_size;
   int64_t n_kv_heads;
-  DeviceHeads heads;
+  AttentionHeads heads;
   DeviceSeqs seqs;
   int n_partitions;
-  float scale;
+  int window;   // > 0: the last `window` keys of each context (a sliding-window layer)
+  float scale;  // of q·k
   float* ws_out;  // [n_seqs, n_q_heads, n_partitions, HD]
   float* ws_ml;   // [n_seqs, n_q_heads, n_partitions, 2]: running max, sum of exp
   bf16* out;      // [n_tokens, n_q_heads, HD]
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
   extern __shared__ float smem[];
   const int kv_local = blockIdx.x, seq = blockIdx.y, part = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const DeviceHeads& h = a.heads;
+  const AttentionHeads& h = a.heads;
 
   // Local Q heads [q_lo, q_hi) read this KV head.
   const int64_t kv_global = h.kv_head_begin + kv_local;
@@ -54,7 +55,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
   const int32_t* rec = a.seqs.records + static_cast<int64_t>(seq) * kSeqRecord;
   const int ctx = rec[1] > 0 ? rec[2] + rec[1] : 0;  // padding records have no context
   const int64_t row = rec[0];                        // this sequence's token in q and out
-  const int t_begin = part * kDecodePartition;
+  // Keys [first, ctx): the whole context, or its last `window` positions;
+  // the partitions cut that span, not the whole context.
+  const int first = a.window > 0 && ctx > a.window ? ctx - a.window : 0;
+  const int t_begin = first + part * kDecodePartition;
   const int t_end = min(ctx, t_begin + kDecodePartition);
   const int64_t n_q = h.n_q_heads;
   auto ws_index = [&](int g) { return ((static_cast<int64_t>(seq) * n_q + q_lo + g) * a.n_partitions + part); };
@@ -178,13 +182,19 @@ __global__ void decode_reduce_kernel(const float* __restrict__ ws_out, const flo
 
 }  // namespace
 
-size_t decode_attention_workspace_bytes(int64_t n_seqs, int64_t n_q_heads, int64_t head_dim, int64_t max_context) {
-  const int64_t n_parts = (max_context + kDecodePartition - 1) / kDecodePartition;
-  if (n_parts <= 1) return 0;
-  return static_cast<size_t>(n_seqs * n_q_heads * n_parts * (head_dim + 2)) * sizeof(float);
+int64_t decode_attention_partitions(int64_t max_context, int64_t window) {
+  const int64_t span = window > 0 ? std::min(max_context, window) : max_context;
+  return (span + kDecodePartition - 1) / kDecodePartition;
 }
 
-void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
+size_t decode_attention_workspace_bytes(int64_t n_seqs, const AttentionHeads& heads, int64_t head_dim,
+                                        int64_t max_context) {
+  const int64_t n_parts = decode_attention_partitions(max_context, heads.window);
+  if (n_parts <= 1) return 0;
+  return static_cast<size_t>(n_seqs * heads.n_q_heads * n_parts * (head_dim + 2)) * sizeof(float);
+}
+
+void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const AttentionHeads& heads,
                             const DeviceSeqs& seqs, int64_t max_context, void* workspace, bf16* out,
                             cudaStream_t stream) {
   const int64_t n_seqs = seqs.n_seqs;
@@ -199,13 +209,14 @@ void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLaye
   a.n_kv_heads = cache.n_kv_heads;
   a.heads = heads;
   a.seqs = seqs;
-  a.n_partitions = static_cast<int>((max_context + kDecodePartition - 1) / kDecodePartition);
-  a.scale = 1.0f / std::sqrt(static_cast<float>(cache.head_dim));
+  a.n_partitions = static_cast<int>(decode_attention_partitions(max_context, heads.window));
+  a.window = static_cast<int>(std::min<int64_t>(heads.window, 1 << 30));  // positions are int32
+  a.scale = heads.scale_for(cache.head_dim);
   a.out = out;
   if (a.n_partitions > 1) {
     if (workspace == nullptr)
       fail(ErrorCode::kInternal, "CUDA decode attention: max_context ", max_context, " needs a workspace of ",
-           decode_attention_workspace_bytes(n_seqs, heads.n_q_heads, cache.head_dim, max_context), " bytes");
+           decode_attention_workspace_bytes(n_seqs, heads, cache.head_dim, max_context), " bytes");
     a.ws_out = static_cast<float*>(workspace);
     a.ws_ml = a.ws_out + n_seqs * heads.n_q_heads * a.n_partitions * cache.head_dim;
   }
@@ -232,11 +243,12 @@ void paged_attention_decode(const float* q, int64_t q_stride, const DeviceKvLaye
   };
   switch (cache.head_dim) {
     case 64: launch(std::integral_constant<int, 64>{}); break;
+    case 96: launch(std::integral_constant<int, 96>{}); break;  // Phi-3-mini
     case 128: launch(std::integral_constant<int, 128>{}); break;
-    case 256: launch(std::integral_constant<int, 256>{}); break;
+    case 256: launch(std::integral_constant<int, 256>{}); break;  // Gemma 2/3
     default:
       fail(ErrorCode::kUnsupported, "CUDA decode attention: head_dim ", cache.head_dim,
-           " is not supported (64, 128 or 256)");
+           " is not supported (", kAttentionHeadDims, ")");
   }
 }
 

@@ -3,7 +3,9 @@
 // warp per query); K/V tiles of kKeyTile cached tokens stream through shared
 // memory and each warp keeps an online softmax (running max, sum, output).
 // Chunked prefill is the same kernel: a chunk's queries sit at n_past.. and
-// see every cached position up to their own.
+// see every cached position up to their own (a sliding-window layer: the last
+// `window` of them, so a tile reads only the keys its queries can see).
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -25,9 +27,10 @@ struct PrefillArgs {
   const bf16* vc;
   int64_t block_size;
   int64_t n_kv_heads;
-  DeviceHeads heads;
+  AttentionHeads heads;
   DeviceSeqs seqs;
-  float scale;
+  int window;   // > 0: query at position p sees keys (p - window, p]
+  float scale;  // of q·k
   bf16* out;
 };
 
@@ -58,16 +61,19 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(PrefillArgs a) {
 
   const int32_t* table = a.seqs.block_tables + rec[3];
   const int64_t row_elems = a.n_kv_heads * HD;
-  // Keys this block needs: positions [0, past + last query of the tile].
+  // Keys this block needs: positions [k_first, past + last query of the tile]
+  // (k_first: 0, or the first key the tile's first query sees in its window).
   const int last_q = min(n_tok, q_first + kPrefillQueryTile) - 1;
   const int n_keys = past + last_q + 1;
+  const int k_first = a.window > 0 ? max(0, past + q_first - a.window + 1) : 0;
+  const int q_lowest = a.window > 0 ? q_pos - a.window + 1 : 0;  // this warp's first visible key
 
   float m = -INFINITY, l = 0.0f;
   float acc[kPerLane];
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) acc[e] = 0.0f;
 
-  for (int k0 = 0; k0 < n_keys; k0 += kKeyTile) {
+  for (int k0 = k_first; k0 < n_keys; k0 += kKeyTile) {
     __syncthreads();  // the previous tile is consumed (and q_s is written, first time round)
     for (int i = threadIdx.x; i < kKeyTile * HD; i += kThreads) {
       const int j = i / HD, d = i % HD, t = k0 + j;
@@ -87,7 +93,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(PrefillArgs a) {
     // Lane j scores key k0 + j.
     const int t = k0 + lane;
     float s = -INFINITY;
-    if (t <= q_pos && t < n_keys) {
+    if (t <= q_pos && t >= q_lowest && t < n_keys) {
       s = 0.0f;
       const float* qv = q_s + warp * HD;
       const bf16* kr = k_s + lane * kRow;
@@ -95,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(PrefillArgs a) {
       for (int d = 0; d < HD; ++d) s += qv[d] * __bfloat162float(kr[d]);
     }
     const float m_tile = warp_max(s);
-    if (m_tile == -INFINITY) continue;  // every key of this tile is in this query's future
+    if (m_tile == -INFINITY) continue;  // every key of this tile is in this query's future (or out of its window)
     const float m_new = fmaxf(m, m_tile);
     const float corr = __expf(m - m_new);  // 0 the first time (m = -inf)
     const float p = s == -INFINITY ? 0.0f : __expf(s - m_new);
@@ -119,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(PrefillArgs a) {
 
 }  // namespace
 
-void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const DeviceHeads& heads,
+void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLayer& cache, const AttentionHeads& heads,
                              const DeviceSeqs& seqs, int64_t max_tokens_per_seq, bf16* out, cudaStream_t stream) {
   const int64_t n_seqs = seqs.n_seqs;
   if (n_seqs <= 0 || max_tokens_per_seq <= 0 || heads.n_q_heads <= 0) return;
@@ -132,7 +138,8 @@ void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLay
   a.n_kv_heads = cache.n_kv_heads;
   a.heads = heads;
   a.seqs = seqs;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(cache.head_dim));
+  a.window = static_cast<int>(std::min<int64_t>(heads.window, 1 << 30));  // positions are int32
+  a.scale = heads.scale_for(cache.head_dim);
   a.out = out;
   const dim3 grid(static_cast<unsigned>((max_tokens_per_seq + kPrefillQueryTile - 1) / kPrefillQueryTile),
                   static_cast<unsigned>(heads.n_q_heads), static_cast<unsigned>(n_seqs));
@@ -143,11 +150,12 @@ void paged_attention_prefill(const float* q, int64_t q_stride, const DeviceKvLay
   };
   switch (cache.head_dim) {
     case 64: launch(std::integral_constant<int, 64>{}); break;
+    case 96: launch(std::integral_constant<int, 96>{}); break;  // Phi-3-mini
     case 128: launch(std::integral_constant<int, 128>{}); break;
-    case 256: launch(std::integral_constant<int, 256>{}); break;
+    case 256: launch(std::integral_constant<int, 256>{}); break;  // Gemma 2/3: 41 KiB of static shared memory
     default:
       fail(ErrorCode::kUnsupported, "CUDA prefill attention: head_dim ", cache.head_dim,
-           " is not supported (64, 128 or 256)");
+           " is not supported (", kAttentionHeadDims, ")");
   }
 }
 

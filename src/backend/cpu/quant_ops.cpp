@@ -13,13 +13,13 @@
 #include <utility>
 #include <vector>
 
-#include "backend/quant_ops.h"
-#include "backend/packed_gemm.h"
-#include "backend/quant_ops_int8.h"
-#include "backend/quant_ops_isa.h"
-#include "backend/cpu_isa.h"
-#include "backend/quant_simd.h"
-#include "backend/simd.h"
+#include "backend/cpu/quant_ops.h"
+#include "backend/cpu/packed_gemm.h"
+#include "backend/cpu/quant_ops_int8.h"
+#include "backend/cpu/quant_ops_isa.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/quant_simd.h"
+#include "backend/cpu/simd.h"
 #include "core/error.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -425,7 +425,7 @@ void fp8_row_blocks(const float* x, int64_t n, const QuantMatrixView& w, float* 
 
 void fp8_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
   // Prefill and large batches: the packed f32 GEMM, panels widened and
-  // scaled as they are packed (backend/packed_gemm.h).
+  // scaled as they are packed (backend/cpu/packed_gemm.h).
   // (Not when batch-invariant: the GEMM sums in another order than the tiles.)
   if (!batch_invariant() && n >= packed_matmul_min_tokens(DType::kF32) && packed_fp8_available(w))
     return packed_matmul_fp8(x, n, w, y);

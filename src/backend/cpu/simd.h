@@ -16,7 +16,7 @@
 #endif
 
 // Each ISA's functions live in their own inline namespace: a kernel built for
-// several ISAs (backend/rows_gemm.h) includes this header under different
+// several ISAs (backend/cpu/rows_gemm.h) includes this header under different
 // flags, and Vec-typed functions of the same name must not be merged by the
 // linker across those translation units.
 #if defined(__AVX512F__) && defined(__AVX512BW__)

@@ -3,13 +3,13 @@
 // (kNR output rows × kKC of k, a few tens of KiB, in L1/L2), never as a whole
 // copy, and each panel is reused by every token of the call through an
 // outer-product register tile (kMR tokens × kNR outputs of accumulators).
-// bf16 weights go to AMX tiles where the CPU and OS allow (backend/amx_gemm.h).
+// bf16 weights go to AMX tiles where the CPU and OS allow (backend/cpu/amx_gemm.h).
 // Internal to the backend layer: backend::matmul chooses it by token count.
 #pragma once
 
 #include <cstdint>
 
-#include "backend/quant_ops.h"
+#include "backend/cpu/quant_ops.h"
 #include "core/dtype.h"
 
 namespace shardlm::backend {
@@ -19,7 +19,7 @@ namespace shardlm::backend {
 bool packed_matmul_available(DType weight_dtype);
 
 // From how many tokens on packed_matmul beats the rows kernel
-// (backend/rows_gemm.h): 8 for bf16 on AMX tiles (backend/amx_gemm.h), 32
+// (backend/cpu/rows_gemm.h): 8 for bf16 on AMX tiles (backend/cpu/amx_gemm.h), 32
 // for the AVX kernel (measured with 2 threads on Qwen2.5-0.5B's layer shapes).
 int64_t packed_matmul_min_tokens(DType weight_dtype);
 

@@ -1,4 +1,4 @@
-#include "backend/packed_gemm.h"
+#include "backend/cpu/packed_gemm.h"
 
 #include <omp.h>
 
@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/amx_gemm.h"
-#include "backend/simd.h"
+#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/simd.h"
 #include "core/error.h"
 
 namespace shardlm::backend {
@@ -212,7 +212,7 @@ bool packed_matmul_available(DType weight_dtype) {
 
 bool packed_uses_amx(DType weight_dtype) { return weight_dtype == DType::kBF16 && amx_available(); }
 
-// Without AMX the rows kernel (backend/rows_gemm.h) is faster up to 24 rows:
+// Without AMX the rows kernel (backend/cpu/rows_gemm.h) is faster up to 24 rows:
 // on a Zen 5 EPYC, 2 threads, Qwen2.5-0.5B shapes, it took 0.59-0.95x the
 // packed GEMM's time at 16 and 24 rows, 0.89-1.10x at 32 (bench/matmul_bench's inv/def).
 int64_t packed_matmul_min_tokens(DType weight_dtype) { return packed_uses_amx(weight_dtype) ? 8 : 32; }

@@ -12,7 +12,7 @@
 // (prefill, several sequences) reuse each unpacked weight vector for up to 4
 // tokens in registers (GPTQ), or for 4 or 8 tokens from a 4 KiB L1 tile (AWQ,
 // whose unpacking includes a byte transpose).
-#include "backend/quant_ops_int8.h"
+#include "backend/cpu/quant_ops_int8.h"
 
 #include <omp.h>
 
@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cpu_isa.h"
-#include "backend/quant_simd.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/quant_simd.h"
 #include "core/error.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)

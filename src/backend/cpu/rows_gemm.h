@@ -9,14 +9,14 @@
 //   after, in order. Scalar: one sequential sum per element.
 // The tile shape, the thread split and the token blocking change with n;
 // none of them changes that order, so a row's output is bit-identical
-// computed alone or among any others (batch invariance: backend/ops.h).
+// computed alone or among any others (batch invariance: backend/cpu/ops.h).
 // Built once per ISA (backend/cpu/isa/rows_gemm_*.cpp) and chosen at run
-// time (backend/cpu_isa.h). Internal to the backend layer.
+// time (backend/cpu/cpu_isa.h). Internal to the backend layer.
 #pragma once
 
 #include <cstdint>
 
-#include "backend/cpu_isa.h"
+#include "backend/cpu/cpu_isa.h"
 #include "core/dtype.h"
 
 namespace shardlm::backend {

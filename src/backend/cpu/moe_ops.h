@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 
 namespace shardlm::backend {
 

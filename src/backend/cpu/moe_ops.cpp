@@ -1,4 +1,4 @@
-#include "backend/moe_ops.h"
+#include "backend/cpu/moe_ops.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "backend/amx_gemm.h"
+#include "backend/cpu/amx_gemm.h"
 
 #include <omp.h>
 
@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backend/simd.h"
+#include "backend/cpu/simd.h"
 #include "core/error.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)

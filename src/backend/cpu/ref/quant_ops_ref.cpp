@@ -2,20 +2,10 @@
 // and dequantized on its own, straight from the layout's definition.
 #include <vector>
 
-#include "backend/quant_ops.h"
+#include "backend/cpu/quant_ops.h"
 #include "core/error.h"
 
 namespace shardlm::backend {
-
-const char* weight_scheme_name(WeightScheme scheme) {
-  switch (scheme) {
-    case WeightScheme::kDense: return "dense";
-    case WeightScheme::kAwq: return "awq";
-    case WeightScheme::kGptq: return "gptq";
-    case WeightScheme::kFp8: return "fp8";
-  }
-  return "?";
-}
 
 QuantMatrixView quant_view(const QuantizedWeight& q, const Tensor& fp8) {
   QuantMatrixView v;

@@ -13,14 +13,12 @@
 
 #include <cstdint>
 
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "core/tensor.h"
 
 namespace shardlm::backend {
 
-enum class WeightScheme { kDense, kAwq, kGptq, kFp8 };
-// "dense", "awq", "gptq", "fp8"
-const char* weight_scheme_name(WeightScheme scheme);
+// WeightScheme: backend/op_args.h.
 
 // The stored parts of one quantized Linear [n_out, n_in] on this rank (a
 // slice: whole packed words on output channels, whole groups on input rows).

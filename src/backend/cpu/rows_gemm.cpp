@@ -1,4 +1,4 @@
-#include "backend/rows_gemm.h"
+#include "backend/cpu/rows_gemm.h"
 
 #include "core/error.h"
 

@@ -2,7 +2,7 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 #include "core/error.h"
 
 namespace shardlm::backend::ref {

@@ -1,6 +1,6 @@
 // Optimised CPU ops: AVX2/FMA/F16C kernels (weights widened in registers)
 // with OpenMP over output rows; portable loops when the ISA is absent.
-#include "backend/ops.h"
+#include "backend/cpu/ops.h"
 
 #include <omp.h>
 
@@ -13,9 +13,9 @@
 #include "core/error.h"
 
 #include "backend/cpu/bf16_dot_gemm.h"
-#include "backend/packed_gemm.h"
-#include "backend/rows_gemm.h"
-#include "backend/simd.h"
+#include "backend/cpu/packed_gemm.h"
+#include "backend/cpu/rows_gemm.h"
+#include "backend/cpu/simd.h"
 
 namespace shardlm::backend {
 
@@ -392,10 +392,6 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
     for (int64_t t = 0; t < n; ++t)
       for (int64_t j = 0; j < m; ++j) y[t * m + j] += load_as_f32(bias->data, bias->dtype, static_cast<size_t>(j));
   }
-}
-
-float AttentionHeads::scale_for(int64_t head_dim) const {
-  return scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
 void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out, float weight_offset) {

@@ -1,10 +1,10 @@
-// The body of backend/rows_gemm.h's kernel, included once per ISA by
+// The body of backend/cpu/rows_gemm.h's kernel, included once per ISA by
 // backend/cpu/isa/rows_gemm_<isa>.cpp, each compiled with that ISA's flags
 // and defining SHARDLM_ROWS_NS (rows_avx512, rows_avx2, rows_scalar).
 // Everything here has internal linkage, so the copies never meet at link
 // time; it calls no inline function of another header that could be
 // compiled for a different ISA elsewhere (simd.h is per-ISA namespaced; the
-// error helpers are left to the dispatcher, backend/rows_gemm.cpp).
+// error helpers are left to the dispatcher, backend/cpu/rows_gemm.cpp).
 #ifndef SHARDLM_ROWS_NS
 #error "define SHARDLM_ROWS_NS before including rows_gemm_impl.h"
 #endif
@@ -13,8 +13,8 @@
 
 #include <cstring>
 
-#include "backend/rows_gemm.h"
-#include "backend/simd.h"
+#include "backend/cpu/rows_gemm.h"
+#include "backend/cpu/simd.h"
 
 namespace shardlm::backend::SHARDLM_ROWS_NS {
 namespace {

@@ -1,4 +1,5 @@
-// CPU ops of the forward pass. Activations are f32; weights and biases stay
+// CPU ops of the forward pass (their argument types shared with every
+// device are in backend/op_args.h). Activations are f32; weights and biases stay
 // in their checkpoint dtype (bf16/f16/f32) and are widened in registers, never
 // in memory. Each op has a scalar reference (namespace ref, ops_ref.cpp) that
 // the optimised version (ops.cpp: AVX2/FMA + OpenMP) is tested against.
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/op_args.h"
 #include "core/dtype.h"
 
 namespace shardlm::backend {
@@ -33,10 +35,10 @@ struct VectorView {
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y);
 
 // The kernels a dense matmul can take:
-//   kRows:   backend/rows_gemm.h, built per ISA and chosen by CPUID
+//   kRows:   backend/cpu/rows_gemm.h, built per ISA and chosen by CPUID
 //            (active_cpu_isa()): batch 1 and small batches; its reduction
 //            order of an element is the same for every n;
-//   kPacked: backend/packed_gemm.h's AVX-512/AVX2 GEMM (prefill, large batches);
+//   kPacked: backend/cpu/packed_gemm.h's AVX-512/AVX2 GEMM (prefill, large batches);
 //   kAmx:    the same GEMM on AMX tiles (bf16 on CPUs that have them).
 //   kBf16Dot: backend/cpu/bf16_dot_gemm.h, bf16 weights under
 //            DenseActivations::kBf16 only (every n): activations rounded to
@@ -71,7 +73,7 @@ void set_default_dense_activations(DenseActivations activations);
 // Batch invariance (process-wide; off by default): when on, every dense
 // matmul takes kRows whatever n is, so a row's output is bit-identical
 // computed alone or among any other rows (speculative verification, a
-// request's tokens under any load). Quantized matmuls: backend/quant_ops.h.
+// request's tokens under any load). Quantized matmuls: backend/cpu/quant_ops.h.
 void set_batch_invariant(bool on);
 bool batch_invariant();
 
@@ -124,48 +126,7 @@ void softmax(float* x, int64_t n_rows, int64_t dim);
 // y[i] += x[i]
 void add_inplace(float* y, const float* x, int64_t count);
 
-// One layer's paged KV cache, K and V each [n_blocks, block_size, n_kv_heads, head_dim]
-// in dtype (f32, f16, bf16, or f8_e4m3 written with scale 1). n_kv_heads counts the heads this rank holds.
-struct KvLayerView {
-  void* k = nullptr;
-  void* v = nullptr;
-  DType dtype = DType::kBF16;
-  int64_t n_blocks = 0;
-  int64_t block_size = 0;
-  int64_t n_kv_heads = 0;
-  int64_t head_dim = 0;
-};
-
-// One sequence's chunk of a batch: tokens [token_begin, token_begin + n_tokens)
-// of the batch sit at positions n_past .. n_past + n_tokens - 1; position p
-// lives in block block_table[p / block_size], slot p % block_size. Entries
-// wholly before the first position a kernel touches may be -1: blocks the
-// scheduler released once they left a sliding window (kv/block_table.h).
-struct AttentionSeq {
-  int64_t token_begin = 0;
-  int64_t n_tokens = 0;
-  int64_t n_past = 0;
-  const int32_t* block_table = nullptr;
-  int64_t n_table = 0;  // entries of block_table; must cover n_past + n_tokens
-};
-
-// Which heads the rank computes. Local Q head i is global head q_head_begin + i;
-// it reads global KV head (q_head_begin + i) / group_size, which is local KV
-// head that minus kv_head_begin (with uneven TP a rank's Q heads [q0, q1) use
-// KV heads [q0 / g, ceil(q1 / g))).
-struct AttentionHeads {
-  int64_t n_q_heads = 0;
-  int64_t q_head_begin = 0;
-  int64_t kv_head_begin = 0;
-  int64_t group_size = 1;
-  // Softmax scale of q·k: 0 means 1/sqrt(head_dim) (Gemma 3 sets
-  // query_pre_attn_scalar^-0.5).
-  float scale = 0.0f;
-  // > 0: a query at position p attends to positions (p - window, p] only
-  // (the `window` most recent keys, itself included: HF's sliding_window).
-  int64_t window = 0;
-  float scale_for(int64_t head_dim) const;
-};
+// KvLayerView, AttentionSeq, AttentionHeads: backend/op_args.h.
 
 // Stores the chunks' new keys and values into the cache.
 // k, v: [n_tokens, cache.n_kv_heads, head_dim] f32.

@@ -1,4 +1,4 @@
-#include "backend/cpu_isa.h"
+#include "backend/cpu/cpu_isa.h"
 
 #include <cpuid.h>
 

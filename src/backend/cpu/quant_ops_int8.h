@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "backend/quant_ops.h"
+#include "backend/cpu/quant_ops.h"
 
 namespace shardlm::backend {
 
