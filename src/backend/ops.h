@@ -110,6 +110,11 @@ struct KvLayerView {
   int64_t block_size = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
+  // Which block tables address it: 0 the sequences' (StepMetadata::seqs()),
+  // 1 the local sliding-window layers' own pool (StepMetadata::seqs(1):
+  // hybrid models such as Gemma 3, whose local layers keep a table that
+  // releases the blocks leaving the window).
+  int32_t group = 0;
 };
 
 // One sequence's chunk of a batch: tokens [token_begin, token_begin + n_tokens)

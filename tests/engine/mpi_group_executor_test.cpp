@@ -29,8 +29,9 @@ TEST(MpiBatchWire, RoundTripsAndRejectsCutMessages) {
   b.seqs.resize(2);
   b.seqs[0] = {3, 0, {4, 9}, true, /*all_logits=*/true};  // prompt logprobs: a row per token
   b.seqs[1] = {1, 17, {1, 2, 3}, false, false, /*long_context=*/true};  // LongRoPE's long factors
+  b.seqs[1].local_block_table = {-1, -1, 7, 8, 9};  // a hybrid model's local layers: two released
   const std::vector<int32_t> m = encode_forward_batch(b);
-  EXPECT_EQ(m.size(), 3u + 4u + (4u + 2u) + (4u + 3u));
+  EXPECT_EQ(m.size(), 3u + 4u + (5u + 2u) + (5u + 3u + 5u));
   ForwardBatch d;
   ASSERT_TRUE(decode_forward_batch(m, &d));
   EXPECT_EQ(d.token_ids, b.token_ids);
@@ -39,6 +40,7 @@ TEST(MpiBatchWire, RoundTripsAndRejectsCutMessages) {
     EXPECT_EQ(d.seqs[i].n_tokens, b.seqs[i].n_tokens);
     EXPECT_EQ(d.seqs[i].n_past, b.seqs[i].n_past);
     EXPECT_EQ(d.seqs[i].block_table, b.seqs[i].block_table);
+    EXPECT_EQ(d.seqs[i].local_block_table, b.seqs[i].local_block_table);
     EXPECT_EQ(d.seqs[i].need_logits, b.seqs[i].need_logits);
     EXPECT_EQ(d.seqs[i].all_logits, b.seqs[i].all_logits);
     EXPECT_EQ(d.seqs[i].long_context, b.seqs[i].long_context);

@@ -200,7 +200,7 @@ void CpuBackend::kv_cache_write(const KvLayerView& cache, const StepMetadata& me
   const int64_t row = cache.n_kv_heads * cache.head_dim;
   SHARDLM_CHECK(k.numel() == meta.n_tokens() * row && v.numel() == k.numel(), "kv_cache_write: k ", k.describe(),
                 ", v ", v.describe());
-  backend::kv_cache_write(cache, meta.seqs(), meta.n_seqs(), f32(k, "k"), f32(v, "v"));
+  backend::kv_cache_write(cache, meta.seqs(cache.group), meta.n_seqs(), f32(k, "k"), f32(v, "v"));
 }
 
 void CpuBackend::paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
@@ -208,7 +208,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KvLayerView& cache, cons
   const int64_t elems = meta.n_tokens() * heads.n_q_heads * cache.head_dim;
   SHARDLM_CHECK(q.numel() == elems && out.numel() == elems, "paged_attention: q ", q.describe(), ", out ",
                 out.describe());
-  backend::paged_attention(f32(q, "q"), cache, meta.seqs(), meta.n_seqs(), heads, f32_mut(out, "attention out"));
+  backend::paged_attention(f32(q, "q"), cache, meta.seqs(cache.group), meta.n_seqs(), heads, f32_mut(out, "attention out"));
 }
 
 void CpuBackend::gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) {
