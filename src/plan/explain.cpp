@@ -610,7 +610,10 @@ std::string render_plan_text(const Plan& plan) {
         if (replica[r].n_kv_blocks_capacity < replica[bind].n_kv_blocks_capacity) bind = r;
       const int dev = rec.tightest_replica * per + static_cast<int>(bind);
       out << "  KV capacity per rank (blocks of " << o.block_size << " tokens):";
-      for (size_t r = 0; r < replica.size(); ++r) out << (r ? ", " : " ") << with_commas(replica[r].n_kv_blocks_capacity);
+      for (size_t r = 0; r < replica.size(); ++r)
+        out << (r ? ", " : " ")
+            << (replica[r].n_kv_blocks_capacity >= kUnboundedBlocks ? std::string("no global layer")
+                                                                   : with_commas(replica[r].n_kv_blocks_capacity));
       out << "; the replica holds the minimum, " << with_commas(replica[bind].n_kv_blocks_capacity * o.block_size)
           << " tokens: rank " << dev << " (" << plan.devices.devices[static_cast<size_t>(dev)].name << ") binds\n";
     }
