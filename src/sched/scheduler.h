@@ -56,7 +56,8 @@ struct SchedulerConfig {
   // released at commit (kv's release_before), so a sequence holds at most
   // max_blocks_held(.., sliding_window, max_num_batched_tokens) blocks and a
   // request is refused only when that many do not fit. 0: models where some
-  // layer attends to its whole past (Gemma 3's global layers) or none slides.
+  // layer attends to its whole past (Gemma 3's global layers: its local
+  // layers use local_sliding_window below) or none slides.
   int32_t sliding_window = 0;
   // Hybrid models (Gemma 3: local sliding-window layers interleaved with
   // global ones). > 0: the local layers attend to their last
