@@ -499,11 +499,12 @@ static void render_sliding_window(const Plan& plan, std::ostringstream& out) {
         << " tokens of it in blocks of " << o.block_size << " (counted in the KV figures below)\n";
   } else {  // some layers slide, some do not (local_pool_window > 0)
     const int64_t n = local_pool_blocks(s, o);
-    out << "; the local layers keep their KV in a pool of their own whose blocks leave the window: " << with_commas(n)
-        << " blocks of " << o.block_size << " per rank (" << o.max_num_seqs << " sequences × (ceil((" << t.window
-        << " - 1) / " << o.block_size << ") + 2) + ceil(" << with_commas(o.max_num_batched_tokens) << " / "
+    out << "; the local layers keep their KV in a pool of their own whose blocks leave the window: at most "
+        << with_commas(n) << " blocks of " << o.block_size << " per rank (" << o.max_num_seqs << " sequences × (ceil(("
+        << t.window << " - 1) / " << o.block_size << ") + 2) + ceil(" << with_commas(o.max_num_batched_tokens) << " / "
         << o.block_size << ")), " << with_commas(n * o.block_size * t.local_bytes_per_token)
-        << " bytes on one device; the global layers' pool gets the rest (the KV figures below count both)\n";
+        << " bytes on one device, and never more blocks than the global layers' pool, which gets the rest (the KV "
+           "figures below count both)\n";
   }
 }
 

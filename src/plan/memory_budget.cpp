@@ -152,6 +152,31 @@ int64_t max_context_for_pool(const ModelSpec& spec, int64_t kv_tokens, int64_t b
   return whole;
 }
 
+// The local layers' pool first (the same count on every rank: at most its
+// cap, and no more blocks than the global pool gets when both get as many on
+// the tightest rank), then each rank's global capacity from what is left.
+static void split_kv_pools(std::vector<MemoryBudget>& budgets) {
+  if (budgets.empty()) return;
+  const int64_t cap = budgets.front().n_local_kv_blocks_max;
+  int64_t n_local = 0;
+  if (cap > 0) {
+    int64_t even = kUnboundedBlocks;
+    for (const MemoryBudget& b : budgets)
+      if (const int64_t both = b.kv_block_bytes + b.local_kv_block_bytes; both > 0)
+        even = std::min(even, std::max<int64_t>(b.usable_bytes, 0) / both);
+    n_local = std::min(cap, even);
+  }
+  for (MemoryBudget& b : budgets) {
+    b.n_local_kv_blocks = n_local;
+    b.local_kv_cache_bytes = n_local * b.local_kv_block_bytes;
+    const int64_t for_main = b.usable_bytes - b.local_kv_cache_bytes;
+    b.n_kv_blocks_capacity = for_main <= 0                    ? 0
+                             : cap > 0 && n_local == 0        ? 0  // not one block for the local layers
+                             : b.kv_block_bytes > 0           ? for_main / b.kv_block_bytes
+                                                              : kUnboundedBlocks;
+  }
+}
+
 MemoryBudget compute_memory_budget(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
                                    int64_t memory_bytes, const MemoryBudgetOptions& options) {
   return compute_memory_budget(spec, ModelTensors(spec), layout, tp_rank, pp_rank, memory_bytes, options);
@@ -191,11 +216,11 @@ MemoryBudget compute_memory_budget(const ModelSpec& spec, const ModelTensors& te
       rank_kv_bytes_per_token(spec, layout, tp_rank, pp_rank, options.kv_cache_dtype) - b.local_kv_bytes_per_token;
   b.block_size = options.block_size;
   b.kv_block_bytes = b.kv_bytes_per_token * b.block_size;
-  b.n_local_kv_blocks = local_pool_blocks(spec, options);
+  b.n_local_kv_blocks_max = local_pool_blocks(spec, options);
   b.local_kv_block_bytes = b.local_kv_bytes_per_token * b.block_size;
-  b.local_kv_cache_bytes = b.n_local_kv_blocks * b.local_kv_block_bytes;
-  const int64_t for_main = b.usable_bytes - b.local_kv_cache_bytes;
-  b.n_kv_blocks_capacity = for_main <= 0 ? 0 : b.kv_block_bytes > 0 ? for_main / b.kv_block_bytes : kUnboundedBlocks;
+  std::vector<MemoryBudget> alone{b};
+  split_kv_pools(alone);
+  b = alone.front();
   b.n_kv_blocks = b.n_kv_blocks_capacity;
   b.n_kv_tokens = b.n_kv_blocks * b.block_size;
   b.kv_cache_bytes = b.n_kv_blocks * b.kv_block_bytes + b.local_kv_cache_bytes;
@@ -222,6 +247,7 @@ std::vector<MemoryBudget> compute_replica_budgets(const ModelSpec& spec, const L
 
 void match_replica_kv(std::vector<MemoryBudget>& budgets) {
   if (budgets.empty()) return;
+  split_kv_pools(budgets);
   int64_t blocks = budgets.front().n_kv_blocks_capacity;
   for (const auto& b : budgets) blocks = std::min(blocks, b.n_kv_blocks_capacity);
   for (auto& b : budgets) {
@@ -259,6 +285,7 @@ nlohmann::json memory_budget_json(const MemoryBudget& b) {
           {"block_size", b.block_size},
           {"kv_block_bytes", b.kv_block_bytes},
           {"local_kv_bytes_per_token", b.local_kv_bytes_per_token},
+          {"n_local_kv_blocks_max", b.n_local_kv_blocks_max},
           {"n_local_kv_blocks", b.n_local_kv_blocks},
           {"local_kv_block_bytes", b.local_kv_block_bytes},
           {"local_kv_cache_bytes", b.local_kv_cache_bytes},

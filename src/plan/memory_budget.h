@@ -105,12 +105,15 @@ int64_t cache_sliding_window(const ModelSpec& spec);
 // keep their KV in a pool of their own whose blocks leave the window
 // (SchedulerConfig::local_sliding_window). Returns that window, else 0.
 int64_t local_pool_window(const ModelSpec& spec);
-// Blocks of that pool, the same on every rank of a replica: max_num_seqs
-// sequences at once, each holding at most ceil((window - 1) / block) + 2
-// blocks besides its share of one step's max_num_batched_tokens, whose
-// blocks add ceil(max_num_batched_tokens / block):
+// The most blocks that pool gets, the same on every rank of a replica:
+// max_num_seqs sequences at once, each holding at most
+// ceil((window - 1) / block) + 2 blocks besides its share of one step's
+// max_num_batched_tokens, whose blocks add ceil(max_num_batched_tokens / block):
 //   max_num_seqs × (ceil((window − 1) / block) + 2) + ceil(max_num_batched_tokens / block).
-// One sequence's bound (kv's max_blocks_held) never exceeds it. 0 without a local pool.
+// One sequence's bound (kv's max_blocks_held) never exceeds it. It gets fewer
+// when memory is short: never more blocks than the global pool, since a
+// sequence holds a local block only where it holds the global block of the
+// same positions (MemoryBudget's split). 0 without a local pool.
 int64_t local_pool_blocks(const ModelSpec& spec, const MemoryBudgetOptions& options);
 // K and V for one token on this rank's local layers when they have a pool of
 // their own (local_pool_window > 0), else 0. Part of rank_kv_bytes_per_token.
@@ -157,11 +160,15 @@ struct MemoryBudget {
   // Hybrid models (local_pool_window > 0): the local layers' own pool, sized
   // first (local_pool_blocks); the main pool gets what is left.
   int64_t local_kv_bytes_per_token = 0;  // rank_local_kv_bytes_per_token()
-  int64_t n_local_kv_blocks = 0;         // local_pool_blocks()
+  int64_t n_local_kv_blocks_max = 0;     // local_pool_blocks()
+  int64_t n_local_kv_blocks = 0;         // min(n_local_kv_blocks_max, the blocks both pools get when each
+                                         // has as many: floor(usable / (kv_block_bytes + local_kv_block_bytes))
+                                         // on the tightest rank of the replica)
   int64_t local_kv_block_bytes = 0;      // local_kv_bytes_per_token × block_size
   int64_t local_kv_cache_bytes = 0;      // n_local_kv_blocks × local_kv_block_bytes
   int64_t n_kv_blocks_capacity = 0;  // floor(max(usable − local_kv_cache_bytes, 0) / kv_block_bytes): this rank
-                                     // alone (a rank without a global layer: kUnboundedBlocks)
+                                     // (with the replica's local pool after match_replica_kv; a rank without
+                                     // a global layer: kUnboundedBlocks)
   int64_t n_kv_blocks = 0;         // blocks allocated: the capacity, or after match_replica_kv the
                                    // replica's smallest capacity (every rank holds the same tokens)
   int64_t n_kv_tokens = 0;         // n_kv_blocks × block_size
@@ -178,8 +185,9 @@ MemoryBudget compute_memory_budget(const ModelSpec& spec, const ModelTensors& te
                                    int tp_rank, int pp_rank, int64_t memory_bytes, const MemoryBudgetOptions& options);
 
 // Every rank of a replica holds the KV of the same tokens (its heads, its
-// layers): sets each rank's n_kv_blocks to the smallest capacity among them
-// and recomputes n_kv_tokens and kv_cache_bytes.
+// layers): gives every rank the same local pool (n_local_kv_blocks, sized
+// over the replica), sets each rank's n_kv_blocks to the smallest capacity
+// among them and recomputes n_kv_tokens and kv_cache_bytes.
 void match_replica_kv(std::vector<MemoryBudget>& budgets);
 
 // The tp × pp ranks of one replica, in rank order (tp fastest); memory_bytes[r]

@@ -324,6 +324,23 @@ TEST(KvLayerTypes, Gemma3LocalLayersGetAPoolOfTheirOwn) {
   EXPECT_EQ(r[0].n_kv_blocks, r[5].n_kv_blocks);
   EXPECT_LT(r[5].n_kv_blocks, kUnboundedBlocks);
   EXPECT_EQ(r[0].kv_cache_bytes, 264 * 16 * 1024);  // its local pool only
+  // Short memory: the local pool never gets more blocks than the global one
+  // (a sequence holds a local block only where it holds the global block).
+  // 64 MiB usable / (65,536 + 360,448) = 157 blocks each, below the cap of 264.
+  MemoryBudgetOptions tight = o;
+  const MemoryBudget t0 = compute_memory_budget(g, Layout{}, 0, 0, int64_t{8} << 30, tight);
+  const int64_t fixed = t0.weight_bytes + t0.workspace_bytes;
+  const MemoryBudget t = compute_memory_budget(g, Layout{}, 0, 0, fixed + (int64_t{64} << 20), tight);
+  EXPECT_EQ(t.usable_bytes, int64_t{64} << 20);
+  EXPECT_EQ(t.n_local_kv_blocks_max, 264);
+  EXPECT_EQ(t.n_local_kv_blocks, 157);
+  EXPECT_EQ(t.n_kv_blocks, (67108864 - 157 * 360448) / 65536);  // 160
+  EXPECT_GE(t.n_kv_blocks, t.n_local_kv_blocks);
+  EXPECT_EQ(t.kv_cache_bytes, t.n_kv_blocks * 65536 + 157 * 360448);
+  // Not one block for both: nothing fits.
+  const MemoryBudget none = compute_memory_budget(g, Layout{}, 0, 0, fixed + 400000, tight);
+  EXPECT_EQ(none.n_local_kv_blocks, 0);
+  EXPECT_FALSE(none.fits());
   // One pool: none sliding (Mistral v0.3) or all (Phi-3-mini-4k).
   for (const char* name : {"mistral-7b", "phi-3-mini-4k"}) {
     const ModelSpec m = catalog_model_spec(name);
