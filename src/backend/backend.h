@@ -168,6 +168,11 @@ class Backend {
     (void)heads;
     return true;
   }
+  // Whether kv_cache_write and paged_attention address a layer through the
+  // block tables of its KvLayerView::group (StepMetadata::seqs(group)): a
+  // hybrid model's local layers in a pool of their own. A backend that does
+  // not is never given a KV cache with a second pool (CausalLM::make_kv_cache refuses).
+  virtual bool supports_kv_groups() const { return false; }
   // out[n_logits, d] = rows meta.logit_rows() of x[n_tokens, d].
   virtual void gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) = 0;
   // dst[r, col_begin + j] = src[r, j] for every row r and column j of src:

@@ -306,6 +306,10 @@ KvCache CausalLM::make_kv_cache(int64_t n_blocks, int64_t block_size, DType dtyp
   if (n_local_blocks > 0)
     for (int64_t l = shard_.layers.begin; l < shard_.layers.end; ++l)
       local[static_cast<size_t>(l - shard_.layers.begin)] = spec_.is_sliding_layer(l);
+  if (n_local_blocks > 0 && !backend_->supports_kv_groups())
+    fail(ErrorCode::kUnsupported, spec_.architecture, ": the ", backend_->name(),
+         " backend cannot keep the sliding-window layers' KV in a pool of their own yet; run this model on the CPU "
+         "backend");
   return KvCache(*backend_, shard_.layers.size(), n_blocks, block_size, shard_.kv_heads.size(), spec_.head_dim, dtype,
                  local, n_local_blocks);
 }

@@ -14,6 +14,7 @@ namespace shardlm::backend {
 
 class CpuBackend final : public Backend {
  public:
+  bool supports_kv_groups() const override { return true; }
   // n_threads: OpenMP threads of this rank's ops (0: all cores).
   explicit CpuBackend(int n_threads = 0);
 
