@@ -21,6 +21,7 @@ std::string describe(const OpArgs& args) {
                      args.kv_dtype ? str_cat(", ", dtype_torch_name(*args.kv_dtype), " KV cache") : std::string(), ")");
     case Op::kSampleRows: return "sample_rows (sampling on the device)";
     case Op::kMoe: return "the mixture-of-experts ops (moe_route, moe_experts)";
+    case Op::kKvGroups: return "a second KV pool for the sliding-window layers (KvLayerView::group)";
   }
   return op_name(args.op);
 }
@@ -34,6 +35,9 @@ std::string Backend::unsupported(const OpArgs& args) const {
     case Op::kPagedAttention: return std::string();
     case Op::kSampleRows: return "no device sampler (its rows are sampled on the host)";
     case Op::kMoe: return "no mixture-of-experts kernels; run this MoE model on the CPU backend";
+    case Op::kKvGroups:
+      return "its attention reads one block table per sequence, so a hybrid model's sliding-window layers cannot keep "
+             "their KV in a pool of their own; run this model on the CPU backend";
   }
   return "an unknown op";
 }

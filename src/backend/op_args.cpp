@@ -19,6 +19,7 @@ const char* op_name(Op op) {
     case Op::kPagedAttention: return "paged_attention";
     case Op::kSampleRows: return "sample_rows";
     case Op::kMoe: return "moe";
+    case Op::kKvGroups: return "kv_groups";
   }
   return "?";
 }

@@ -23,6 +23,12 @@ struct KvLayerView {
   int64_t block_size = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
+  // Which block tables address it: 0 the sequences' (StepMetadata::seqs()),
+  // 1 the local sliding-window layers' own pool (StepMetadata::seqs(1):
+  // hybrid models such as Gemma 3, whose local layers keep a table that
+  // releases the blocks leaving the window). Group 1 reaches a backend only
+  // where supports(OpArgs::of(Op::kKvGroups)).
+  int32_t group = 0;
 };
 
 // One sequence's chunk of a batch: tokens [token_begin, token_begin + n_tokens)
@@ -71,8 +77,9 @@ enum class Op {
   kPagedAttention,  // args: heads (their scale and window), head_dim, kv_dtype
   kSampleRows,      // sampling where the logits are (a GPU: only ids cross)
   kMoe,             // moe_route and moe_experts
+  kKvGroups,        // kv_cache_write and paged_attention read KvLayerView::group's block tables
 };
-// "matmul", "paged_attention", "sample_rows", "moe"
+// "matmul", "paged_attention", "sample_rows", "moe", "kv_groups"
 const char* op_name(Op op);
 
 // One supports() question: the op and the arguments that decide it. Fields

@@ -145,6 +145,7 @@ void ServeMpi::attach(server::EngineBackendOptions* options) {
     mo.layout = layout;
     mo.layout.pp_layer_partition = lo.layout.pp_layer_partition;
     mo.n_blocks = lo.n_blocks;
+    mo.n_local_blocks = lo.n_local_blocks;
     mo.block_size = lo.block_size;
     mo.kv_dtype = lo.kv_dtype;
     mo.batch_invariant = lo.batch_invariant;

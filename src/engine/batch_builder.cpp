@@ -14,6 +14,7 @@ ForwardBatch make_forward_batch(const StepPlan& plan) {
     c.n_tokens = s.n_tokens;
     c.n_past = s.n_past;
     c.block_table = s.block_table;
+    c.local_block_table = s.local_block_table;
     c.need_logits = s.need_logits;
     c.all_logits = s.all_logits;
     c.long_context = s.long_context;
@@ -28,6 +29,7 @@ ForwardBatch make_forward_batch(const StepPlan& plan) {
       d.n_tokens = 1;
       d.n_past = s.n_past + s.n_tokens + static_cast<int32_t>(j);
       d.block_table = s.block_table;
+      d.local_block_table = s.local_block_table;
       d.need_logits = true;
       d.long_context = s.long_context;
       batch.seqs.push_back(std::move(d));

@@ -54,6 +54,10 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
     fail(ErrorCode::kInvalidArgument, "engine: the model's KV cache has ", executor.n_kv_blocks(), " blocks of ",
          executor.kv_block_size(), " tokens but the scheduler was configured for ", sc.n_blocks, " blocks of ",
          sc.block_size, "; build both from the same numbers");
+  if (executor.n_local_kv_blocks() != sc.n_local_blocks && (executor.n_kv_blocks() > 0 || sc.n_local_blocks > 0))
+    fail(ErrorCode::kInvalidArgument, "engine: the model's local-layer KV pool has ", executor.n_local_kv_blocks(),
+         " blocks but the scheduler was configured for ", sc.n_local_blocks,
+         " (SchedulerConfig::n_local_blocks); build both from the same numbers");
   if (config.max_batches_in_flight < 0)
     fail(ErrorCode::kInvalidArgument, "engine: max_batches_in_flight must be >= 0, got ", config.max_batches_in_flight);
   config.speculative.validate();
@@ -476,8 +480,9 @@ bool Engine::step_inner() {
     if (plan.empty()) break;
     propose_drafts(plan);  // speculative decoding: drafted rows for its decodes (engine/speculation.cpp)
     // The watermark: what this step holds, before finished sequences free theirs.
-    metrics_.update([n = sched_.stats().n_blocks_used](MetricsSnapshot& m) {
-      m.kv_blocks_in_use_peak = std::max<int64_t>(m.kv_blocks_in_use_peak, n);
+    metrics_.update([st = sched_.stats()](MetricsSnapshot& m) {
+      m.kv_blocks_in_use_peak = std::max<int64_t>(m.kv_blocks_in_use_peak, st.n_blocks_used);
+      m.kv_local_blocks_in_use_peak = std::max<int64_t>(m.kv_local_blocks_in_use_peak, st.n_local_blocks_used);
     });
     try {
       executor_.submit(make_forward_batch(plan));
@@ -808,6 +813,8 @@ void Engine::update_gauges() {
     m.kv_cache_usage_perc = st.kv_usage;
     m.kv_blocks_in_use = st.n_blocks_used;
     m.kv_blocks_in_use_peak = std::max<int64_t>(m.kv_blocks_in_use_peak, st.n_blocks_used);
+    m.kv_local_blocks_in_use = st.n_local_blocks_used;
+    m.kv_local_blocks_in_use_peak = std::max<int64_t>(m.kv_local_blocks_in_use_peak, st.n_local_blocks_used);
     m.num_preemptions_total = st.n_preemptions;
     m.kv_blocks_slid_total = st.n_blocks_slid;
     m.prefix_cache_queries_total = st.prefix_cache.n_query_tokens;

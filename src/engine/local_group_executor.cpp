@@ -107,7 +107,8 @@ void LocalGroupExecutor::run_rank(int rank) {
     ctx.emplace(world.ranks->make(comm));
     RankComms& comms = ctx->comms;
     auto model = CausalLM::load(spec_, weights_, layout, tp_rank, pp_rank, *comms.tp, *comms.pp, ctx->backend);
-    KvCache cache = model->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype);
+    KvCache cache =
+        model->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype, options_.n_local_blocks);
     const std::string graphs = options_.graphs.enabled ? model->enable_decode_graphs(options_.graphs) : "";
     const backend::DecodeGraphs* dg = rank == 0 ? model->decode_graphs() : nullptr;
     {

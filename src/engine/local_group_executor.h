@@ -31,6 +31,10 @@ struct LocalGroupOptions {
   Layout layout;                   // tp x pp ranks (dp must be 1)
   int64_t n_blocks = 0;            // KV blocks per rank: must equal SchedulerConfig::n_blocks
   int64_t block_size = 16;         // must equal SchedulerConfig::block_size
+  // > 0 (hybrid models, Gemma 3): the sliding-window layers' own pool of
+  // blocks per rank; must equal SchedulerConfig::n_local_blocks. 0: every
+  // layer in the n_blocks pool.
+  int64_t n_local_blocks = 0;
   DType kv_dtype = DType::kBF16;
   int n_threads_per_rank = 0;      // backend threads; 0: hardware threads / ranks
   // Every rank's backend on its batch-invariant kernels (--batch-invariant):
@@ -61,6 +65,7 @@ class LocalGroupExecutor final : public ModelExecutor {
   void submit(ForwardBatch batch) override;
   void collect(float* logits) override;
   int64_t n_kv_blocks() const override { return options_.n_blocks; }
+  int64_t n_local_kv_blocks() const override { return options_.n_local_blocks; }
   int64_t kv_block_size() const override { return options_.block_size; }
   // A rank failed (its error names it): nothing runs until restart().
   bool healthy() const override;

@@ -98,8 +98,13 @@ std::string Metrics::render_prometheus(const std::string& model_name) const {
   w.counter("vllm:generation_tokens_total", "Number of generation tokens processed.", double(m.generation_tokens_total));
   w.counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", double(m.num_preemptions_total));
   w.counter("shardlm:kv_blocks_slid_total",
-            "KV blocks released because they left the sliding window of a model whose every layer slides.",
+            "KV blocks released because they left a sliding window (every layer's, or a hybrid model's local layers').",
             double(m.kv_blocks_slid_total));
+  w.gauge("shardlm:kv_local_blocks_in_use",
+          "KV blocks in use in the local sliding-window layers' own pool (hybrid models such as Gemma 3; else 0).",
+          double(m.kv_local_blocks_in_use));
+  w.gauge("shardlm:kv_local_blocks_in_use_peak", "The most local-pool KV blocks in use in any step since start.",
+          double(m.kv_local_blocks_in_use_peak));
   w.counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
             double(m.prefix_cache_queries_total));
   w.counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",

@@ -26,6 +26,10 @@ struct MetricsSnapshot {
   double kv_cache_usage_perc = 0.0;      // fraction of KV blocks in use, [0, 1] (gauge)
   int64_t kv_blocks_in_use = 0;          // KV blocks referenced now (gauge; every rank of the replica holds them)
   int64_t kv_blocks_in_use_peak = 0;     // the most any step held since start (gauge)
+  // Hybrid models (Gemma 3): the local (sliding-window) layers' own pool
+  // (SchedulerStats::n_local_blocks_used); the two above count the global layers' pool.
+  int64_t kv_local_blocks_in_use = 0;
+  int64_t kv_local_blocks_in_use_peak = 0;
   int64_t prompt_tokens_total = 0;       // counters from here on
   int64_t generation_tokens_total = 0;
   int64_t num_preemptions_total = 0;

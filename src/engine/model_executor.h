@@ -50,6 +50,8 @@ class ModelExecutor {
   // KV geometry the executor allocated, checked against the engine's
   // SchedulerConfig at construction; 0 = not known (fakes).
   virtual int64_t n_kv_blocks() const { return 0; }
+  // The local (sliding-window) layers' own pool (SchedulerConfig::n_local_blocks); 0: none.
+  virtual int64_t n_local_kv_blocks() const { return 0; }
   virtual int64_t kv_block_size() const { return 0; }
 
   // False once a failure broke the executor for good (a rank died): every

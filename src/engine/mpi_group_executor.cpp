@@ -37,7 +37,7 @@ int local_ranks(int fallback) {
 std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch) {
   std::vector<int32_t> m;
   size_t n = 3 + batch.token_ids.size();
-  for (const auto& s : batch.seqs) n += 4 + s.block_table.size();
+  for (const auto& s : batch.seqs) n += 5 + s.block_table.size() + s.local_block_table.size();
   m.reserve(n);
   m.push_back(kMsgBatch);
   m.push_back(static_cast<int32_t>(batch.seqs.size()));
@@ -49,6 +49,8 @@ std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch) {
     m.push_back((s.need_logits ? 1 : 0) | (s.all_logits ? 2 : 0) | (s.long_context ? 4 : 0));
     m.push_back(static_cast<int32_t>(s.block_table.size()));
     m.insert(m.end(), s.block_table.begin(), s.block_table.end());
+    m.push_back(static_cast<int32_t>(s.local_block_table.size()));
+    m.insert(m.end(), s.local_block_table.begin(), s.local_block_table.end());
   }
   return m;
 }
@@ -83,6 +85,11 @@ bool decode_forward_batch(const std::vector<int32_t>& m, ForwardBatch* batch) {
     if (n_blocks < 0 || at + static_cast<size_t>(n_blocks) > m.size()) bad("block table past the end");
     s.block_table.assign(m.begin() + at, m.begin() + at + n_blocks);
     at += static_cast<size_t>(n_blocks);
+    if (at + 1 > m.size()) bad("local block table count past the end");
+    const int32_t n_local = m[at++];
+    if (n_local < 0 || at + static_cast<size_t>(n_local) > m.size()) bad("local block table past the end");
+    s.local_block_table.assign(m.begin() + at, m.begin() + at + n_local);
+    at += static_cast<size_t>(n_local);
     sum += s.n_tokens;
   }
   if (at != m.size() || sum != n_tokens) bad("sizes do not add up");
@@ -111,10 +118,11 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
     replica_ = world.split(dp_rank_, world.rank());
     // The driver's KV geometry wins: it sized the cache for its scheduler.
     // So do its kernel choices: batch invariance, and the dense activations
-    // (--dense-activations; a rank whose CPU lacks AVX512_BF16 refuses bf16).
-    int64_t geometry[5] = {options_.n_blocks, options_.block_size, static_cast<int64_t>(options_.kv_dtype),
+    // (--dense-activations; a rank whose CPU lacks AVX512_BF16 refuses bf16);
+    // and the local layers' pool (hybrid models: Gemma 3).
+    int64_t geometry[6] = {options_.n_blocks, options_.block_size, static_cast<int64_t>(options_.kv_dtype),
                            options_.batch_invariant ? 1 : 0,
-                           static_cast<int64_t>(backend::default_dense_activations())};
+                           static_cast<int64_t>(backend::default_dense_activations()), options_.n_local_blocks};
     replica_->broadcast(geometry, sizeof geometry, 0);
     options_.n_blocks = geometry[0];
     options_.block_size = geometry[1];
@@ -127,6 +135,7 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
              backend::bf16_dot_gemm_missing());
       backend::set_default_dense_activations(driver);
     }
+    options_.n_local_blocks = geometry[5];
     if (options_.n_blocks < 1 || options_.block_size < 1)
       fail(ErrorCode::kInvalidArgument, "executor: n_blocks and block_size must be >= 1, got ", options_.n_blocks, " and ",
            options_.block_size);
@@ -147,7 +156,7 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
       fail(ErrorCode::kInternal, "SHARDLM_TEST_FAIL_RANK=", s, ": this rank fails its load on purpose");
     model_ = CausalLM::load(spec, open_checkpoint(options.model_dir), replica_layout, tp_rank, pp_rank,
                             *model_comms->tp, *model_comms->pp, std::move(rank_backend));
-    cache_ = model_->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype);
+    cache_ = model_->make_kv_cache(options_.n_blocks, options_.block_size, options_.kv_dtype, options_.n_local_blocks);
     RankBytes mine;
     mine.world_rank = world.rank();
     mine.tp_rank = tp_rank;

@@ -46,6 +46,7 @@ struct MpiGroupOptions {
   // workers' are ignored (serve's workers do not size the cache).
   int64_t n_blocks = 0;             // KV blocks per rank: must equal SchedulerConfig::n_blocks
   int64_t block_size = 16;          // must equal SchedulerConfig::block_size
+  int64_t n_local_blocks = 0;       // the sliding-window layers' own pool (SchedulerConfig::n_local_blocks); 0: none
   DType kv_dtype = DType::kBF16;
   int n_threads_per_rank = 0;       // backend threads; 0: hardware threads / ranks on this host
   bool batch_invariant = false;     // --batch-invariant; the driver's value is broadcast to its replica
@@ -81,6 +82,7 @@ class MpiGroupExecutor final : public ModelExecutor {
   void submit(ForwardBatch batch) override;  // driver only
   void collect(float* logits) override;      // driver only
   int64_t n_kv_blocks() const override { return options_.n_blocks; }
+  int64_t n_local_kv_blocks() const override { return options_.n_local_blocks; }
   int64_t kv_block_size() const override { return options_.block_size; }
   bool healthy() const override { return !aborted_; }
   // Non-driver ranks: run every batch the driver broadcasts; returns after
@@ -133,7 +135,8 @@ class MpiGroupExecutor final : public ModelExecutor {
 
 // The wire format of one message from the driver, all int32 little-endian:
 //   [kind, n_seqs, n_tokens, token_ids[n_tokens],
-//    per seq: n_tokens, n_past, logits flags (1: need_logits, 2: all_logits), n_blocks, block_table[n_blocks]]
+//    per seq: n_tokens, n_past, logits flags (1: need_logits, 2: all_logits, 4: long_context), n_blocks,
+//             block_table[n_blocks], n_local, local_block_table[n_local]]
 // kind 0 = shutdown (nothing follows), 1 = batch.
 std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch);
 std::vector<int32_t> encode_shutdown();

@@ -34,19 +34,34 @@ int32_t n_blocks_needed(const BlockPool& pool, const BlockTable& table, int32_t 
   return std::max(0, blocks_for(n_total_slots, pool.block_size()) - have);
 }
 
-bool allocate_slots(BlockPool& pool, BlockTable& table, int32_t n_total_slots, const PrefixMatch* match,
-                    int32_t n_first_kept) {
-  const bool adopt = match && !match->blocks.empty() && table.blocks.empty();
-  int32_t n_new = n_blocks_needed(pool, table, n_total_slots, adopt ? match : nullptr);
-  // Adopted blocks wholly before n_first_kept are never read: not referenced.
-  const int32_t n_skip =
-      adopt ? std::min(static_cast<int32_t>(match->blocks.size()), std::max(0, n_first_kept) / pool.block_size()) : 0;
+// Adopted blocks wholly before n_first_kept are never read: not referenced.
+static int32_t n_skipped(const BlockPool& pool, const PrefixMatch& match, int32_t n_first_kept) {
+  return std::min(static_cast<int32_t>(match.blocks.size()), std::max(0, n_first_kept) / pool.block_size());
+}
+
+static bool adopts(const BlockTable& table, const PrefixMatch* match) {
+  return match && !match->blocks.empty() && table.blocks.empty();
+}
+
+int32_t n_free_blocks_needed(const BlockPool& pool, const BlockTable& table, int32_t n_total_slots,
+                             const PrefixMatch* match, int32_t n_first_kept) {
+  const bool adopt = adopts(table, match);
+  const int32_t n_new = n_blocks_needed(pool, table, n_total_slots, adopt ? match : nullptr);
   // Hit blocks sitting in the evictable list stop being free once referenced.
   int32_t n_revived = 0;
   if (adopt)
-    for (size_t i = size_t(n_skip); i < match->blocks.size(); ++i) n_revived += pool.ref_count(match->blocks[i]) == 0 ? 1 : 0;
-  if (n_new + n_revived > pool.n_free()) return false;
+    for (size_t i = size_t(n_skipped(pool, *match, n_first_kept)); i < match->blocks.size(); ++i)
+      n_revived += pool.ref_count(match->blocks[i]) == 0 ? 1 : 0;
+  return n_new + n_revived;
+}
+
+bool allocate_slots(BlockPool& pool, BlockTable& table, int32_t n_total_slots, const PrefixMatch* match,
+                    int32_t n_first_kept) {
+  if (n_free_blocks_needed(pool, table, n_total_slots, match, n_first_kept) > pool.n_free()) return false;
+  const bool adopt = adopts(table, match);
+  const int32_t n_new = n_blocks_needed(pool, table, n_total_slots, adopt ? match : nullptr);
   if (adopt) {
+    const int32_t n_skip = n_skipped(pool, *match, n_first_kept);
     table.blocks = match->blocks;
     for (int32_t i = 0; i < n_skip; ++i) table.blocks[size_t(i)] = kNoBlock;
     for (size_t i = size_t(n_skip); i < table.blocks.size(); ++i) pool.ref(table.blocks[i]);
@@ -56,6 +71,32 @@ bool allocate_slots(BlockPool& pool, BlockTable& table, int32_t n_total_slots, c
   }
   for (int32_t i = 0; i < n_new; ++i) table.blocks.push_back(pool.allocate());
   return true;
+}
+
+PrefixMatch find_window_prefix(const BlockPool& local_pool, const PrefixMatch& global,
+                               std::span<const int32_t> tokens, int32_t window, BlockHash root) {
+  const int32_t bs = local_pool.block_size();
+  PrefixMatch local;
+  if (!local_pool.prefix_caching()) return local;
+  SHARDLM_CHECK(window > 0 && global.n_tokens % bs == 0 && size_t(global.n_tokens) <= tokens.size(),
+                "window ", window, " hit ", global.n_tokens, " of ", tokens.size(), " tokens");
+  // Longest first: M blocks qualify when blocks [first read / bs, M) are cached locally.
+  for (int32_t m = static_cast<int32_t>(global.blocks.size()); m > 0; --m) {
+    const int32_t first = first_position_read(m * bs, window) / bs;
+    std::vector<int32_t> blocks(size_t(m), kNoBlock);
+    bool all = true;
+    for (int32_t i = first; i < m && all; ++i) {
+      const BlockHash parent = i == 0 ? root : global.hashes[size_t(i) - 1];
+      blocks[size_t(i)] = local_pool.find_cached(global.hashes[size_t(i)], parent, tokens.subspan(size_t(i) * bs, bs));
+      all = blocks[size_t(i)] >= 0;
+    }
+    if (!all) continue;
+    local.blocks = std::move(blocks);
+    local.hashes.assign(global.hashes.begin(), global.hashes.begin() + m);
+    local.n_tokens = m * bs;
+    return local;
+  }
+  return local;
 }
 
 void register_computed(BlockPool& pool, BlockTable& table, std::span<const int32_t> tokens, int32_t n_computed,

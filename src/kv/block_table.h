@@ -9,6 +9,13 @@
 // their table entries become kNoBlock: holes that no kernel reads. Holes are
 // always a prefix of the table (the window only moves forward); the table
 // keeps its length, so block i still holds positions [i*bs, (i+1)*bs).
+//
+// Hybrid models (Gemma 3: local sliding-window layers interleaved with global
+// ones) keep two tables per sequence over two pools: the global layers' table
+// keeps every block, the local layers' table releases the blocks that leave
+// the local window as above. Both cover the same positions and are hashed on
+// the same chain, so a local block is cached under its global twin's hash;
+// find_window_prefix finds the local blocks a prefix hit needs.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +63,24 @@ bool allocate_slots(BlockPool& pool, BlockTable& table, int32_t n_total_slots,
 // Number of fresh blocks allocate_slots would take.
 int32_t n_blocks_needed(const BlockPool& pool, const BlockTable& table, int32_t n_total_slots,
                         const PrefixMatch* match = nullptr);
+// Blocks allocate_slots (same arguments) takes out of pool.n_free(): the fresh
+// ones plus the adopted cached blocks it revives from the evictable list.
+// allocate_slots succeeds exactly when this is <= pool.n_free(), so a caller
+// can check two pools before touching either (all-or-nothing over both).
+int32_t n_free_blocks_needed(const BlockPool& pool, const BlockTable& table, int32_t n_total_slots,
+                             const PrefixMatch* match = nullptr, int32_t n_first_kept = 0);
+
+// Hybrid models: the prefix hit both tables can take. `global` is the hit in
+// the global layers' pool (find_cached_prefix over the same tokens and root).
+// A hit of M tokens needs, in `local_pool`, the blocks of the positions its
+// first query reads, [first_position_read(M, window), M), cached under the
+// same hashes; the blocks before them are never read. Returns the local match
+// for the longest M <= global.n_tokens (a whole number of blocks) whose
+// window blocks are all cached: blocks [M / bs], kNoBlock for those before
+// the window, hashes and n_tokens as the global match's first M / bs. The
+// caller cuts the global match to the same n_tokens. M = 0 always qualifies.
+PrefixMatch find_window_prefix(const BlockPool& local_pool, const PrefixMatch& global,
+                               std::span<const int32_t> tokens, int32_t window, BlockHash root = kRootBlockHash);
 
 // The first position a query at position `n_first_query` (or any later one)
 // reads with a sliding window of `window` positions (0: none, so 0).

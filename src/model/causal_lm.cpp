@@ -302,8 +302,20 @@ void CausalLM::load_weights(std::shared_ptr<const WeightSource> weights) {
     SHARDLM_CHECK(final_norm_.defined() && (lm_head_.weight.defined() || lm_head_.quantized()), "no final norm or lm_head");
 }
 
-KvCache CausalLM::make_kv_cache(int64_t n_blocks, int64_t block_size, DType dtype) const {
-  return KvCache(*backend_, shard_.layers.size(), n_blocks, block_size, shard_.kv_heads.size(), spec_.head_dim, dtype);
+KvCache CausalLM::make_kv_cache(int64_t n_blocks, int64_t block_size, DType dtype, int64_t n_local_blocks) const {
+  std::vector<bool> local(static_cast<size_t>(shard_.layers.size()), false);
+  if (n_local_blocks > 0)
+    for (int64_t l = shard_.layers.begin; l < shard_.layers.end; ++l)
+      local[static_cast<size_t>(l - shard_.layers.begin)] = spec_.is_sliding_layer(l);
+  if (n_local_blocks > 0) backend_->require(backend::OpArgs::of(backend::Op::kKvGroups));
+  return KvCache(*backend_, shard_.layers.size(), n_blocks, block_size, shard_.kv_heads.size(), spec_.head_dim, dtype,
+                 local, n_local_blocks);
+}
+
+int64_t CausalLM::kv_local_block_bytes(int64_t block_size, DType dtype) const {
+  int64_t n = 0;
+  for (int64_t l = shard_.layers.begin; l < shard_.layers.end; ++l) n += spec_.is_sliding_layer(l) ? 1 : 0;
+  return KvCache::block_bytes(n, block_size, shard_.kv_heads.size(), spec_.head_dim, dtype);
 }
 
 int64_t CausalLM::kv_block_bytes(int64_t block_size, DType dtype) const {
@@ -351,11 +363,15 @@ void CausalLM::pack_step(const ForwardBatch& batch, const KvCache& cache, int64_
     if (static_cast<int64_t>(c.block_table.size()) < need)
       fail(ErrorCode::kInvalidArgument, "forward batch: a block table has ", c.block_table.size(), " blocks; ",
            c.n_past + c.n_tokens, " positions need ", need);
+    if (cache.n_local_layers() > 0 && static_cast<int64_t>(c.local_block_table.size()) < need)
+      fail(ErrorCode::kInvalidArgument, "forward batch: a local block table has ", c.local_block_table.size(),
+           " blocks; ", c.n_past + c.n_tokens, " positions need ", need,
+           " (this rank's sliding-window layers keep their KV in a pool of their own)");
     const int64_t long_from = long_rope_from_ == 0 ? backend::StepMetadata::kNoLongRope
                               : c.long_context        ? 0
                                                       : long_rope_from_;
     meta_.add_seq(std::span<const int32_t>(batch.token_ids).subspan(static_cast<size_t>(begin), static_cast<size_t>(c.n_tokens)),
-                  c.n_past, c.block_table, c.n_logit_rows(), static_cast<int32_t>(long_from));
+                  c.n_past, c.block_table, c.n_logit_rows(), static_cast<int32_t>(long_from), c.local_block_table);
     begin += c.n_tokens;
   }
   if (begin != batch.n_tokens())

@@ -52,9 +52,15 @@ class CausalLM {
                                             std::shared_ptr<backend::Backend> backend);
 
   // A KV cache for this rank's layers and KV heads, on the rank's backend.
-  KvCache make_kv_cache(int64_t n_blocks, int64_t block_size, DType dtype) const;
-  // Bytes one KV block takes on this rank (what the block pool divides by).
+  // n_local_blocks > 0 (hybrid models such as Gemma 3): the rank's
+  // sliding-window layers keep their KV in a pool of that many blocks of
+  // their own, addressed by the chunks' local block tables.
+  KvCache make_kv_cache(int64_t n_blocks, int64_t block_size, DType dtype, int64_t n_local_blocks = 0) const;
+  // Bytes one KV block takes on this rank over all its layers (what the
+  // block pool divides by when every layer shares it).
   int64_t kv_block_bytes(int64_t block_size, DType dtype) const;
+  // The part of kv_block_bytes that the rank's sliding-window layers take (0 without any).
+  int64_t kv_local_block_bytes(int64_t block_size, DType dtype) const;
 
   // Runs one step, one batch at a time: run_stage, then on the driver of a
   // pipeline receive_logits. logits: [batch.n_logits(), vocab_size] f32,

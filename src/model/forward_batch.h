@@ -25,6 +25,11 @@ struct SequenceChunk {
   // factors; otherwise only positions from there on do. Fixed for the life of
   // the sequence (a recomputed one keeps it).
   bool long_context = false;
+  // Hybrid models whose local (sliding-window) layers keep their KV in a pool
+  // of their own (KvCache's group 1): the blocks of the same positions there,
+  // kNoBlock (-1) for those that left the window. Empty: every layer uses
+  // block_table.
+  std::vector<int32_t> local_block_table;
   // Logit rows this chunk asks for: n_tokens (all_logits), 1 (need_logits) or 0.
   int32_t n_logit_rows() const { return all_logits ? n_tokens : need_logits ? 1 : 0; }
 };

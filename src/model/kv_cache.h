@@ -2,6 +2,11 @@
 // and V as [n_blocks, block_size, n_kv_heads_on_rank, head_dim] in a chosen
 // dtype (bf16 halves the bytes; f32 for exactness). Blocks are indexed by the
 // block tables of ForwardBatch; the kv pool (src/kv) decides which are free.
+//
+// Hybrid models (Gemma 3): the layers marked local (sliding-window layers)
+// may keep their K and V in a pool of their own, [n_local_blocks,
+// block_size, n_kv_heads, head_dim], addressed by the local block tables
+// (KvLayerView::group 1); the other layers use the n_blocks pool.
 #pragma once
 
 #include <cstdint>
@@ -19,12 +24,17 @@ class KvCache {
   // Allocates K and V of every layer from the rank's backend (zero-filled).
   KvCache(backend::Backend& b, int64_t n_layers, int64_t n_blocks, int64_t block_size, int64_t n_kv_heads,
           int64_t head_dim, DType dtype);
+  // local[i]: layer i of this rank uses the local pool of n_local_blocks blocks (> 0).
+  KvCache(backend::Backend& b, int64_t n_layers, int64_t n_blocks, int64_t block_size, int64_t n_kv_heads,
+          int64_t head_dim, DType dtype, const std::vector<bool>& local, int64_t n_local_blocks);
 
   // Bytes one block takes over all layers of this rank (K and V).
   static int64_t block_bytes(int64_t n_layers, int64_t block_size, int64_t n_kv_heads, int64_t head_dim, DType dtype);
 
   int64_t n_layers() const { return n_layers_; }
   int64_t n_blocks() const { return n_blocks_; }
+  int64_t n_local_blocks() const { return n_local_blocks_; }  // 0: no local pool
+  int64_t n_local_layers() const;                              // layers of this rank in the local pool
   int64_t block_size() const { return block_size_; }
   int64_t n_kv_heads() const { return n_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
@@ -38,9 +48,11 @@ class KvCache {
 
  private:
   int64_t n_layers_ = 0, n_blocks_ = 0, block_size_ = 0, n_kv_heads_ = 0, head_dim_ = 0;
+  int64_t n_local_blocks_ = 0;
+  std::vector<bool> local_;  // [n_layers]: in the local pool
   DType dtype_ = DType::kBF16;
   int64_t allocated_bytes_ = 0;
-  std::vector<Tensor> k_, v_;  // per layer: [n_blocks, block_size, n_kv_heads, head_dim]
+  std::vector<Tensor> k_, v_;  // per layer: [n_blocks (n_local_blocks when local), block_size, n_kv_heads, head_dim]
 };
 
 }  // namespace shardlm

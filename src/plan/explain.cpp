@@ -197,7 +197,8 @@ void explain_no_fit(const Plan& plan, std::vector<std::string>& out) {
     p << " Closest layout " << best->layout.to_string() << ": rank " << device << " (" << plan.devices.devices[device].name
       << ") needs " << gib(static_cast<double>(b.weight_bytes)) << " weights + "
       << gib(static_cast<double>(b.workspace_bytes)) << " workspace + " << gib(static_cast<double>(b.reserve_bytes))
-      << " reserve + " << gib(static_cast<double>(best->required_tokens * b.kv_bytes_per_token)) << " KV for "
+      << " reserve + " << gib(static_cast<double>(best->required_tokens * b.kv_bytes_per_token + b.local_kv_cache_bytes))
+      << " KV for "
       << with_commas(best->required_tokens) << " tokens, of its " << gib(static_cast<double>(b.budget_bytes))
       << " budget: short by " << gib(static_cast<double>(-best->headroom_bytes)) << ".";
   }
@@ -273,7 +274,10 @@ void render_verdict(const Plan& plan, std::ostringstream& out) {
       << " has " << with_commas(b.budget_bytes) << " bytes (" << with_commas(b.memory_bytes) << " × "
       << b.gpu_memory_utilization << ") for " << with_commas(b.weight_bytes) << " weight + " << with_commas(b.workspace_bytes)
       << " workspace + " << with_commas(b.reserve_bytes) << " reserve bytes, leaving " << with_commas(b.usable_bytes)
-      << " bytes for KV at " << with_commas(b.kv_bytes_per_token) << " bytes per token";
+      << " bytes for KV";
+  if (b.n_local_kv_blocks > 0)
+    out << ": " << with_commas(b.local_kv_cache_bytes) << " for the local layers' pool, the rest";
+  out << " at " << with_commas(b.kv_bytes_per_token) << " bytes per token";
   if (e->fits)
     out << " = " << with_commas(e->kv_tokens) << " tokens per replica\n";
   else
@@ -493,10 +497,14 @@ static void render_sliding_window(const Plan& plan, std::ostringstream& out) {
     out << "; the cache releases the blocks that leave the window, so it holds at most "
         << with_commas(kv_tokens_per_sequence(s, ctx, o.block_size, o.max_num_batched_tokens))
         << " tokens of it in blocks of " << o.block_size << " (counted in the KV figures below)\n";
-  } else {
-    out << "; shardlm's cache keeps the local layers' whole past in the blocks the global layers share (counted "
-        << "below): " << with_commas(t.local_bytes_per_token * (ctx - local_tokens))
-        << " bytes more per sequence of that length\n";
+  } else {  // some layers slide, some do not (local_pool_window > 0)
+    const int64_t n = local_pool_blocks(s, o);
+    out << "; the local layers keep their KV in a pool of their own whose blocks leave the window: at most "
+        << with_commas(n) << " blocks of " << o.block_size << " per rank (" << o.max_num_seqs << " sequences × (ceil(("
+        << t.window << " - 1) / " << o.block_size << ") + 2) + ceil(" << with_commas(o.max_num_batched_tokens) << " / "
+        << o.block_size << ")), " << with_commas(n * o.block_size * t.local_bytes_per_token)
+        << " bytes on one device, and never more blocks than the global layers' pool, which gets the rest (the KV "
+           "figures below count both)\n";
   }
 }
 
@@ -603,7 +611,10 @@ std::string render_plan_text(const Plan& plan) {
         if (replica[r].n_kv_blocks_capacity < replica[bind].n_kv_blocks_capacity) bind = r;
       const int dev = rec.tightest_replica * per + static_cast<int>(bind);
       out << "  KV capacity per rank (blocks of " << o.block_size << " tokens):";
-      for (size_t r = 0; r < replica.size(); ++r) out << (r ? ", " : " ") << with_commas(replica[r].n_kv_blocks_capacity);
+      for (size_t r = 0; r < replica.size(); ++r)
+        out << (r ? ", " : " ")
+            << (replica[r].n_kv_blocks_capacity >= kUnboundedBlocks ? std::string("no global layer")
+                                                                   : with_commas(replica[r].n_kv_blocks_capacity));
       out << "; the replica holds the minimum, " << with_commas(replica[bind].n_kv_blocks_capacity * o.block_size)
           << " tokens: rank " << dev << " (" << plan.devices.devices[static_cast<size_t>(dev)].name << ") binds\n";
     }

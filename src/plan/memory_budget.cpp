@@ -109,6 +109,29 @@ int64_t cache_sliding_window(const ModelSpec& spec) {
   return spec.sliding_window;
 }
 
+int64_t local_pool_window(const ModelSpec& spec) {
+  if (spec.sliding_window <= 0 || cache_sliding_window(spec) > 0) return 0;
+  for (int64_t l = 0; l < spec.n_layers; ++l)
+    if (spec.is_sliding_layer(l)) return spec.sliding_window;
+  return 0;
+}
+
+int64_t local_pool_blocks(const ModelSpec& spec, const MemoryBudgetOptions& o) {
+  const int64_t w = local_pool_window(spec);
+  if (w == 0) return 0;
+  const int64_t bs = o.block_size;
+  return o.max_num_seqs * ((w - 1 + bs - 1) / bs + 2) + (o.max_num_batched_tokens + bs - 1) / bs;
+}
+
+int64_t rank_local_kv_bytes_per_token(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
+                                      KvCacheDType kv) {
+  if (local_pool_window(spec) == 0) return 0;
+  const RankShard s = shard_for(spec, layout, tp_rank, pp_rank);
+  int64_t n_local = 0;
+  for (int64_t l = s.layers.begin; l < s.layers.end; ++l) n_local += spec.is_sliding_layer(l) ? 1 : 0;
+  return 2 * s.kv_heads.size() * spec.head_dim * static_cast<int64_t>(kv_dtype_size(kv, spec.dtype)) * n_local;
+}
+
 int64_t kv_tokens_per_sequence(const ModelSpec& spec, int64_t n_context, int64_t block_size,
                                int64_t max_num_batched_tokens) {
   if (block_size < 1 || max_num_batched_tokens < 1)
@@ -127,6 +150,31 @@ int64_t max_context_for_pool(const ModelSpec& spec, int64_t kv_tokens, int64_t b
       kv_tokens_per_sequence(spec, spec.max_position_embeddings, block_size, max_num_batched_tokens) <= kv_tokens)
     return spec.max_position_embeddings;
   return whole;
+}
+
+// The local layers' pool first (the same count on every rank: at most its
+// cap, and no more blocks than the global pool gets when both get as many on
+// the tightest rank), then each rank's global capacity from what is left.
+static void split_kv_pools(std::vector<MemoryBudget>& budgets) {
+  if (budgets.empty()) return;
+  const int64_t cap = budgets.front().n_local_kv_blocks_max;
+  int64_t n_local = 0;
+  if (cap > 0) {
+    int64_t even = kUnboundedBlocks;
+    for (const MemoryBudget& b : budgets)
+      if (const int64_t both = b.kv_block_bytes + b.local_kv_block_bytes; both > 0)
+        even = std::min(even, std::max<int64_t>(b.usable_bytes, 0) / both);
+    n_local = std::min(cap, even);
+  }
+  for (MemoryBudget& b : budgets) {
+    b.n_local_kv_blocks = n_local;
+    b.local_kv_cache_bytes = n_local * b.local_kv_block_bytes;
+    const int64_t for_main = b.usable_bytes - b.local_kv_cache_bytes;
+    b.n_kv_blocks_capacity = for_main <= 0                    ? 0
+                             : cap > 0 && n_local == 0        ? 0  // not one block for the local layers
+                             : b.kv_block_bytes > 0           ? for_main / b.kv_block_bytes
+                                                              : kUnboundedBlocks;
+  }
 }
 
 MemoryBudget compute_memory_budget(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
@@ -163,13 +211,19 @@ MemoryBudget compute_memory_budget(const ModelSpec& spec, const ModelTensors& te
   b.workspace_bytes = b.workspace.total();
   b.reserve_bytes = options.reserve_bytes;
   b.usable_bytes = b.budget_bytes - b.weight_bytes - b.workspace_bytes - b.reserve_bytes;
-  b.kv_bytes_per_token = rank_kv_bytes_per_token(spec, layout, tp_rank, pp_rank, options.kv_cache_dtype);
+  b.local_kv_bytes_per_token = rank_local_kv_bytes_per_token(spec, layout, tp_rank, pp_rank, options.kv_cache_dtype);
+  b.kv_bytes_per_token =
+      rank_kv_bytes_per_token(spec, layout, tp_rank, pp_rank, options.kv_cache_dtype) - b.local_kv_bytes_per_token;
   b.block_size = options.block_size;
   b.kv_block_bytes = b.kv_bytes_per_token * b.block_size;
-  b.n_kv_blocks_capacity = b.usable_bytes > 0 ? b.usable_bytes / b.kv_block_bytes : 0;
+  b.n_local_kv_blocks_max = local_pool_blocks(spec, options);
+  b.local_kv_block_bytes = b.local_kv_bytes_per_token * b.block_size;
+  std::vector<MemoryBudget> alone{b};
+  split_kv_pools(alone);
+  b = alone.front();
   b.n_kv_blocks = b.n_kv_blocks_capacity;
   b.n_kv_tokens = b.n_kv_blocks * b.block_size;
-  b.kv_cache_bytes = b.n_kv_blocks * b.kv_block_bytes;
+  b.kv_cache_bytes = b.n_kv_blocks * b.kv_block_bytes + b.local_kv_cache_bytes;
   return b;
 }
 
@@ -193,12 +247,13 @@ std::vector<MemoryBudget> compute_replica_budgets(const ModelSpec& spec, const L
 
 void match_replica_kv(std::vector<MemoryBudget>& budgets) {
   if (budgets.empty()) return;
+  split_kv_pools(budgets);
   int64_t blocks = budgets.front().n_kv_blocks_capacity;
   for (const auto& b : budgets) blocks = std::min(blocks, b.n_kv_blocks_capacity);
   for (auto& b : budgets) {
     b.n_kv_blocks = blocks;
     b.n_kv_tokens = blocks * b.block_size;
-    b.kv_cache_bytes = blocks * b.kv_block_bytes;
+    b.kv_cache_bytes = blocks * b.kv_block_bytes + b.local_kv_cache_bytes;
   }
 }
 
@@ -229,6 +284,11 @@ nlohmann::json memory_budget_json(const MemoryBudget& b) {
           {"kv_bytes_per_token", b.kv_bytes_per_token},
           {"block_size", b.block_size},
           {"kv_block_bytes", b.kv_block_bytes},
+          {"local_kv_bytes_per_token", b.local_kv_bytes_per_token},
+          {"n_local_kv_blocks_max", b.n_local_kv_blocks_max},
+          {"n_local_kv_blocks", b.n_local_kv_blocks},
+          {"local_kv_block_bytes", b.local_kv_block_bytes},
+          {"local_kv_cache_bytes", b.local_kv_cache_bytes},
           {"n_kv_blocks_capacity", b.n_kv_blocks_capacity},
           {"n_kv_blocks", b.n_kv_blocks},
           {"n_kv_tokens", b.n_kv_tokens},

@@ -97,9 +97,28 @@ KvLayerTypes kv_layer_types(const ModelSpec& spec, KvCacheDType kv);
 
 // The window serve's paged cache frees blocks by (SchedulerConfig::sliding_window):
 // spec.sliding_window when every layer slides (Mistral v0.1, Phi-3-mini-4k),
-// else 0. Gemma 3's local layers share their blocks with its global layers,
-// which keep the whole past, so its cache frees nothing yet.
+// else 0. Gemma 3's global layers keep the whole past in that pool; its local
+// layers have a pool of their own (local_pool_window).
 int64_t cache_sliding_window(const ModelSpec& spec);
+
+// Hybrid models (some layers slide, some do not: Gemma 3): the local layers
+// keep their KV in a pool of their own whose blocks leave the window
+// (SchedulerConfig::local_sliding_window). Returns that window, else 0.
+int64_t local_pool_window(const ModelSpec& spec);
+// The most blocks that pool gets, the same on every rank of a replica:
+// max_num_seqs sequences at once, each holding at most
+// ceil((window - 1) / block) + 2 blocks besides its share of one step's
+// max_num_batched_tokens, whose blocks add ceil(max_num_batched_tokens / block):
+//   max_num_seqs × (ceil((window − 1) / block) + 2) + ceil(max_num_batched_tokens / block).
+// One sequence's bound (kv's max_blocks_held) never exceeds it. It gets fewer
+// when memory is short: never more blocks than the global pool, since a
+// sequence holds a local block only where it holds the global block of the
+// same positions (MemoryBudget's split). 0 without a local pool.
+int64_t local_pool_blocks(const ModelSpec& spec, const MemoryBudgetOptions& options);
+// K and V for one token on this rank's local layers when they have a pool of
+// their own (local_pool_window > 0), else 0. Part of rank_kv_bytes_per_token.
+int64_t rank_local_kv_bytes_per_token(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
+                                      KvCacheDType kv);
 
 // KV token slots one sequence of n_context positions holds at most in the
 // paged cache (whole blocks): every block of its context, or with
@@ -116,6 +135,11 @@ int64_t kv_tokens_per_sequence(const ModelSpec& spec, int64_t n_context, int64_t
 int64_t max_context_for_pool(const ModelSpec& spec, int64_t kv_tokens, int64_t block_size,
                              int64_t max_num_batched_tokens);
 
+// n_kv_blocks_capacity of a rank whose layers are all local (a pipeline
+// stage of Gemma 3 without a global layer): its main pool takes no memory, so
+// the replica's other ranks bind.
+constexpr int64_t kUnboundedBlocks = int64_t{1} << 40;
+
 // One rank's budget. All sizes in bytes.
 struct MemoryBudget {
   int tp_rank = 0;
@@ -128,14 +152,27 @@ struct MemoryBudget {
   WorkspaceBreakdown workspace;
   int64_t reserve_bytes = 0;       // runtime reserve (options.reserve_bytes)
   int64_t usable_bytes = 0;        // budget − weights − workspace − reserve; negative = shortfall
-  int64_t kv_bytes_per_token = 0;  // rank_kv_bytes_per_token()
+  // The main pool, whose blocks hold every position of a sequence's context:
+  // all layers, or with a local pool the global layers only.
+  int64_t kv_bytes_per_token = 0;  // rank_kv_bytes_per_token() − local_kv_bytes_per_token
   int64_t block_size = 0;          // tokens per KV block
   int64_t kv_block_bytes = 0;      // kv_bytes_per_token × block_size
-  int64_t n_kv_blocks_capacity = 0;  // floor(max(usable, 0) / kv_block_bytes): this rank alone
+  // Hybrid models (local_pool_window > 0): the local layers' own pool, sized
+  // first (local_pool_blocks); the main pool gets what is left.
+  int64_t local_kv_bytes_per_token = 0;  // rank_local_kv_bytes_per_token()
+  int64_t n_local_kv_blocks_max = 0;     // local_pool_blocks()
+  int64_t n_local_kv_blocks = 0;         // min(n_local_kv_blocks_max, the blocks both pools get when each
+                                         // has as many: floor(usable / (kv_block_bytes + local_kv_block_bytes))
+                                         // on the tightest rank of the replica)
+  int64_t local_kv_block_bytes = 0;      // local_kv_bytes_per_token × block_size
+  int64_t local_kv_cache_bytes = 0;      // n_local_kv_blocks × local_kv_block_bytes
+  int64_t n_kv_blocks_capacity = 0;  // floor(max(usable − local_kv_cache_bytes, 0) / kv_block_bytes): this rank
+                                     // (with the replica's local pool after match_replica_kv; a rank without
+                                     // a global layer: kUnboundedBlocks)
   int64_t n_kv_blocks = 0;         // blocks allocated: the capacity, or after match_replica_kv the
                                    // replica's smallest capacity (every rank holds the same tokens)
   int64_t n_kv_tokens = 0;         // n_kv_blocks × block_size
-  int64_t kv_cache_bytes = 0;      // n_kv_blocks × kv_block_bytes: what serve allocates for the pool
+  int64_t kv_cache_bytes = 0;      // n_kv_blocks × kv_block_bytes + local_kv_cache_bytes: what serve allocates
   bool fits() const { return n_kv_blocks > 0; }  // weights and workspace fit with room for one block
 };
 
@@ -148,8 +185,9 @@ MemoryBudget compute_memory_budget(const ModelSpec& spec, const ModelTensors& te
                                    int tp_rank, int pp_rank, int64_t memory_bytes, const MemoryBudgetOptions& options);
 
 // Every rank of a replica holds the KV of the same tokens (its heads, its
-// layers): sets each rank's n_kv_blocks to the smallest capacity among them
-// and recomputes n_kv_tokens and kv_cache_bytes.
+// layers): gives every rank the same local pool (n_local_kv_blocks, sized
+// over the replica), sets each rank's n_kv_blocks to the smallest capacity
+// among them and recomputes n_kv_tokens and kv_cache_bytes.
 void match_replica_kv(std::vector<MemoryBudget>& budgets);
 
 // The tp × pp ranks of one replica, in rank order (tp fastest); memory_bytes[r]

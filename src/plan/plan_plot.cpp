@@ -91,7 +91,9 @@ void panel(std::ostringstream& svg, const Plan& plan, const Layout& layout,
         svg << "<text x=\"" << num(x + bar_w / 2) << "\" y=\"" << num(base - cap_h - 4)
             << "\" font-size=\"11\" fill=\"#c00\" text-anchor=\"middle\">does not fit</text>\n";
       svg << "<text x=\"" << num(x + bar_w / 2) << "\" y=\"" << num(base + 52) << "\" font-size=\"10\" text-anchor=\"middle\">"
-          << "KV " << with_commas(b.n_kv_blocks_capacity * b.block_size) << " tok</text>\n";
+          << "KV " << (b.n_kv_blocks_capacity >= kUnboundedBlocks ? std::string("local only")
+                                                                  : with_commas(b.n_kv_blocks_capacity * b.block_size) + " tok")
+          << "</text>\n";
     } else {
       svg << "<text x=\"" << num(x + bar_w / 2) << "\" y=\"" << num(base + 14)
           << "\" font-size=\"11\" text-anchor=\"middle\">idle</text>\n";

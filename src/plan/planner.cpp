@@ -166,7 +166,7 @@ class Evaluator {
         const WorldConfig w{r, layout};
         const int device = d * per_replica + r;
         const MemoryBudget b = budget(layout, w.tp_rank(), w.pp_rank(), devices_.devices[device].memory_bytes);
-        const int64_t headroom = b.usable_bytes - e.required_tokens * b.kv_bytes_per_token;
+        const int64_t headroom = b.usable_bytes - b.local_kv_cache_bytes - e.required_tokens * b.kv_bytes_per_token;
         if (headroom < e.headroom_bytes) {
           e.headroom_bytes = headroom;
           e.tightest_replica = d;
@@ -763,14 +763,18 @@ nlohmann::json plan_json(const Plan& plan) {
         {"quantization", s.quant.enabled() ? nlohmann::json(s.quant.describe()) : nlohmann::json()},
         {"kv_bytes_per_token", model_kv_bytes_per_token(s, b.kv_cache_dtype)},
         // KV per layer type (issue #22): local layers are read over their window only;
-        // cache_sliding_window > 0 when the cache releases the blocks that leave it.
+        // cache_sliding_window > 0 when the cache releases the blocks that leave it;
+        // local_pool_window > 0 when the local layers have a pool of their own
+        // (local_pool_blocks per rank; the ranks' budgets carry its bytes).
         {"kv_layer_types",
          {{"n_global_layers", kvt.n_global_layers},
           {"n_local_layers", kvt.n_local_layers},
           {"sliding_window", kvt.window},
           {"global_bytes_per_token", kvt.global_bytes_per_token},
           {"local_bytes_per_token", kvt.local_bytes_per_token},
-          {"cache_sliding_window", cache_sliding_window(s)}}}}},
+          {"cache_sliding_window", cache_sliding_window(s)},
+          {"local_pool_window", local_pool_window(s)},
+          {"local_pool_blocks", local_pool_blocks(s, b)}}}}},
       {"devices", devices},
       {"n_nodes", plan.devices.n_nodes},
       {"inter_node_bandwidth_gb_per_s", plan.devices.inter_node_bandwidth / kGB},

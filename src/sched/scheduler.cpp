@@ -8,6 +8,18 @@ namespace shardlm {
 
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), pool_(config.n_blocks, config.block_size, config.enable_prefix_caching) {
+  if (config.local_sliding_window < 0 || config.n_local_blocks < 0)
+    fail(ErrorCode::kInvalidArgument, "local_sliding_window (", config.local_sliding_window, ") and n_local_blocks (",
+         config.n_local_blocks, ") must be >= 0 (0: no local-layer pool)");
+  if ((config.local_sliding_window > 0) != (config.n_local_blocks > 0))
+    fail(ErrorCode::kInvalidArgument, "a local-layer KV pool needs both local_sliding_window (",
+         config.local_sliding_window, ") and n_local_blocks (", config.n_local_blocks, ") > 0, or both 0");
+  if (config.local_sliding_window > 0 && config.sliding_window > 0)
+    fail(ErrorCode::kInvalidArgument, "sliding_window (", config.sliding_window,
+         ": every layer slides) and local_sliding_window (", config.local_sliding_window,
+         ": local layers in a pool of their own) exclude each other; set one");
+  if (config.local_sliding_window > 0)
+    local_pool_.emplace(config.n_local_blocks, config.block_size, config.enable_prefix_caching);
   if (config.max_num_seqs < 1)
     fail(ErrorCode::kInvalidArgument, "--max-num-seqs must be >= 1, got ", config.max_num_seqs);
   if (config.max_num_batched_tokens < 1)
@@ -45,6 +57,15 @@ void Scheduler::check_fits(const SchedulerConfig& config, int32_t n_prompt, int3
                                    : std::string(),
          ") but the whole KV cache has ", config.n_blocks, " blocks (", int64_t(config.n_blocks) * config.block_size,
          " tokens); shorten the request or give the KV cache more memory");
+  if (config.local_sliding_window == 0) return;
+  const int64_t n_local = max_blocks_held(n_total - 1, config.block_size, config.local_sliding_window,
+                                          config.max_num_batched_tokens);
+  if (n_local > config.n_local_blocks)
+    fail(ErrorCode::kInvalidArgument, "this request needs ", n_local, " KV blocks of ", config.block_size,
+         " tokens in the local layers' pool (", n_prompt, " prompt + ", max_new_tokens,
+         " max_tokens; a sliding window of ", config.local_sliding_window, " positions and chunks of up to ",
+         config.max_num_batched_tokens, ") but that pool has ", config.n_local_blocks,
+         " blocks; shorten the request, lower --max-num-batched-tokens or give the KV cache more memory");
 }
 
 void Scheduler::add(SeqId id, std::vector<int32_t> prompt, int32_t max_new_tokens, SeqId after, BlockHash cache_root,
@@ -90,6 +111,7 @@ ScheduledSeq Scheduler::make_scheduled(const Seq& s, int32_t n_new, bool first) 
   sc.n_tokens = n_new;
   sc.token_ids.assign(s.tokens.begin() + s.n_computed, s.tokens.begin() + s.n_computed + n_new);
   sc.block_table = s.table.blocks;
+  sc.local_block_table = s.local.blocks;
   sc.need_logits = s.n_computed + n_new == static_cast<int32_t>(s.tokens.size());
   sc.first_chunk = first;
   sc.all_logits = s.prompt_logits;
@@ -111,7 +133,7 @@ void Scheduler::preempt(Seq& s, StepPlan& plan) {
   running_.erase(pos);
   for (int32_t b : s.table.blocks)
     if (b != kNoBlock) plan.freed_blocks.push_back(b);
-  free_table(pool_, s.table);
+  free_tables(s);
   // Recompute: prompt + generated so far become the tokens to compute again.
   s.n_computed = 0;
   s.status = SeqStatus::kWaiting;
@@ -146,7 +168,7 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
     }
     slide_window(s);  // normally done at commit already; a no-op then
     bool ok = false;
-    while (!(ok = allocate_slots(pool_, s.table, s.n_computed + n_new))) {
+    while (!(ok = allocate(s, s.n_computed + n_new))) {
       size_t v = running_.size() - 1;
       while (v > i && get(running_[v]).in_flight) --v;
       const SeqId victim = running_[v];
@@ -175,6 +197,14 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
       PrefixMatch match;
       // A sequence that wants its prompt's logits computes every position.
       if (s.n_computed == 0 && !s.prompt_logits) match = find_cached_prefix(pool_, s.tokens, s.cache_root);
+      // Hybrid: the hit is cut to what the local pool still holds of its window.
+      PrefixMatch local_match;
+      if (local_pool_ && !match.blocks.empty()) {
+        local_match = find_window_prefix(*local_pool_, match, s.tokens, config_.local_sliding_window, s.cache_root);
+        match.blocks.resize(local_match.blocks.size());
+        match.hashes.resize(local_match.hashes.size());
+        match.n_tokens = local_match.n_tokens;
+      }
       const int32_t n_total = static_cast<int32_t>(s.tokens.size());
       int32_t n_new = n_total - match.n_tokens;
       // Prompt logprobs are chunked by their row cap even without chunked prefill.
@@ -185,8 +215,7 @@ StepPlan Scheduler::schedule(int32_t max_seqs) {
         ++it;
         continue;
       }
-      if (!allocate_slots(pool_, s.table, match.n_tokens + n_new, &match,
-                          first_position_read(match.n_tokens, config_.sliding_window))) {
+      if (!allocate(s, match.n_tokens + n_new, &match, &local_match)) {
         logit_rows_left = n_rows_before;
         break;
       }
@@ -221,23 +250,51 @@ int32_t Scheduler::add_draft(StepPlan& plan, size_t k, std::span<const int32_t> 
   n = std::min(n, s.max_new_tokens - n_generated - 1);
   n = std::min(n, config_.max_model_len - n_tokens);
   for (; n > 0; --n)
-    if (allocate_slots(pool_, s.table, s.n_computed + 1 + n)) break;
+    if (allocate(s, s.n_computed + 1 + n)) break;
   if (n <= 0) return 0;
   sc.draft_ids.assign(draft.begin(), draft.begin() + n);
   sc.block_table = s.table.blocks;
+  sc.local_block_table = s.local.blocks;
   plan.n_scheduled_tokens += n;
   return n;
 }
 
 void Scheduler::slide_window(Seq& s) {
-  if (config_.sliding_window == 0) return;
-  n_blocks_slid_ += static_cast<int64_t>(
-      release_before(pool_, s.table, first_position_read(s.n_computed, config_.sliding_window)).size());
+  if (config_.sliding_window > 0)
+    n_blocks_slid_ += static_cast<int64_t>(
+        release_before(pool_, s.table, first_position_read(s.n_computed, config_.sliding_window)).size());
+  if (local_pool_)
+    n_blocks_slid_ += static_cast<int64_t>(
+        release_before(*local_pool_, s.local, first_position_read(s.n_computed, config_.local_sliding_window))
+            .size());
+}
+
+bool Scheduler::allocate(Seq& s, int32_t n_total_slots, const PrefixMatch* match, const PrefixMatch* local_match) {
+  const int32_t kept = match ? first_position_read(match->n_tokens, config_.sliding_window) : 0;
+  if (!local_pool_) return allocate_slots(pool_, s.table, n_total_slots, match, kept);
+  const int32_t local_kept =
+      local_match ? first_position_read(local_match->n_tokens, config_.local_sliding_window) : 0;
+  SHARDLM_CHECK(!match || !local_match || match->n_tokens == local_match->n_tokens, "seq ", s.id, ": hit ",
+                match->n_tokens, " global vs ", local_match->n_tokens, " local tokens");
+  // Check both pools first, so a pool that is short leaves the other untouched.
+  if (n_free_blocks_needed(pool_, s.table, n_total_slots, match, kept) > pool_.n_free() ||
+      n_free_blocks_needed(*local_pool_, s.local, n_total_slots, local_match, local_kept) > local_pool_->n_free())
+    return false;
+  const bool ok = allocate_slots(pool_, s.table, n_total_slots, match, kept) &&
+                  allocate_slots(*local_pool_, s.local, n_total_slots, local_match, local_kept);
+  SHARDLM_CHECK(ok, "seq ", s.id, ": allocation failed after its check");
+  return true;
+}
+
+void Scheduler::free_tables(Seq& s) {
+  free_table(pool_, s.table);
+  if (local_pool_) free_table(*local_pool_, s.local);
 }
 
 void Scheduler::drop_draft_blocks(Seq& s) {
   // Keep the slots of every token but the last (computed) and the last's (computed next).
   truncate_table(pool_, s.table, static_cast<int32_t>(s.tokens.size()));
+  if (local_pool_) truncate_table(*local_pool_, s.local, static_cast<int32_t>(s.tokens.size()));
 }
 
 void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled, std::span<const int32_t> n_accepted) {
@@ -260,6 +317,7 @@ void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled, s
     s.n_computed += sc.n_tokens + accepted;
     if (s.n_computed >= s.n_prompt) s.prompt_logits = false;  // every prompt position's logits came back
     register_computed(pool_, s.table, s.tokens, s.n_computed, s.cache_root);
+    if (local_pool_) register_computed(*local_pool_, s.local, s.tokens, s.n_computed, s.cache_root);
     if (sampled[k] >= 0) {
       SHARDLM_CHECK(sc.need_logits, "token sampled for seq ", s.id, " without logits");
       s.tokens.push_back(sampled[k]);
@@ -272,7 +330,7 @@ void Scheduler::commit(const StepPlan& plan, std::span<const int32_t> sampled, s
 
 void Scheduler::end_flight(const ScheduledSeq& sc) {
   if (auto f = finishing_.find(sc.seq_id); f != finishing_.end()) {
-    free_table(pool_, f->second->table);
+    free_tables(*f->second);
     finishing_.erase(f);
     return;
   }
@@ -299,7 +357,7 @@ void Scheduler::finish(SeqId id) {
     s.status = SeqStatus::kFinished;
     finishing_.emplace(id, std::move(it->second));
   } else {
-    free_table(pool_, s.table);
+    free_tables(s);
   }
   seqs_.erase(it);
 }
@@ -337,6 +395,7 @@ SchedulerStats Scheduler::stats() const {
   st.kv_usage = pool_.usage();
   st.n_blocks_used = pool_.n_used();
   st.n_blocks_slid = n_blocks_slid_;
+  st.n_local_blocks_used = local_pool_ ? local_pool_->n_used() : 0;
   st.prefix_cache = pool_.stats();
   return st;
 }

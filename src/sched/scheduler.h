@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -55,8 +56,22 @@ struct SchedulerConfig {
   // released at commit (kv's release_before), so a sequence holds at most
   // max_blocks_held(.., sliding_window, max_num_batched_tokens) blocks and a
   // request is refused only when that many do not fit. 0: models where some
-  // layer attends to its whole past (Gemma 3's global layers) or none slides.
+  // layer attends to its whole past (Gemma 3's global layers: its local
+  // layers use local_sliding_window below) or none slides.
   int32_t sliding_window = 0;
+  // Hybrid models (Gemma 3: local sliding-window layers interleaved with
+  // global ones). > 0: the local layers attend to their last
+  // local_sliding_window positions and keep their KV in a pool of their own,
+  // n_local_blocks blocks of block_size slots; n_blocks is then the global
+  // layers' pool. Each sequence holds a block in both pools for the same
+  // positions (ScheduledSeq::local_block_table): both are allocated together
+  // or not at all, the local table releases the blocks that leave the window
+  // at commit (as sliding_window does for the one table), the global table
+  // keeps every block. A request must fit both: its whole past in n_blocks,
+  // max_blocks_held(.., local_sliding_window, max_num_batched_tokens) in
+  // n_local_blocks. Requires sliding_window == 0. 0: one pool for every layer.
+  int32_t local_sliding_window = 0;
+  int32_t n_local_blocks = 0;
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
@@ -67,7 +82,8 @@ struct SchedulerStats {
   int64_t n_preemptions = 0;  // total since start
   double kv_usage = 0.0;      // fraction of blocks in use
   int32_t n_blocks_used = 0;  // KV blocks referenced by a sequence
-  int64_t n_blocks_slid = 0;  // total blocks released since start for leaving the sliding window
+  int64_t n_blocks_slid = 0;  // total blocks released since start for leaving the sliding window (either pool)
+  int32_t n_local_blocks_used = 0;  // local-layer pool blocks referenced (0 without one)
   PrefixCacheStats prefix_cache;
 };
 
@@ -142,6 +158,8 @@ class Scheduler {
   int32_t n_preemptions(SeqId id) const;
   SchedulerStats stats() const;
   const BlockPool& pool() const { return pool_; }
+  // The local layers' pool (SchedulerConfig::local_sliding_window); null without one.
+  const BlockPool* local_pool() const { return local_pool_ ? &*local_pool_ : nullptr; }
 
  private:
   struct Seq {
@@ -152,6 +170,7 @@ class Scheduler {
     int32_t n_computed = 0;       // leading tokens with KV in the cache
     SeqStatus status = SeqStatus::kWaiting;
     BlockTable table;
+    BlockTable local;             // local layers' table (hybrid models); empty otherwise
     SeqId after = -1;
     BlockHash cache_root = kRootBlockHash;  // parent hash of its block 0
     bool admitted_once = false;
@@ -172,6 +191,12 @@ class Scheduler {
   void drop_draft_blocks(Seq& s);
   // Sliding window: releases the blocks no query from s.n_computed on reads.
   void slide_window(Seq& s);
+  // Grows both of s's tables to n_total_slots, first adopting the matches
+  // (on empty tables); all-or-nothing over both pools: false changes nothing.
+  bool allocate(Seq& s, int32_t n_total_slots, const PrefixMatch* match = nullptr,
+                const PrefixMatch* local_match = nullptr);
+  // Releases both of s's tables (finish, preemption).
+  void free_tables(Seq& s);
   ScheduledSeq make_scheduled(const Seq& s, int32_t n_new, bool first) const;
   // n_new capped by the prompt-logit rows left in this step (s.prompt_logits);
   // 0: s waits for a later step.
@@ -179,6 +204,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   BlockPool pool_;
+  std::optional<BlockPool> local_pool_;  // local layers (local_sliding_window > 0)
   std::unordered_map<SeqId, std::unique_ptr<Seq>> seqs_;
   std::unordered_map<SeqId, std::unique_ptr<Seq>> finishing_;  // finished in flight; blocks still held
   std::vector<SeqId> running_;    // admission order; the back is preempted first

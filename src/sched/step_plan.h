@@ -16,6 +16,10 @@ struct ScheduledSeq {
   int32_t n_tokens = 0;                // new tokens computed this step (positions n_past ..)
   std::vector<int32_t> token_ids;      // [n_tokens]
   std::vector<int32_t> block_table;    // covers positions [0, n_past + n_tokens + n_draft)
+  // Hybrid models (SchedulerConfig::local_sliding_window): the local layers'
+  // blocks in their own pool for the same positions, kNoBlock (-1) before the
+  // window; empty when every layer uses block_table.
+  std::vector<int32_t> local_block_table;
   bool need_logits = false;            // the chunk reaches the sequence's last token: sample after it
   bool first_chunk = false;            // first compute of this sequence since it was (re)admitted
   // Prompt logprobs: logits for every position of this chunk (all prompt

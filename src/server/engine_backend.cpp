@@ -149,7 +149,11 @@ std::string LoadReport::text() const {
     out << "  rank " << r << " (tp " << b.tp_rank << ", pp " << b.pp_rank << "): weights "
         << format_gib(static_cast<double>(b.weight_bytes), 3) << " (" << with_commas(b.weight_bytes) << " B), KV cache "
         << format_gib(static_cast<double>(b.kv_cache_bytes), 3) << " (" << with_commas(b.n_kv_blocks) << " blocks of "
-        << b.block_size << " tokens, " << with_commas(b.kv_bytes_per_token) << " B/token), workspace "
+        << b.block_size << " tokens, " << with_commas(b.kv_bytes_per_token) << " B/token"
+        << (b.n_local_kv_blocks > 0 ? str_cat("; local layers' pool ", with_commas(b.n_local_kv_blocks), " blocks, ",
+                                              with_commas(b.local_kv_bytes_per_token), " B/token")
+                                    : std::string())
+        << "), workspace "
         << format_gib(static_cast<double>(b.workspace_bytes), 3) << "\n";
     if (r < allocated.size()) {
       // Measured by the rank's allocator (on a GPU: cudaMemGetInfo deltas,
@@ -171,6 +175,9 @@ std::string LoadReport::text() const {
     out << "sliding window of " << with_commas(sliding_window) << " positions on every layer: blocks that leave it "
         << "are released, so a sequence of max model len holds at most " << with_commas(kv_tokens_per_seq)
         << " tokens; ";
+  if (local_window > 0)
+    out << "local layers: a sliding window of " << with_commas(local_window) << " positions in a pool of their own ("
+        << with_commas(n_local_kv_blocks) << " blocks) that releases the blocks leaving it; ";
   out << "max concurrency at max model len: " << (kv_tokens_per_seq > 0 ? kv_tokens / kv_tokens_per_seq : 0)
       << " sequences";
   if (!graphs.empty()) out << "\n" << graphs;
@@ -247,7 +254,13 @@ void EngineBackend::load() {
   const MemoryBudget& b0 = report_.budgets[0];
   if (b0.n_kv_blocks < 1)
     fail(ErrorCode::kOutOfMemory, "the KV cache gets no block: rank 0 needs ", format_gib(static_cast<double>(b0.weight_bytes)),
-         " of weights + ", format_gib(static_cast<double>(b0.workspace_bytes)), " of workspace; raise --kv-cache-memory or ",
+         " of weights + ", format_gib(static_cast<double>(b0.workspace_bytes)), " of workspace",
+         b0.n_local_kv_blocks_max > 0
+             ? str_cat(", and each block of the global layers (", with_commas(b0.kv_block_bytes),
+                       " B) needs one of the local layers' own pool beside it (", with_commas(b0.local_kv_block_bytes),
+                       " B)")
+             : std::string(),
+         "; raise --kv-cache-memory or ",
          "--gpu-memory-utilization");
   report_.n_kv_blocks = b0.n_kv_blocks;
   report_.kv_tokens = b0.n_kv_tokens;
@@ -288,6 +301,11 @@ void EngineBackend::load() {
   ec.scheduler.max_model_len = static_cast<int32_t>(report_.max_model_len);
   ec.scheduler.long_context_after = static_cast<int32_t>(spec.long_rope_from());
   ec.scheduler.sliding_window = static_cast<int32_t>(std::min<int64_t>(cache_window, INT32_MAX));
+  // Hybrid models (Gemma 3): the local layers' own pool, as plan sized it.
+  report_.local_window = local_pool_window(spec);
+  report_.n_local_kv_blocks = std::min<int64_t>(b0.n_local_kv_blocks, INT32_MAX);
+  ec.scheduler.local_sliding_window = static_cast<int32_t>(std::min<int64_t>(report_.local_window, INT32_MAX));
+  ec.scheduler.n_local_blocks = static_cast<int32_t>(report_.n_local_kv_blocks);
   ec.scheduler.enable_prefix_caching = options_.enable_prefix_caching;
   for (int64_t id : load_eos_token_ids(dir, spec)) ec.eos_token_ids.push_back(static_cast<int32_t>(id));
   ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);
@@ -309,6 +327,7 @@ void EngineBackend::load() {
     LocalGroupOptions lo;
     lo.layout = replica;
     lo.n_blocks = report_.n_kv_blocks;
+    lo.n_local_blocks = report_.n_local_kv_blocks;
     lo.block_size = options_.block_size;
     lo.kv_dtype = kv_dtype;
     lo.n_threads_per_rank = std::max(1, static_cast<int>(hw) / n_ranks_total);

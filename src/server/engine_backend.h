@@ -82,6 +82,8 @@ struct LoadReport {
   int64_t kv_tokens = 0;               // per replica
   int64_t max_model_len = 0;
   int64_t sliding_window = 0;          // plan's cache_sliding_window: blocks that leave it are released
+  int64_t local_window = 0;            // plan's local_pool_window: the local layers' own pool (Gemma 3)
+  int64_t n_local_kv_blocks = 0;       // its blocks per rank (MemoryBudget::n_local_kv_blocks)
   int64_t kv_tokens_per_seq = 0;       // plan's kv_tokens_per_sequence at max_model_len
   double measured_tolerance = 0.0;     // allowed |measured − plan| / plan: 0 on the CPU, 1% on a GPU
   std::string graphs;                  // replica 0's "CUDA graphs: ..." line ("" when not asked for)

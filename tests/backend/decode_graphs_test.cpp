@@ -14,6 +14,39 @@
 namespace shardlm::backend {
 namespace {
 
+// Hybrid models: the local layers' tables ride after the others in the packed
+// buffer (whose earlier offsets do not move) and seqs(1) reads them.
+TEST(StepMetadataLocalTables, SeqsOfGroupOneReadTheLocalTables) {
+  StepMetadata m;
+  const std::vector<int32_t> ids0{1, 2, 3}, t0{3, 4}, l0{-1, 9}, t1{7}, l1{6};
+  const int32_t b = 12;
+  m.add_seq(ids0, 4, t0, 1, StepMetadata::kNoLongRope, l0);
+  m.add_seq({&b, 1}, 2, t1, 1, StepMetadata::kNoLongRope, l1);
+  m.add_padding_rows(1);
+  m.finish();
+  ASSERT_EQ(m.n_seqs(), 3);
+  EXPECT_EQ(m.block_tables_offset(), 2 * 5 + 3 + 5 * 3);
+  EXPECT_EQ(m.packed().size(), size_t(m.block_tables_offset()) + 3 + 3);
+  for (int g : {0, 1}) {
+    const AttentionSeq* s = m.seqs(g);
+    EXPECT_EQ(s[0].n_past, 4);
+    EXPECT_EQ(s[0].n_tokens, 3);
+    EXPECT_EQ(s[1].token_begin, 3);
+    EXPECT_EQ(s[2].n_tokens, 0);  // padding
+    EXPECT_EQ(s[2].n_table, 0);
+  }
+  EXPECT_EQ(std::vector<int32_t>(m.seqs(0)[0].block_table, m.seqs(0)[0].block_table + 2), t0);
+  EXPECT_EQ(std::vector<int32_t>(m.seqs(1)[0].block_table, m.seqs(1)[0].block_table + 2), l0);
+  EXPECT_EQ(m.seqs(1)[1].n_table, 1);
+  EXPECT_EQ(m.seqs(1)[1].block_table[0], 6);
+  EXPECT_EQ(m.seqs(), m.seqs(0));
+  // Without local tables seqs(1) has chunks with empty tables (a kernel refuses them).
+  StepMetadata plain;
+  plain.add_seq(ids0, 0, t0, 1);
+  plain.finish();
+  EXPECT_EQ(plain.seqs(1)[0].n_table, 0);
+}
+
 TEST(StepMetadataPadding, PadsDecodeRowsToTheBucket) {
   StepMetadata m;
   const std::vector<int32_t> t0{3, 4}, t1{7};

@@ -121,20 +121,26 @@ struct SpecOutcome {
   std::map<int, Output> outputs;
   int64_t n_accepted = 0;
   int64_t peak_blocks = 0;  // the engine's kv_blocks_in_use_peak
+  int64_t peak_local_blocks = 0;  // kv_local_blocks_in_use_peak
 };
 
-// window > 0: every layer attends to its last `window` positions;
-// free_window: the scheduler releases the blocks that leave it.
-SpecOutcome run_speculative(int tp, bool speculate, int32_t window = 0, bool free_window = false) {
+// window > 0: every layer attends to its last `window` positions (hybrid:
+// layer 0 only, Gemma 3's way; layer 1 attends to its whole past);
+// free_window: the scheduler releases the blocks that leave it (hybrid: in
+// the local layer's own pool).
+SpecOutcome run_speculative(int tp, bool speculate, int32_t window = 0, bool free_window = false,
+                            bool hybrid = false) {
   ModelSpec spec = test_spec();
   if (window > 0) {
     spec.sliding_window = window;
     spec.sliding_layers.assign(size_t(spec.n_layers), true);
+    if (hybrid) spec.sliding_layers.back() = false;
   }
   auto weights = testing::random_weights(spec, 11);
   LocalGroupOptions gopt;
   gopt.layout.tp = tp;
   gopt.n_blocks = 128;
+  gopt.n_local_blocks = hybrid && free_window ? 64 : 0;
   gopt.block_size = 4;
   gopt.kv_dtype = DType::kF32;
   gopt.n_threads_per_rank = 1;
@@ -144,7 +150,12 @@ SpecOutcome run_speculative(int tp, bool speculate, int32_t window = 0, bool fre
   cfg.scheduler.n_blocks = 128;
   cfg.scheduler.block_size = 4;
   cfg.scheduler.max_model_len = 128;
-  cfg.scheduler.sliding_window = free_window ? window : 0;
+  cfg.scheduler.sliding_window = free_window && !hybrid ? window : 0;
+  if (hybrid && free_window) {
+    cfg.scheduler.local_sliding_window = window;
+    cfg.scheduler.n_local_blocks = 64;
+    cfg.scheduler.max_num_batched_tokens = 32;  // a sequence holds at most ceil((window - 1 + 32) / 4) + 1 local blocks
+  }
   if (speculate) cfg.speculative = {4, 2, 4};
   Engine engine(cfg, executor);
   SpecOutcome got;
@@ -168,6 +179,7 @@ SpecOutcome run_speculative(int tp, bool speculate, int32_t window = 0, bool fre
   engine.run_until_idle();
   got.n_accepted = engine.metrics().snapshot().spec_decode_num_accepted_tokens_total;
   got.peak_blocks = engine.metrics().snapshot().kv_blocks_in_use_peak;
+  got.peak_local_blocks = engine.metrics().snapshot().kv_local_blocks_in_use_peak;
   backend::set_batch_invariant(false);
   return got;
 }
@@ -200,6 +212,26 @@ TEST(EngineSpeculation, SlidingWindowDraftsEqualPlainDecodingThatKeepsEveryBlock
   }
   EXPECT_GT(spec.n_accepted, 0) << "no draft accepted; the identity proved nothing";
   EXPECT_LT(spec.peak_blocks, kept.peak_blocks);
+  const SpecOutcome full = run_speculative(1, false);  // the window changes the tokens: it is in effect
+  EXPECT_NE(full.outputs.at(2).tokens, kept.outputs.at(2).tokens);
+}
+// The same over a hybrid model (layer 0 slides over 12 positions, layer 1 does not) whose
+// local layer keeps its KV in a pool of its own: drafts take blocks in both
+// pools, rejected rows are rolled back in both, and the local table releases
+// blocks as the window moves; tokens and logprob bits equal plain decoding
+// with one pool that keeps every block.
+TEST(EngineSpeculation, HybridLocalPoolDraftsEqualPlainDecodingThatKeepsEveryBlock) {
+  const SpecOutcome kept = run_speculative(1, false, 12, false, true);
+  const SpecOutcome spec = run_speculative(1, true, 12, true, true);  // (windows 4-8 accept no draft here)
+  ASSERT_EQ(kept.outputs.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(spec.outputs.at(i).tokens, kept.outputs.at(i).tokens) << "request " << i;
+    EXPECT_EQ(spec.outputs.at(i).logprob_bits, kept.outputs.at(i).logprob_bits) << "request " << i;
+  }
+  EXPECT_GT(spec.n_accepted, 0) << "no draft accepted; the identity proved nothing";
+  EXPECT_EQ(kept.peak_local_blocks, 0);
+  EXPECT_GT(spec.peak_local_blocks, 0);
+  EXPECT_LT(spec.peak_local_blocks, kept.peak_blocks);
   const SpecOutcome full = run_speculative(1, false);  // the window changes the tokens: it is in effect
   EXPECT_NE(full.outputs.at(2).tokens, kept.outputs.at(2).tokens);
 }

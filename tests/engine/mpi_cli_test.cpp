@@ -81,6 +81,10 @@ class MpiGenerate : public ::testing::Test {
                "--moe-intermediate 64 --seed 3");
     make(mixtral_, "--like mixtral-8x7b --layers 3 --vocab 512 --hidden 256 --heads 32 --kv-heads 8 --head-dim 16 "
                    "--intermediate 128 --seed 5");
+    // Gemma 3's shape: layers 0-4 local (window 5), layer 5 global: two KV pools per rank.
+    gemma_ = models_ + "/mpi_gemma3";
+    make(gemma_, "--like gemma-3-1b --layers 6 --vocab 512 --hidden 320 --heads 4 --kv-heads 1 --head-dim 64 "
+                 "--intermediate 640 --sliding-window 5 --no-tie --seed 11");
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(root_); }
   // Makes the checkpoint under a name of this process's, then renames it into
@@ -152,10 +156,10 @@ class MpiGenerate : public ::testing::Test {
     EXPECT_EQ(n_lines, tp * pp) << r.err;
   }
 
-  static std::string cli_, root_, models_, m7_, m14_, moe_, mixtral_;
+  static std::string cli_, root_, models_, m7_, m14_, moe_, mixtral_, gemma_;
 };
 std::string MpiGenerate::cli_, MpiGenerate::root_, MpiGenerate::models_, MpiGenerate::m7_, MpiGenerate::m14_, MpiGenerate::moe_,
-    MpiGenerate::mixtral_;
+    MpiGenerate::mixtral_, MpiGenerate::gemma_;
 
 TEST_F(MpiGenerate, Tp2) { expect_same_as_tp1(m7_, 2, 1); }
 TEST_F(MpiGenerate, Tp3) { expect_same_as_tp1(m7_, 3, 1); }
@@ -400,6 +404,12 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
 TEST_F(MpiGenerate, ServeTp2AnswersWithTheTp1Tokens) { serve_matches_tp1(cli_, root_, m7_, 2, 1); }
 TEST_F(MpiGenerate, ServeTp2Dp2ReplicasOnTwoPorts) { serve_matches_tp1(cli_, root_, m7_, 2, 2); }
 TEST_F(MpiGenerate, ServePp2PipelinesConcurrentRequests) { serve_matches_tp1(cli_, root_, m14_, 1, 1, 2); }
+// Gemma 3 over mpirun: the driver's executor passes the local layers' pool to
+// every process (the KV geometry broadcast), so each rank's measured KV, two
+// pools (stage 0 holds only local layers), is what plan predicted ("as
+// planned"; a process without the local pool would allocate the global pool
+// for every layer), and the text is generate's.
+TEST_F(MpiGenerate, ServeGemma3Tp2Pp2TwoKvPoolsAsPlanned) { serve_matches_tp1(cli_, root_, gemma_, 2, 1, 2); }
 TEST_F(MpiGenerate, ServeTpAutoOverFourProcesses) { serve_matches_tp1(cli_, root_, m7_, 4, 1, 1, true); }
 
 }  // namespace

@@ -29,8 +29,9 @@ TEST(MpiBatchWire, RoundTripsAndRejectsCutMessages) {
   b.seqs.resize(2);
   b.seqs[0] = {3, 0, {4, 9}, true, /*all_logits=*/true};  // prompt logprobs: a row per token
   b.seqs[1] = {1, 17, {1, 2, 3}, false, false, /*long_context=*/true};  // LongRoPE's long factors
+  b.seqs[1].local_block_table = {-1, -1, 7, 8, 9};  // a hybrid model's local layers: two released
   const std::vector<int32_t> m = encode_forward_batch(b);
-  EXPECT_EQ(m.size(), 3u + 4u + (4u + 2u) + (4u + 3u));
+  EXPECT_EQ(m.size(), 3u + 4u + (5u + 2u) + (5u + 3u + 5u));
   ForwardBatch d;
   ASSERT_TRUE(decode_forward_batch(m, &d));
   EXPECT_EQ(d.token_ids, b.token_ids);
@@ -39,6 +40,7 @@ TEST(MpiBatchWire, RoundTripsAndRejectsCutMessages) {
     EXPECT_EQ(d.seqs[i].n_tokens, b.seqs[i].n_tokens);
     EXPECT_EQ(d.seqs[i].n_past, b.seqs[i].n_past);
     EXPECT_EQ(d.seqs[i].block_table, b.seqs[i].block_table);
+    EXPECT_EQ(d.seqs[i].local_block_table, b.seqs[i].local_block_table);
     EXPECT_EQ(d.seqs[i].need_logits, b.seqs[i].need_logits);
     EXPECT_EQ(d.seqs[i].all_logits, b.seqs[i].all_logits);
     EXPECT_EQ(d.seqs[i].long_context, b.seqs[i].long_context);
@@ -234,6 +236,101 @@ TEST_F(MpiExecutorThreads, ARankFailingItsLoadStopsTheOthersNamingIt) {
   } catch (const Error& e) {
     unsetenv("SHARDLM_TEST_FAIL_RANK");
     EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+  }
+}
+
+// Gemma 3's local layers in their own pool across processes' wire: the
+// driver broadcasts the local pool's size with the geometry and every batch
+// message carries the local tables (holes included). TP 2 x PP 2 over the
+// engine with a 6-block local pool gives generate_local's tokens (one pool
+// that keeps everything), and each rank's measured KV bytes are its global
+// layers x 64 blocks + its local layers x 6 blocks.
+TEST(MpiHybridKv, Gemma3LocalPoolOverTheWire) {
+  const char* build = std::getenv("SHARDLM_BINARY_DIR");
+  const auto dir = std::filesystem::path(build ? build : ".") / ("tests/engine/mpi_gemma3." + std::to_string(getpid()));
+  SyntheticModelOptions o;
+  o.like = "gemma-3-1b";
+  o.n_layers = 6;
+  o.vocab_size = 512;
+  o.hidden_size = 320;
+  o.n_heads = 4;
+  o.n_kv_heads = 1;
+  o.head_dim = 64;
+  o.intermediate_size = 640;
+  o.sliding_window = 5;
+  o.tie_word_embeddings = false;
+  o.dtype = DType::kF32;
+  o.seed = 23;
+  const ModelSpec spec = write_synthetic_model(dir, o).spec;
+  auto prompt_of = [](int i) {
+    std::vector<int32_t> p;
+    for (int k = 0; k < 5 + 6 * i; ++k) p.push_back((k * 31 + i * 7 + 2) % 500);
+    return p;
+  };
+  constexpr int kRequests = 4, kMaxTokens = 20;
+  std::map<int, std::vector<int32_t>> want, got;
+  for (int i = 0; i < kRequests; ++i) {
+    GenerateOptions g;
+    g.max_tokens = kMaxTokens;
+    g.block_size = 4;
+    g.kv_dtype = DType::kF32;
+    want[i] = generate_local(spec, open_checkpoint(dir), prompt_of(i), g).tokens;
+  }
+  const Layout layout{2, 2, 1, {}};
+  std::vector<RankBytes> bytes;
+  int64_t n_local_used_peak = 0;
+  run_local_ranks(layout.world_size(), [&](Communicator& world) {
+    MpiGroupOptions mo;
+    mo.model_dir = dir;
+    mo.layout = layout;
+    mo.n_blocks = world.rank() == 0 ? 64 : 1;  // the driver's geometry wins
+    mo.n_local_blocks = world.rank() == 0 ? 6 : 0;
+    mo.block_size = 4;
+    mo.kv_dtype = DType::kF32;
+    mo.n_threads_per_rank = 1;
+    MpiGroupExecutor ex(world, mo);
+    if (!ex.is_driver()) {
+      ex.run_worker();
+      return;
+    }
+    EngineConfig cfg;
+    cfg.scheduler.n_blocks = 64;
+    cfg.scheduler.n_local_blocks = 6;
+    cfg.scheduler.local_sliding_window = 5;
+    cfg.scheduler.block_size = 4;
+    cfg.scheduler.max_num_batched_tokens = 8;
+    cfg.scheduler.max_model_len = 64;
+    {
+      Engine engine(cfg, ex);
+      for (int i = 0; i < kRequests; ++i) {
+        EngineRequest r;
+        r.request_id = std::to_string(i);
+        r.prompt_token_ids = prompt_of(i);
+        r.sampling.temperature = 0.0;
+        r.stop.max_tokens = kMaxTokens;
+        r.stop.ignore_eos = true;
+        engine.submit(r, {[&got, i](const SequenceOutput& out) {
+          got[i].insert(got[i].end(), out.new_token_ids.begin(), out.new_token_ids.end());
+        }});
+      }
+      engine.run_until_idle();
+      n_local_used_peak = engine.metrics().snapshot().kv_local_blocks_in_use_peak;
+    }
+    bytes = ex.rank_bytes();
+    ex.shutdown();
+  });
+  std::filesystem::remove_all(dir);
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  EXPECT_GT(n_local_used_peak, 0);
+  EXPECT_LE(n_local_used_peak, 6);
+  ASSERT_EQ(bytes.size(), 4u);
+  for (const RankBytes& b : bytes) {
+    const RankShard shard = shard_for(spec, layout, b.tp_rank, b.pp_rank);
+    int64_t n_local = 0;
+    for (int64_t l = shard.layers.begin; l < shard.layers.end; ++l) n_local += spec.is_sliding_layer(l) ? 1 : 0;
+    const int64_t n_global = shard.layers.size() - n_local;
+    const int64_t per_block = 2 * 1 * 64 * 4 * 4;  // K and V, 1 KV head of 64, f32, 4 slots
+    EXPECT_EQ(b.kv_bytes, per_block * (n_global * 64 + n_local * 6)) << "tp " << b.tp_rank << " pp " << b.pp_rank;
   }
 }
 

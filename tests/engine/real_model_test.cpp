@@ -348,6 +348,150 @@ TEST(EngineRealModel, SlidingWindowBoundsTheBlocksOfOneLongSequence) {
   }
 }
 
+// Gemma 3's shape (tests/reference's gemma3 cases: 6 layers, 0-4 local with
+// a window of 5, layer 5 global): the local layers keep their KV in a pool
+// of their own, whose blocks leave the window, while the global layer keeps
+// every position. Five requests of up to 50 tokens (several windows each)
+// in a local pool of 6 blocks (a sequence holds at most 4 there; 13 for its
+// whole past), chunked prefill, preemption: the tokens of
+// generate_local, which keeps every block in one pool (tests/reference
+// checks it against numpy: gemma3_*), at TP 1, TP 3 (4 heads: 2/1/1) and
+// PP 2 (stage 0 holds only local layers).
+ModelSpec gemma3_hybrid_spec() {
+  SyntheticModelOptions so;
+  so.like = "gemma-3-1b";
+  so.n_layers = 6;
+  so.vocab_size = 512;
+  so.hidden_size = 320;
+  so.n_heads = 4;
+  so.n_kv_heads = 1;
+  so.head_dim = 64;
+  so.intermediate_size = 640;
+  so.sliding_window = 5;
+  so.tie_word_embeddings = false;
+  so.dtype = DType::kF32;
+  return synthetic_model_spec(so);
+}
+
+void run_gemma3_hybrid_engine(int tp, int pp) {
+  const ModelSpec spec = gemma3_hybrid_spec();
+  ASSERT_EQ(spec.sliding_window, 5);
+  ASSERT_EQ(spec.sliding_layers, (std::vector<bool>{true, true, true, true, true, false}));
+  auto weights = testing::random_weights(spec, 9);
+  constexpr int kRequests = 5;
+  constexpr int kMaxTokens = 24;
+  std::map<int, std::vector<int32_t>> want;
+  for (int i = 0; i < kRequests; ++i) {
+    GenerateOptions opt;
+    opt.max_tokens = kMaxTokens;
+    opt.kv_dtype = DType::kF32;
+    opt.block_size = 4;
+    want[i] = generate_local(spec, weights, prompt_for(i, spec.vocab_size), opt).tokens;
+    ASSERT_EQ(want[i].size(), size_t(kMaxTokens));
+  }
+  constexpr int32_t kBlocks = 64, kLocalBlocks = 6;
+  LocalGroupOptions gopt;
+  gopt.layout.tp = tp;
+  gopt.layout.pp = pp;
+  gopt.n_blocks = kBlocks;
+  gopt.n_local_blocks = kLocalBlocks;
+  gopt.block_size = 4;
+  gopt.kv_dtype = DType::kF32;
+  gopt.n_threads_per_rank = 1;
+  LocalGroupExecutor executor(spec, weights, gopt);
+  EngineConfig cfg;
+  cfg.scheduler.n_blocks = kBlocks;
+  cfg.scheduler.block_size = 4;
+  cfg.scheduler.max_num_batched_tokens = 8;
+  cfg.scheduler.max_model_len = 64;
+  EXPECT_THROW({ Engine bad(cfg, executor); }, Error);  // the local pool must agree with the executor's
+  cfg.scheduler.local_sliding_window = 5;
+  cfg.scheduler.n_local_blocks = kLocalBlocks;
+  EXPECT_EQ(max_blocks_held(49, 4, 5, 8), 4);  // ceil((5 - 1 + 8) / 4) + 1
+  Engine engine(cfg, executor);
+  std::map<int, std::vector<int32_t>> got;
+  for (int i = 0; i < kRequests; ++i) {
+    EngineRequest r;
+    r.request_id = std::to_string(i);
+    r.prompt_token_ids = prompt_for(i, spec.vocab_size);
+    r.sampling.temperature = 0.0;
+    r.stop.max_tokens = kMaxTokens;
+    r.stop.ignore_eos = true;
+    engine.submit(r, {[&, i](const SequenceOutput& o) {
+      got[i].insert(got[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }});
+  }
+  engine.run_until_idle();
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << " TP=" << tp << " PP=" << pp;
+  const MetricsSnapshot m = engine.metrics().snapshot();
+  EXPECT_GT(m.num_preemptions_total, 0);
+  EXPECT_GT(m.kv_blocks_slid_total, 0);
+  EXPECT_LE(m.kv_local_blocks_in_use_peak, kLocalBlocks);
+  EXPECT_GT(m.kv_blocks_in_use_peak, kLocalBlocks);  // the global layer keeps more than the local pool could
+  EXPECT_EQ(m.kv_blocks_in_use, 0);
+  EXPECT_EQ(m.kv_local_blocks_in_use, 0);
+}
+
+TEST(EngineRealModel, Gemma3LocalLayersInTheirOwnPoolTp1) { run_gemma3_hybrid_engine(1, 1); }
+TEST(EngineRealModel, Gemma3LocalLayersInTheirOwnPoolTp3Uneven) { run_gemma3_hybrid_engine(3, 1); }
+TEST(EngineRealModel, Gemma3LocalLayersInTheirOwnPoolPp2) { run_gemma3_hybrid_engine(1, 2); }
+
+// One long sequence: the local pool holds at most max_blocks_held (4) blocks,
+// the global layer every position's (14), and the tokens are generate's.
+// Then its prompt again: a prefix hit of 12 tokens, whose query at 12 reads
+// local blocks 2 (8 .. 11) from the cache, and the same tokens.
+TEST(EngineRealModel, Gemma3LocalPoolBoundsOneLongSequence) {
+  const ModelSpec spec = gemma3_hybrid_spec();
+  auto weights = testing::random_weights(spec, 9);
+  constexpr int kMaxTokens = 40;
+  const std::vector<int32_t> prompt = prompt_for(2, spec.vocab_size);  // 16 tokens: 56 in all
+  GenerateOptions opt;
+  opt.max_tokens = kMaxTokens;
+  opt.kv_dtype = DType::kF32;
+  opt.block_size = 4;
+  const std::vector<int32_t> want = generate_local(spec, weights, prompt, opt).tokens;
+  LocalGroupOptions gopt;
+  gopt.n_blocks = 64;
+  gopt.n_local_blocks = 64;
+  gopt.block_size = 4;
+  gopt.kv_dtype = DType::kF32;
+  gopt.n_threads_per_rank = 1;
+  LocalGroupExecutor executor(spec, weights, gopt);
+  EngineConfig cfg;
+  cfg.scheduler.n_blocks = 64;
+  cfg.scheduler.n_local_blocks = 64;
+  cfg.scheduler.local_sliding_window = 5;
+  cfg.scheduler.block_size = 4;
+  cfg.scheduler.max_num_batched_tokens = 8;
+  cfg.scheduler.max_model_len = 64;
+  Engine engine(cfg, executor);
+  EngineRequest r;
+  r.request_id = "long";
+  r.prompt_token_ids = prompt;
+  r.sampling.temperature = 0.0;
+  r.stop.max_tokens = kMaxTokens;
+  r.stop.ignore_eos = true;
+  std::vector<int32_t> got;
+  engine.submit(r, {[&](const SequenceOutput& o) { got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end()); }});
+  engine.run_until_idle();
+  EXPECT_EQ(got, want);
+  const MetricsSnapshot m = engine.metrics().snapshot();
+  EXPECT_EQ(m.kv_blocks_in_use_peak, 14);  // positions 0 .. 54
+  EXPECT_LE(m.kv_local_blocks_in_use_peak, 4);
+  EXPECT_GE(m.kv_local_blocks_in_use_peak, 2);
+  EXPECT_GE(m.kv_blocks_slid_total, 10);
+  EXPECT_NE(engine.metrics().render_prometheus().find("shardlm:kv_local_blocks_in_use_peak " +
+                                                      std::to_string(m.kv_local_blocks_in_use_peak)),
+            std::string::npos);
+  r.request_id = "again";
+  r.stop.max_tokens = 6;
+  got.clear();
+  engine.submit(r, {[&](const SequenceOutput& o) { got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end()); }});
+  engine.run_until_idle();
+  EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + 6));
+  EXPECT_EQ(engine.metrics().snapshot().prefix_cache_hits_total - m.prefix_cache_hits_total, 12);
+}
+
 // Micro-batches in flight: with PP stages the engine keeps up to PP batches
 // of disjoint sequences moving, so stage 0 starts batch k+1 while stage 1
 // still runs batch k; tokens stay those of one batch at a time.

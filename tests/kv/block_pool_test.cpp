@@ -295,5 +295,59 @@ TEST(SlidingWindow, MaxBlocksHeld) {
   EXPECT_EQ(max_blocks_held(0, 16, 4096, 2048), 0);
 }
 
+// Hybrid models: a prefix hit needs, in the local layers' pool, the blocks
+// of its first query's window, cached under the global chain's hashes.
+TEST(HybridKv, FindWindowPrefixCutsTheHitToTheLocalBlocksCached) {
+  const std::vector<int32_t> tokens = iota_tokens(21);
+  BlockPool global(16, 4);
+  BlockTable g;
+  ASSERT_TRUE(allocate_slots(global, g, 21));
+  register_computed(global, g, tokens, 21);
+  const PrefixMatch hit = find_cached_prefix(global, tokens);
+  ASSERT_EQ(hit.n_tokens, 20);
+  // Only blocks 1 and 2 (positions 4 .. 11) are cached in the local pool, unreferenced.
+  BlockPool local(16, 4);
+  int32_t lb[5] = {-1, -1, -1, -1, -1};
+  for (int32_t i : {1, 2}) {
+    lb[i] = local.allocate();
+    local.register_cached(lb[i], g.hashes[size_t(i)], g.hashes[size_t(i) - 1],
+                          std::span<const int32_t>(tokens).subspan(size_t(i) * 4, 4));
+    local.unref(lb[i]);
+  }
+  // Window 6: 20 reads from 15 (block 3: missing), 16 from 11 (3 missing), 12 from 7 (blocks 1, 2).
+  PrefixMatch m = find_window_prefix(local, hit, tokens, 6);
+  EXPECT_EQ(m.n_tokens, 12);
+  EXPECT_EQ(m.blocks, (std::vector<int32_t>{kNoBlock, lb[1], lb[2]}));
+  EXPECT_EQ(m.hashes, std::vector<BlockHash>(hit.hashes.begin(), hit.hashes.begin() + 3));
+  // Window 2: 12 reads from 11, block 2 only.
+  m = find_window_prefix(local, hit, tokens, 2);
+  EXPECT_EQ(m.blocks, (std::vector<int32_t>{kNoBlock, kNoBlock, lb[2]}));
+  // Window 13: every hit length reads block 0, which is not cached.
+  m = find_window_prefix(local, hit, tokens, 13);
+  EXPECT_EQ(m.n_tokens, 0);
+  EXPECT_TRUE(m.blocks.empty());
+
+  // Adopting the window-6 match for 16 slots: blocks 1, 2 revived, one fresh.
+  m = find_window_prefix(local, hit, tokens, 6);
+  BlockTable l;
+  const int32_t kept = first_position_read(m.n_tokens, 6);  // 7
+  EXPECT_EQ(n_free_blocks_needed(local, l, 16, &m, kept), 3);
+  EXPECT_EQ(n_blocks_needed(local, l, 16, &m), 1);
+  const int32_t n_free = local.n_free();
+  ASSERT_TRUE(allocate_slots(local, l, 16, &m, kept));
+  EXPECT_EQ(local.n_free(), n_free - 3);
+  EXPECT_EQ(l.blocks[0], kNoBlock);
+  EXPECT_EQ(l.n_released, 1);
+  EXPECT_EQ(local.ref_count(lb[1]), 1);
+  EXPECT_EQ(local.ref_count(lb[2]), 1);
+  // allocate_slots fails exactly when n_free_blocks_needed exceeds the free blocks.
+  BlockPool tiny(2, 4);
+  BlockTable t;
+  EXPECT_EQ(n_free_blocks_needed(tiny, t, 9), 3);
+  EXPECT_FALSE(allocate_slots(tiny, t, 9));
+  EXPECT_EQ(tiny.n_free(), 2);
+  EXPECT_TRUE(allocate_slots(tiny, t, 8));
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "loader/model_catalog.h"
 #include "plan/device_catalog.h"
+#include "kv/block_table.h"
 #include "plan/memory_budget.h"
 #include "plan/vllm_rules.h"
 
@@ -285,6 +286,70 @@ TEST(KvLayerTypes, Gemma3OneBSplitsGlobalAndLocalLayers) {
   EXPECT_EQ(m.n_local_layers, 0);
   EXPECT_EQ(m.window, 0);
   EXPECT_EQ(m.global_bytes_per_token, 131072);
+}
+
+// Gemma 3 1B's two pools per rank: the local layers' sized first,
+// 4 sequences × (ceil(511 / 16) + 2) + 2,048 / 16 = 264 blocks of 16 ×
+// 22,528 B = 95,158,272 B; the global layers' pool the rest at 4,096 B per
+// token. Models whose layers all slide or none slide keep one pool.
+TEST(KvLayerTypes, Gemma3LocalLayersGetAPoolOfTheirOwn) {
+  const ModelSpec g = catalog_model_spec("gemma-3-1b");
+  MemoryBudgetOptions o;
+  o.max_num_seqs = 4;
+  o.max_num_batched_tokens = 2048;
+  o.block_size = 16;
+  o.reserve_bytes = 0;
+  o.gpu_memory_utilization = 1.0;
+  EXPECT_EQ(local_pool_window(g), 512);
+  EXPECT_EQ(local_pool_blocks(g, o), 264);
+  // One sequence's local bound never exceeds the pool: ceil((511 + 2,048) / 16) + 1 = 161.
+  EXPECT_EQ(max_blocks_held(32768, 16, 512, 2048), 161);
+  const MemoryBudget b = compute_memory_budget(g, Layout{}, 0, 0, int64_t{8} << 30, o);
+  EXPECT_EQ(b.local_kv_bytes_per_token, 22528);
+  EXPECT_EQ(b.kv_bytes_per_token, 4096);
+  EXPECT_EQ(b.n_local_kv_blocks, 264);
+  EXPECT_EQ(b.local_kv_block_bytes, 360448);
+  EXPECT_EQ(b.local_kv_cache_bytes, 95158272);
+  EXPECT_EQ(b.kv_block_bytes, 65536);
+  EXPECT_EQ(b.n_kv_blocks_capacity, (b.usable_bytes - 95158272) / 65536);
+  EXPECT_EQ(b.kv_cache_bytes, b.n_kv_blocks * 65536 + 95158272);
+  EXPECT_LE(b.kv_cache_bytes, b.usable_bytes);
+  // PP 26 stages, one layer each: a local-only stage's main pool is unbounded, the global ones bind.
+  Layout pp;
+  pp.pp = 26;
+  const std::vector<MemoryBudget> r = compute_replica_budgets(g, pp, {int64_t{2} << 30}, o);
+  EXPECT_EQ(r[0].kv_block_bytes, 0);
+  EXPECT_EQ(r[0].n_kv_blocks_capacity, kUnboundedBlocks);
+  EXPECT_EQ(r[5].kv_block_bytes, 16 * 1024);  // layer 5 is global
+  EXPECT_EQ(r[0].n_kv_blocks, r[5].n_kv_blocks);
+  EXPECT_LT(r[5].n_kv_blocks, kUnboundedBlocks);
+  EXPECT_EQ(r[0].kv_cache_bytes, 264 * 16 * 1024);  // its local pool only
+  // Short memory: the local pool never gets more blocks than the global one
+  // (a sequence holds a local block only where it holds the global block).
+  // 64 MiB usable / (65,536 + 360,448) = 157 blocks each, below the cap of 264.
+  MemoryBudgetOptions tight = o;
+  const MemoryBudget t0 = compute_memory_budget(g, Layout{}, 0, 0, int64_t{8} << 30, tight);
+  const int64_t fixed = t0.weight_bytes + t0.workspace_bytes;
+  const MemoryBudget t = compute_memory_budget(g, Layout{}, 0, 0, fixed + (int64_t{64} << 20), tight);
+  EXPECT_EQ(t.usable_bytes, int64_t{64} << 20);
+  EXPECT_EQ(t.n_local_kv_blocks_max, 264);
+  EXPECT_EQ(t.n_local_kv_blocks, 157);
+  EXPECT_EQ(t.n_kv_blocks, (67108864 - 157 * 360448) / 65536);  // 160
+  EXPECT_GE(t.n_kv_blocks, t.n_local_kv_blocks);
+  EXPECT_EQ(t.kv_cache_bytes, t.n_kv_blocks * 65536 + 157 * 360448);
+  // Not one block for both: nothing fits.
+  const MemoryBudget none = compute_memory_budget(g, Layout{}, 0, 0, fixed + 400000, tight);
+  EXPECT_EQ(none.n_local_kv_blocks, 0);
+  EXPECT_FALSE(none.fits());
+  // One pool: none sliding (Mistral v0.3) or all (Phi-3-mini-4k).
+  for (const char* name : {"mistral-7b", "phi-3-mini-4k"}) {
+    const ModelSpec m = catalog_model_spec(name);
+    EXPECT_EQ(local_pool_window(m), 0) << name;
+    EXPECT_EQ(local_pool_blocks(m, o), 0) << name;
+    const MemoryBudget mb = compute_memory_budget(m, Layout{}, 0, 0, int64_t{40} << 30, o);
+    EXPECT_EQ(mb.local_kv_cache_bytes, 0) << name;
+    EXPECT_EQ(mb.kv_bytes_per_token, model_kv_bytes_per_token(m, KvCacheDType::kAuto)) << name;
+  }
 }
 
 // Every layer slides (Phi-3-mini-4k: window 2,047 of 4,096 positions): a

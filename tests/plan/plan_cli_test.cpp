@@ -108,8 +108,12 @@ TEST_F(PlanCli, Qwen7bOnSixA100sPrintsTheRecommendationAndVllmsRefusal) {
 }
 
 // Gemma 3 1B: its 4 Q heads over TP 3 (vLLM refuses), its KV per layer
-// type, and what its local layers keep in the cache beyond their window.
-// 4 global layers × 1,024 B × 32,768 + 22 local × 1,024 B × (511 + 8,192).
+// type, and its two pools per rank: 4 global layers × 1,024 B × 32,768 +
+// 22 local × 1,024 B × (511 + 8,192) for one sequence; the local layers' pool
+// is 8 × (ceil(511 / 16) + 2) + 8,192 / 16 = 784 blocks of 16 × 22,528 B =
+// 282,591,232 B on every rank (each holds the one KV head), the global pool
+// the rest at 4,096 B per token: rank 0's usable 36,122,177,894 B less the
+// local pool is 546,868 blocks of 65,536 B, which bind the replica.
 TEST_F(PlanCli, Gemma3SaysWhatItsSlidingLayersKeep) {
   Result r = run("plan gemma-3-1b --gpus 3xA100-40GB");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
@@ -119,8 +123,10 @@ TEST_F(PlanCli, Gemma3SaysWhatItsSlidingLayersKeep) {
   EXPECT_TRUE(has(r.out, "KV per layer type: 4 global layers 4,096 bytes per token of context; 22 local layers "
                          "22,528 bytes per token, over at most 8,703 tokens per sequence")) << r.out;
   EXPECT_TRUE(has(r.out, "A sequence of 32,768 tokens needs 330,278,912 bytes")) << r.out;
-  EXPECT_TRUE(has(r.out, "keeps the local layers' whole past in the blocks the global layers share (counted below): "
-                         "542,136,320 bytes more per sequence of that length")) << r.out;
+  EXPECT_TRUE(has(r.out, "the local layers keep their KV in a pool of their own whose blocks leave the window: at "
+                         "most 784 blocks of 16 per rank (8 sequences × (ceil((512 - 1) / 16) + 2) + ceil(8,192 / 16)), "
+                         "282,591,232 bytes on one device")) << r.out;
+  EXPECT_TRUE(has(r.out, "KV capacity per rank (blocks of 16 tokens): 546,868, 547,593, 547,593")) << r.out;
   EXPECT_TRUE(has(r.out, "Total number of attention heads (4) must be divisible by tensor parallel size (3).")) << r.out;
   EXPECT_TRUE(has(r.out, "vllm serve google/gemma-3-1b-it")) << r.out;
   Result j = run("plan gemma-3-1b --gpus 3xA100-40GB --json");
@@ -131,7 +137,24 @@ TEST_F(PlanCli, Gemma3SaysWhatItsSlidingLayersKeep) {
   EXPECT_EQ(t["sliding_window"], 512);
   EXPECT_EQ(t["global_bytes_per_token"], 4096);
   EXPECT_EQ(t["local_bytes_per_token"], 22528);
-  EXPECT_EQ(t["cache_sliding_window"], 0);  // the global layers share the blocks: nothing is released yet
+  EXPECT_EQ(t["cache_sliding_window"], 0);  // the global layers keep every block of their pool
+  EXPECT_EQ(t["local_pool_window"], 512);
+  EXPECT_EQ(t["local_pool_blocks"], 784);
+  const nlohmann::json rec = nlohmann::json::parse(j.out)["recommended"];
+  ASSERT_EQ(rec["tp"], 3);
+  ASSERT_EQ(rec["budgets"][0].size(), 3u);
+  for (const nlohmann::json& b : rec["budgets"][0]) {
+    EXPECT_EQ(b["kv_bytes_per_token"], 4096);
+    EXPECT_EQ(b["local_kv_bytes_per_token"], 22528);
+    EXPECT_EQ(b["n_local_kv_blocks_max"], 784);
+    EXPECT_EQ(b["n_local_kv_blocks"], 784);  // far below the 84,797 blocks both pools could have alike
+    EXPECT_EQ(b["local_kv_block_bytes"], 360448);
+    EXPECT_EQ(b["local_kv_cache_bytes"], 282591232);
+    EXPECT_EQ(b["n_kv_blocks"], 546868);
+    EXPECT_EQ(b["kv_cache_bytes"], int64_t{546868} * 65536 + 282591232);  // 36,122,132,480
+  }
+  EXPECT_EQ(rec["budgets"][0][0]["n_kv_blocks_capacity"], 546868);  // rank 0 binds: more weights
+  EXPECT_EQ(rec["budgets"][0][1]["n_kv_blocks_capacity"], 547593);
 }
 
 // Phi-3-mini-4k slides on every layer (window 2,047): the cache releases the

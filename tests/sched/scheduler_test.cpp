@@ -26,7 +26,8 @@ std::vector<int32_t> prompt_of(int32_t n, int32_t start) {
 // the outputs. Also checks every plan's invariants.
 class Driver {
  public:
-  explicit Driver(const SchedulerConfig& c) : sched(c), kv(size_t(c.n_blocks) * c.block_size, -1) {}
+  explicit Driver(const SchedulerConfig& c)
+      : sched(c), kv(size_t(c.n_blocks) * c.block_size, -1), local_kv(size_t(c.n_local_blocks) * c.block_size, -1) {}
 
   void add(SeqId id, std::vector<int32_t> prompt, int32_t max_new, SeqId after = -1,
            BlockHash root = kRootBlockHash, bool prompt_logits = false) {
@@ -50,6 +51,7 @@ class Driver {
     EXPECT_LE(plan.n_scheduled_tokens, c.max_num_batched_tokens);
     EXPECT_LE(int32_t(plan.seqs.size()), c.max_num_seqs);
     std::map<int32_t, SeqId> writer;  // block -> sequence writing into it this step
+    std::map<int32_t, SeqId> local_writer;  // the same in the local layers' pool
     int32_t sum = 0;
     for (const auto& s : plan.seqs) {
       sum += s.n_tokens;
@@ -60,6 +62,20 @@ class Driver {
         auto [it, fresh] = writer.emplace(b, s.seq_id);
         EXPECT_TRUE(fresh || it->second == s.seq_id) << "block " << b << " written by two sequences";
         EXPECT_EQ(sched.pool().is_cached(b), false) << "writing into a cached block " << b;
+      }
+      // Hybrid: the local table covers the same positions, and the same rules hold in its pool.
+      if (const BlockPool* lp = sched.local_pool()) {
+        EXPECT_EQ(s.local_block_table.size(), s.block_table.size()) << "seq " << s.seq_id;
+        for (int32_t p = s.n_past; p < s.n_past + s.n_tokens; ++p) {
+          int32_t b = s.local_block_table[p / c.block_size];
+          EXPECT_NE(b, kNoBlock) << "seq " << s.seq_id << " writes position " << p << " into a released local block";
+          if (b == kNoBlock) continue;
+          auto [it, fresh] = local_writer.emplace(b, s.seq_id);
+          EXPECT_TRUE(fresh || it->second == s.seq_id) << "local block " << b << " written by two sequences";
+          EXPECT_EQ(lp->is_cached(b), false) << "writing into a cached local block " << b;
+        }
+      } else {
+        EXPECT_TRUE(s.local_block_table.empty());
       }
     }
     EXPECT_EQ(sum, plan.n_scheduled_tokens);
@@ -86,12 +102,28 @@ class Driver {
           auto w = writer.find(b);
           EXPECT_TRUE(w == writer.end() || w->second == fs.seq_id) << "block " << b << " of an in-flight plan reused";
         }
+        for (int32_t b : fs.local_block_table) {
+          auto w = local_writer.find(b);
+          EXPECT_TRUE(b == kNoBlock || w == local_writer.end() || w->second == fs.seq_id)
+              << "local block " << b << " of an in-flight plan reused";
+        }
       }
 
     std::vector<int32_t> sampled(plan.seqs.size(), -1);
     for (size_t k = 0; k < plan.seqs.size(); ++k) {
       const auto& s = plan.seqs[k];
       for (int32_t i = 0; i < s.n_tokens; ++i) slot(s, s.n_past + i) = s.token_ids[i];
+      if (!s.local_block_table.empty())
+        for (int32_t i = 0; i < s.n_tokens; ++i) local_slot(s, s.n_past + i) = s.token_ids[i] * 3 + 1;
+      // Hybrid rows also read the local window from the local table.
+      if (local_read_window > 0)
+        for (int32_t p = s.n_past; p < s.n_past + s.n_tokens; ++p)
+          for (int32_t j = first_position_read(p, local_read_window); j <= p; ++j) {
+            const auto& t = s.local_block_table.empty() ? s.block_table : s.local_block_table;
+            EXPECT_NE(t[size_t(j / c.block_size)], kNoBlock)
+                << "seq " << s.seq_id << ": the row at " << p << " reads local position " << j
+                << " from a released block";
+          }
       // Every row reads the keys of its window (read_window; 0: its whole
       // past): none of them may sit in a released block.
       for (int32_t p = s.n_past; p < s.n_past + s.n_tokens; ++p)
@@ -103,10 +135,16 @@ class Driver {
         uint64_t h = 1469598103934665603ULL;
         for (int32_t p = first_position_read(last, read_window); p <= last; ++p)
           h = (h ^ uint64_t(slot(s, p) + 7)) * 1099511628211ULL;
+        // The local layers: their own slots (token * 3 + 1), or the shared table's.
+        if (local_read_window > 0)
+          for (int32_t p = first_position_read(last, local_read_window); p <= last; ++p)
+            h = (h ^ uint64_t((s.local_block_table.empty() ? slot(s, p) * 3 + 1 : local_slot(s, p)) + 11)) *
+                1099511628211ULL;
         sampled[k] = int32_t(h % 1000);
       }
     }
     max_blocks_used = std::max(max_blocks_used, sched.pool().n_used());
+    max_local_blocks_used = std::max(max_local_blocks_used, sched.stats().n_local_blocks_used);
     if (plan.empty() && !keep_empty) return false;
     in_flight_.push_back({std::move(plan), std::move(sampled)});
     return true;
@@ -152,6 +190,10 @@ class Driver {
   // sched's config may free the blocks before them (sliding_window) or not.
   int32_t read_window = 0;
   int32_t max_blocks_used = 0;  // pool blocks in use after any schedule()
+  // Hybrid: the local layers attend to this many positions, read from
+  // local_block_table when the scheduler keeps one, else from block_table.
+  int32_t local_read_window = 0;
+  int32_t max_local_blocks_used = 0;  // SchedulerStats::n_local_blocks_used after any schedule()
   int64_t n_preempted_with_holes = 0;  // preemptions of a sequence whose window had slid
 
  private:
@@ -164,12 +206,22 @@ class Driver {
     }
     return kv[size_t(b) * bs + pos % bs];
   }
+  int32_t& local_slot(const ScheduledSeq& s, int32_t pos) {
+    const int32_t bs = sched.config().block_size;
+    const int32_t b = s.local_block_table[size_t(pos / bs)];
+    if (b == kNoBlock) {  // reported by launch()
+      static int32_t hole = -2;
+      return hole;
+    }
+    return local_kv[size_t(b) * bs + pos % bs];
+  }
   struct InFlight {
     StepPlan plan;
     std::vector<int32_t> sampled;
   };
   std::set<SeqId> slid_;    // sequences seen with a released block
   std::vector<int32_t> kv;  // [n_blocks * block_size] token id stored at each slot
+  std::vector<int32_t> local_kv;  // [n_local_blocks * block_size] token id * 3 + 1 (hybrid)
   std::map<SeqId, int32_t> max_new_;
   std::deque<InFlight> in_flight_;
 };
@@ -795,6 +847,274 @@ TEST(SlidingWindow, CheckFitsCountsOnlyTheWindow) {
   }
   c.sliding_window = -1;
   EXPECT_THROW(Scheduler bad(c), Error);
+}
+
+// Hybrid models (Gemma 3): the local layers' KV in a pool of its own.
+SchedulerConfig hybrid_config(int32_t window, int32_t n_local_blocks) {
+  SchedulerConfig c = small_config();  // blocks of 4
+  c.local_sliding_window = window;
+  c.n_local_blocks = n_local_blocks;
+  return c;
+}
+
+// Hand-worked: window 6, a 10-token prompt in chunks of 4. Both tables cover
+// the same positions; only the local one releases blocks.
+TEST(HybridKv, LocalTableSlidesWhileTheGlobalOneKeepsEveryBlock) {
+  SchedulerConfig c = hybrid_config(6, 16);
+  c.max_num_batched_tokens = 4;
+  Scheduler s(c);
+  ASSERT_NE(s.local_pool(), nullptr);
+  s.add(1, prompt_of(10, 0), 20);
+  StepPlan p1 = s.schedule();
+  ASSERT_EQ(p1.seqs[0].local_block_table.size(), 1u);
+  s.commit(p1, std::vector<int32_t>{-1});
+  s.commit(s.schedule(), std::vector<int32_t>{-1});
+  StepPlan p3 = s.schedule();  // [8, 10): its first row reads from 3
+  EXPECT_EQ(s.pool().n_used(), 3);
+  EXPECT_EQ(s.stats().n_local_blocks_used, 3);
+  EXPECT_NE(p3.seqs[0].local_block_table[0], kNoBlock);
+  s.commit(p3, std::vector<int32_t>{50});  // the next query (10) reads from 5: local block 0 leaves
+  EXPECT_EQ(s.pool().n_used(), 3);
+  EXPECT_EQ(s.stats().n_local_blocks_used, 2);
+  EXPECT_EQ(s.stats().n_blocks_slid, 1);
+  StepPlan d1 = s.schedule();
+  EXPECT_NE(d1.seqs[0].block_table[0], kNoBlock);
+  EXPECT_EQ(d1.seqs[0].local_block_table[0], kNoBlock);
+  s.commit(d1, std::vector<int32_t>{51});
+  s.commit(s.schedule(), std::vector<int32_t>{52});
+  s.commit(s.schedule(), std::vector<int32_t>{53});  // 13 computed: reads from 8, local block 1 leaves
+  EXPECT_EQ(s.pool().n_used(), 4);                     // positions 0 .. 13, all kept
+  EXPECT_EQ(s.stats().n_local_blocks_used, 2);
+  EXPECT_EQ(s.stats().n_blocks_slid, 2);
+  s.finish(1);
+  EXPECT_EQ(s.pool().n_used(), 0);
+  EXPECT_EQ(s.stats().n_local_blocks_used, 0);
+  // One pool: no local table at all.
+  Scheduler one(small_config());
+  EXPECT_EQ(one.local_pool(), nullptr);
+  one.add(1, prompt_of(3, 0), 1);
+  EXPECT_TRUE(one.schedule().seqs[0].local_block_table.empty());
+}
+
+// A sequence is admitted only when both pools have its blocks; a pool that
+// is short leaves the other untouched.
+TEST(HybridKv, AllocationIsAllOrNothingOverBothPools) {
+  {  // the local pool is short
+    SchedulerConfig c = hybrid_config(4, 6);  // a sequence holds at most ceil((3 + 16) / 4) + 1 = 6 local blocks
+    Scheduler s(c);
+    s.add(1, prompt_of(16, 0), 4);
+    s.add(2, prompt_of(12, 100), 4);
+    StepPlan p1 = s.schedule();  // seq 1's 16 tokens: 4 blocks in each pool
+    ASSERT_EQ(p1.seqs.size(), 1u);
+    EXPECT_EQ(s.pool().n_used(), 4);
+    EXPECT_EQ(s.stats().n_local_blocks_used, 4);
+    StepPlan p2 = s.schedule();  // seq 1 in flight; seq 2 needs 3 local blocks, 2 are free
+    EXPECT_TRUE(p2.empty());
+    EXPECT_EQ(s.pool().n_used(), 4);  // its 3 global blocks were not taken
+    EXPECT_EQ(s.stats().n_local_blocks_used, 4);
+    s.commit(p1, std::vector<int32_t>{7});  // reads from 13: local blocks 0-2 leave
+    EXPECT_EQ(s.stats().n_local_blocks_used, 1);
+    StepPlan p3 = s.schedule();  // seq 1's decode at 16 and seq 2's prompt
+    ASSERT_EQ(p3.seqs.size(), 2u);
+    EXPECT_EQ(s.pool().n_used(), 8);
+    EXPECT_EQ(s.stats().n_local_blocks_used, 5);
+  }
+  {  // the global pool is short
+    SchedulerConfig c = hybrid_config(4, 16);
+    c.n_blocks = 5;
+    Scheduler s(c);
+    s.add(1, prompt_of(16, 0), 4);
+    s.add(2, prompt_of(8, 100), 1);
+    StepPlan p1 = s.schedule();
+    StepPlan p2 = s.schedule();  // seq 2 needs 2 global blocks, 1 is free
+    EXPECT_TRUE(p2.empty());
+    EXPECT_EQ(s.pool().n_used(), 4);
+    EXPECT_EQ(s.stats().n_local_blocks_used, 4);  // its 2 local blocks were not taken
+    s.commit(p1, std::vector<int32_t>{7});
+    s.finish(1);
+    EXPECT_EQ(s.pool().n_used(), 0);
+    EXPECT_EQ(s.stats().n_local_blocks_used, 0);
+  }
+}
+
+// The model reads every position from the global table and its last
+// `window` from the local one. A local pool far too small for any sequence's
+// whole past (and, in one run, a global pool that preempts too) gives the
+// outputs of one big pool that frees nothing, with preemption, prefix hits,
+// no caching and plans in flight; the local pool never holds more than its
+// blocks, the global pool keeps every position.
+std::map<SeqId, std::vector<int32_t>> run_hybrid_workload(SchedulerConfig c, int32_t window, int depth,
+                                                          int32_t* max_local, int32_t* max_global,
+                                                          int64_t* n_preempt) {
+  Driver d(c);
+  d.local_read_window = window;
+  for (int i = 0; i < 6; ++i) d.add(i, prompt_of(5 + 7 * i, 1000 * (i % 3)), 30);
+  d.add(6, prompt_of(40, 1000), 12);  // shares seq 4's prefix
+  d.run(depth);
+  EXPECT_EQ(d.sched.pool().n_used(), 0);
+  EXPECT_EQ(d.sched.stats().n_local_blocks_used, 0);
+  *max_local = d.max_local_blocks_used;
+  *max_global = d.max_blocks_used;
+  *n_preempt = d.sched.stats().n_preemptions;
+  return d.outputs;
+}
+
+TEST(HybridKv, TinyLocalPoolGivesTheOutputsOfOneFullPool) {
+  for (int32_t window : {1, 5, 6, 9}) {
+    SchedulerConfig full = small_config();
+    full.n_blocks = 512;
+    int32_t max_local = 0, max_global = 0, full_max = 0;
+    int64_t n_pre = 0;
+    auto ref = run_hybrid_workload(full, window, 1, &max_local, &full_max, &n_pre);
+    EXPECT_EQ(n_pre, 0);
+    EXPECT_EQ(max_local, 0);
+    SchedulerConfig big = hybrid_config(window, 512);
+    big.n_blocks = 512;
+    auto got = run_hybrid_workload(big, window, 1, &max_local, &max_global, &n_pre);
+    EXPECT_EQ(ref, got) << "window " << window;
+    EXPECT_EQ(max_global, full_max) << "window " << window;  // the global layers keep everything
+    EXPECT_LT(max_local, full_max / 2) << "window " << window;
+    for (int32_t n_global : {512, 24})  // 24: the longest sequence (70 tokens) needs 18
+      for (bool caching : {true, false})
+        for (int depth : {1, 2}) {
+          SchedulerConfig tiny = hybrid_config(window, 8);
+          tiny.max_num_batched_tokens = 8;  // at most ceil((window - 1 + 8) / 4) + 1 <= 5 local blocks
+          tiny.n_blocks = n_global;
+          tiny.enable_prefix_caching = caching;
+          auto t = run_hybrid_workload(tiny, window, depth, &max_local, &max_global, &n_pre);
+          EXPECT_EQ(ref, t) << "window " << window << " global " << n_global << " caching " << caching
+                            << " depth " << depth;
+          EXPECT_LE(max_local, 8);
+          EXPECT_LE(max_global, n_global);
+          if (window >= 5 || n_global == 24) {
+            EXPECT_GT(n_pre, 0) << "window " << window << " global " << n_global;
+          }
+        }
+  }
+}
+
+// A prefix hit adopts every global block and, in the local pool, the blocks
+// its first query's window reads, cached under the same hashes.
+TEST(HybridKv, PrefixHitTakesTheLocalBlocksOfItsWindow) {
+  SchedulerConfig c = hybrid_config(6, 6);  // 21 + 1 tokens hold at most min(6, ceil(21 / 16) ..) = 6 local blocks
+  Scheduler s(c);
+  const std::vector<int32_t> prompt = prompt_of(21, 7);
+  s.add(1, prompt, 1);
+  s.commit(s.schedule(), std::vector<int32_t>{-1});  // 16 tokens
+  s.commit(s.schedule(), std::vector<int32_t>{99});  // 21 computed: reads from 16
+  EXPECT_EQ(s.pool().n_used(), 6);
+  EXPECT_EQ(s.stats().n_local_blocks_used, 2);
+  EXPECT_EQ(s.local_pool()->n_cached(), 5);  // local blocks are cached before they leave
+  s.finish(1);
+  s.add(2, prompt, 4);
+  StepPlan hit = s.schedule();
+  ASSERT_EQ(hit.seqs.size(), 1u);
+  EXPECT_EQ(hit.seqs[0].n_past, 20);
+  // The query at 20 reads from 15: local blocks 3 and 4 adopted, 0-2 holes; every global block adopted.
+  const std::vector<int32_t>& t = hit.seqs[0].local_block_table;
+  ASSERT_EQ(t.size(), 6u);
+  EXPECT_EQ(t[0], kNoBlock);
+  EXPECT_EQ(t[2], kNoBlock);
+  EXPECT_NE(t[3], kNoBlock);
+  EXPECT_NE(t[4], kNoBlock);
+  for (int32_t b : hit.seqs[0].block_table) EXPECT_NE(b, kNoBlock);
+  EXPECT_EQ(s.pool().n_used(), 6);
+  EXPECT_EQ(s.stats().n_local_blocks_used, 3);
+  s.commit(hit, std::vector<int32_t>{5});
+  s.finish(2);
+  // Another prompt evicts the local blocks of that window while the global
+  // pool (64 blocks) keeps the whole chain: the hit is cut to what the local
+  // pool still holds, here nothing (find_window_prefix's tests cut it partway).
+  s.add(3, prompt_of(17, 500), 1);
+  s.commit(s.schedule(), std::vector<int32_t>{-1});
+  s.commit(s.schedule(), std::vector<int32_t>{1});
+  s.finish(3);
+  EXPECT_NE(find_cached_prefix(s.pool(), prompt).n_tokens, 0);
+  s.add(4, prompt, 1);
+  StepPlan miss = s.schedule();
+  EXPECT_EQ(miss.seqs[0].n_past, 0);
+  EXPECT_EQ(s.n_prefix_hit_tokens(4), 0);
+}
+
+// Drafts take blocks in both pools (as many as the local pool has), the
+// rejected rows are rolled back in both, and a failed plan gives both back.
+TEST(HybridKv, DraftsAndRollbackInBothPools) {
+  SchedulerConfig c = hybrid_config(5, 4);
+  c.max_num_batched_tokens = 8;  // at most ceil((4 + 8) / 4) + 1 = 4 local blocks
+  Scheduler s(c);
+  s.add(1, prompt_of(10, 10), 20);
+  s.add(2, prompt_of(3, 50), 20);
+  s.commit(s.schedule(), std::vector<int32_t>{-1});  // seq 1: 8 tokens
+  s.commit(s.schedule(), std::vector<int32_t>{100, 200});  // seq 1: 10 computed, reads from 6: local block 0 leaves
+  EXPECT_EQ(s.pool().n_used(), 4);                   // seq 1: 3, seq 2: 1
+  EXPECT_EQ(s.stats().n_local_blocks_used, 3);       // seq 1: 2, seq 2: 1
+  for (bool fail : {true, false}) {
+    StepPlan plan = s.schedule();
+    ASSERT_EQ(plan.seqs.size(), 2u);
+    ASSERT_EQ(plan.seqs[0].seq_id, 1);
+    // Budget 6, but the local pool has 1 free block: drafts at 11 .. 15 only.
+    EXPECT_EQ(s.add_draft(plan, 0, prompt_of(10, 0)), 5);
+    EXPECT_EQ(plan.seqs[0].local_block_table.size(), 4u);
+    EXPECT_EQ(plan.seqs[0].block_table.size(), 4u);
+    EXPECT_EQ(s.stats().n_local_blocks_used, 4);
+    EXPECT_EQ(s.pool().n_used(), 5);
+    if (fail) {  // a plan that did not run gives the drafts' blocks back in both pools
+      s.release(plan);
+      EXPECT_EQ(s.stats().n_local_blocks_used, 3);
+      EXPECT_EQ(s.pool().n_used(), 4);
+      continue;
+    }
+    // One accepted: 12 computed, 13 tokens; the query at 12 reads from 8: local blocks 0 and 1 gone.
+    s.commit(plan, std::vector<int32_t>{300, 201}, std::vector<int32_t>{1, 0});
+  }
+  EXPECT_EQ(s.n_computed(1), 12);
+  EXPECT_EQ(s.pool().n_used(), 5);  // seq 1: positions 0 .. 12 (4 blocks), seq 2: 1
+  EXPECT_EQ(s.stats().n_local_blocks_used, 3);  // seq 1: 8 .. 12, seq 2: 1
+  StepPlan third = s.schedule();  // seq 2's decode at 4 takes a block in each pool
+  EXPECT_EQ(s.stats().n_local_blocks_used, 4);
+  EXPECT_EQ(s.pool().n_used(), 6);
+  // The local pool is full: drafts at 13 .. 15 (block 3) only, though the global pool has room.
+  EXPECT_EQ(s.add_draft(third, 0, prompt_of(5, 0)), 3);
+  EXPECT_EQ(s.pool().n_used(), 6);
+  s.commit(third, std::vector<int32_t>{301, 202}, std::vector<int32_t>{3, 0});
+  EXPECT_EQ(s.n_computed(1), 16);  // reads from 12: local block 2 leaves
+  EXPECT_EQ(s.stats().n_local_blocks_used, 3);
+  EXPECT_EQ(s.pool().n_used(), 6);
+  s.finish(1);
+  s.finish(2);
+  EXPECT_EQ(s.pool().n_used(), 0);
+  EXPECT_EQ(s.stats().n_local_blocks_used, 0);
+}
+
+TEST(HybridKv, CheckFitsBoundsBothPools) {
+  SchedulerConfig c = hybrid_config(8, 7);
+  c.max_num_batched_tokens = 16;
+  // 100 tokens: 25 global blocks, at most ceil((8 - 1 + 16) / 4) + 1 = 7 local ones.
+  EXPECT_NO_THROW(Scheduler::check_fits(c, 60, 40));
+  c.n_local_blocks = 6;
+  try {
+    Scheduler::check_fits(c, 60, 40);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 7 KV blocks of 4 tokens in the local layers' pool"),
+              std::string::npos)
+        << e.what();
+  }
+  c.n_local_blocks = 7;
+  c.n_blocks = 24;  // the global layers need all 25
+  EXPECT_THROW(Scheduler::check_fits(c, 60, 40), Error);
+  SchedulerConfig bad = hybrid_config(8, 0);
+  EXPECT_THROW(Scheduler s(bad), Error);
+  bad = hybrid_config(0, 8);
+  EXPECT_THROW(Scheduler s(bad), Error);
+  bad = hybrid_config(8, 8);
+  bad.sliding_window = 8;
+  try {
+    Scheduler s(bad);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exclude each other"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -235,6 +235,65 @@ TEST_F(ServeLayouts, SlidingWindowModelServesPastItsKvPool) {
             std::string::npos) << refused->log();
 }
 
+// Gemma 3's shape (6 layers, 0-4 local with a window of 5, layer 5 global)
+// at TP 3 x PP 2: the local layers get a pool of their own, sized by plan's
+// local_pool_blocks (4 sequences x (ceil(4 / 16) + 2) + ceil(16 / 16) = 13
+// blocks of 16), the global layer's pool the rest. Each rank's measured KV
+// bytes equal plan's, two pools: stage 0 (layers 0-2, all local) allocates
+// 13 x 16 x 768 B (3 layers x K and V x 64 x bf16 per token) = 159,744 B and
+// no global pool; stage 1 (layers 3-4 local, 5 global) 13 x 16 x 512 B =
+// 106,496 B, and (4 MiB - 106,496) / (16 x 256 B) = 998 global blocks,
+// 4,194,304 B in all. A
+// 5 + 60 token completion, its local blocks released as they leave the
+// window, has the text of generate, which keeps every block in one pool.
+TEST_F(ServeLayouts, Gemma3LocalLayersServeFromTheirOwnPool) {
+  const std::string model = dir_ + "/gemma3_hybrid";
+  const std::string cmd = cli_ + " make-model --like gemma-3-1b --layers 6 --vocab 512 --hidden 320 --heads 4 " +
+                          "--kv-heads 1 --head-dim 64 --intermediate 640 --sliding-window 5 --no-tie --seed 7 --out " +
+                          model + " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  auto s = start({"-tp", "3", "-pp", "2", "--max-num-seqs", "4", "--max-num-batched-tokens", "16", "--batch-invariant"},
+                 false, model, "4MiB");
+  ASSERT_GT(s->pid, 0);
+  const std::string log = s->log();
+  EXPECT_NE(log.find("local layers: a sliding window of 5 positions in a pool of their own (13 blocks)"),
+            std::string::npos) << log;
+  httplib::Client c("127.0.0.1", s->port);
+  c.set_read_timeout(120, 0);
+  auto d = c.Get("/v1/deployment");
+  ASSERT_TRUE(d);
+  const json dep = json::parse(d->body);
+  ASSERT_EQ(dep["ranks"].size(), 6u);
+  for (const json& rank : dep["ranks"]) {
+    EXPECT_EQ(rank["measured"]["kv_cache"], rank["planned"]["kv_cache"]) << rank.dump();
+    EXPECT_EQ(rank["planned"]["kv_cache"], rank["pp_rank"] == 0 ? 159744 : 4194304) << rank.dump();
+    EXPECT_EQ(rank["n_kv_blocks"], 998);
+  }
+  json req = {{"model", "q7"}, {"prompt", json{5, 17, 230, 41, 9}}, {"max_tokens", 60}, {"temperature", 0},
+              {"ignore_eos", true}};
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::string gen_out = model + ".generate.json";
+  const std::string gen = cli_ + " generate " + model + " --prompt-ids 5,17,230,41,9 --max-tokens 60 --json " +
+                          "--kv-cache-dtype bf16 --batch-invariant > " + gen_out + " 2>/dev/null";
+  ASSERT_EQ(std::system(gen.c_str()), 0);
+  std::ifstream gen_in(gen_out);
+  const json g = json::parse(std::string(std::istreambuf_iterator<char>(gen_in), {}));
+  ASSERT_EQ(g["token_ids"].size(), 60u);
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], g["text"]);
+  const std::string metrics = c.Get("/metrics")->body;
+  const size_t at = metrics.find("shardlm:kv_local_blocks_in_use_peak{");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  const int64_t peak = std::stoll(metrics.substr(metrics.find("} ", at) + 2));
+  EXPECT_GE(peak, 1);
+  EXPECT_LE(peak, 2);  // ceil((5 - 1 + 1) / 16) + 1 while decoding (the prompt's step: 1 block)
+  const size_t slid = metrics.find("shardlm:kv_blocks_slid_total{");
+  ASSERT_NE(slid, std::string::npos) << metrics;
+  EXPECT_GE(std::stoll(metrics.substr(metrics.find("} ", slid) + 2)), 2) << metrics;  // 64 positions: 4 blocks
+  EXPECT_EQ(s->stop(), 0) << s->log();
+}
+
 TEST_F(ServeLayouts, ALayoutTheRanksCannotRunIsRefusedWithTheReason) {
   auto s = start({"-tp", "29"}, /*expect_exit=*/true);
   EXPECT_LT(s->pid, 0);

@@ -142,6 +142,7 @@ std::string CpuBackend::unsupported(const OpArgs& args) const {
         return str_cat("a KV cache of ", dtype_torch_name(*args.kv_dtype), " (f32, f16, bf16 or fp8)");
       return std::string();
     case Op::kMoe: return std::string();
+    case Op::kKvGroups: return std::string();
     case Op::kSampleRows: break;
   }
   return Backend::unsupported(args);
@@ -197,12 +198,12 @@ void CpuBackend::do_scale(Tensor& x, float s) { backend::scale_inplace(f32_mut(x
 
 void CpuBackend::do_kv_cache_write(const KvLayerView& cache, const StepMetadata& meta, const Tensor& k,
                                 const Tensor& v) {
-  backend::kv_cache_write(cache, meta.seqs(), meta.n_seqs(), f32(k, "k"), f32(v, "v"));
+  backend::kv_cache_write(cache, meta.seqs(cache.group), meta.n_seqs(), f32(k, "k"), f32(v, "v"));
 }
 
 void CpuBackend::do_paged_attention(const Tensor& q, const KvLayerView& cache, const StepMetadata& meta,
                                  const AttentionHeads& heads, Tensor& out) {
-  backend::paged_attention(f32(q, "q"), cache, meta.seqs(), meta.n_seqs(), heads, f32_mut(out, "attention out"));
+  backend::paged_attention(f32(q, "q"), cache, meta.seqs(cache.group), meta.n_seqs(), heads, f32_mut(out, "attention out"));
 }
 
 void CpuBackend::do_gather_logit_rows(const Tensor& x, const StepMetadata& meta, Tensor& out) {

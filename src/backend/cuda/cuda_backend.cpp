@@ -393,6 +393,7 @@ std::string CudaBackend::unsupported(const OpArgs& args) const {
     }
     case Op::kSampleRows: return std::string();
     case Op::kMoe: break;
+    case Op::kKvGroups: break;  // the kernels read seqs() only
   }
   return Backend::unsupported(args);
 }
