@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/reduce16.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 
@@ -34,28 +35,9 @@ namespace {
 
 constexpr int64_t kChunk = 32;  // bf16 elements per zmm: one VDPBF16PS step along k
 
-// The fixed tree over 16 lanes (as backend/rows_gemm_impl.h's): s1[i] =
-// a[i] + a[i+8], s2[i] = s1[i] + s1[i+4], s3[i] = s2[i] + s2[i+2], sum =
-// s3[0] + s3[1], for sixteen accumulators at once; lane o of the result holds
-// the sum of v[o]. Every add pairs lanes of one accumulator, so an
-// accumulator's sum does not depend on which others share the call.
-SHARDLM_BF16_TARGET inline __m512 reduce16(const __m512* v) {
-  __m512 w[8], x[4], y[2];
-  for (int p = 0; p < 8; ++p)
-    w[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
-  for (int q = 0; q < 4; ++q)
-    x[q] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * q], w[2 * q + 1], 0x88),
-                         _mm512_shuffle_f32x4(w[2 * q], w[2 * q + 1], 0xDD));
-  for (int h = 0; h < 2; ++h) {
-    const __m512d a = _mm512_castps_pd(x[2 * h]), b = _mm512_castps_pd(x[2 * h + 1]);
-    y[h] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  return _mm512_permutexvar_ps(order, z);
-}
+// The rows GEMM's fixed tree (backend/cpu/reduce16.h): an accumulator's sum
+// does not depend on which others share the call.
+using cpu_detail::reduce16;
 
 // sums[o] = tree sum of acc[o] for o < N.
 template <int N>
