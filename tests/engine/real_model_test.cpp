@@ -22,6 +22,39 @@ std::vector<int32_t> prompt_for(int i, int64_t vocab) {
   return p;
 }
 
+// Submits a greedy request (EOS ignored) and runs the engine until idle;
+// its output tokens.
+std::vector<int32_t> greedy_tokens(Engine& engine, const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
+  EngineRequest r;
+  r.request_id = id;
+  r.prompt_token_ids = std::move(prompt);
+  r.sampling.temperature = 0.0;
+  r.stop.max_tokens = max_tokens;
+  r.stop.ignore_eos = true;
+  std::vector<int32_t> got;
+  engine.submit(r, {[&](const SequenceOutput& o) { got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end()); }});
+  engine.run_until_idle();
+  return got;
+}
+
+// Requests 0 .. n-1 (prompt_for(i)) greedy and concurrent, EOS ignored; their output tokens.
+std::map<int, std::vector<int32_t>> greedy_batch(Engine& engine, int n, int64_t vocab, int max_tokens) {
+  std::map<int, std::vector<int32_t>> got;
+  for (int i = 0; i < n; ++i) {
+    EngineRequest r;
+    r.request_id = std::to_string(i);
+    r.prompt_token_ids = prompt_for(i, vocab);
+    r.sampling.temperature = 0.0;
+    r.stop.max_tokens = max_tokens;
+    r.stop.ignore_eos = true;
+    engine.submit(r, {[&, i](const SequenceOutput& o) {
+      got[i].insert(got[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }});
+  }
+  engine.run_until_idle();
+  return got;
+}
+
 // in_flight: EngineConfig::max_batches_in_flight (0: the executor's depth, PP).
 // Returns the executor's overlapped starts (pipeline stages running
 // different batches at the same time).
@@ -248,40 +281,16 @@ void run_sliding_window_engine(int tp, int pp = 1) {
   no_window.sliding_window = 0;
   EXPECT_THROW(Scheduler::check_fits(no_window, 26, kMaxTokens), Error);
   Engine engine(cfg, executor);
-  std::map<int, std::vector<int32_t>> got;
-  for (int i = 0; i < kRequests; ++i) {
-    EngineRequest r;
-    r.request_id = std::to_string(i);
-    r.prompt_token_ids = prompt_for(i, spec.vocab_size);
-    r.sampling.temperature = 0.0;
-    r.stop.max_tokens = kMaxTokens;
-    r.stop.ignore_eos = true;
-    engine.submit(r, {[&, i](const SequenceOutput& o) {
-      got[i].insert(got[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
-    }});
-  }
-  engine.run_until_idle();
+  std::map<int, std::vector<int32_t>> got = greedy_batch(engine, kRequests, spec.vocab_size, kMaxTokens);
   for (int i = 0; i < kRequests; ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << " TP=" << tp << " PP=" << pp;
   // Request 1's 11-token prompt twice more: the first time's block 0 leaves
   // the window at its last chunk but stays cached, so the second one hits
   // (11 - 1) / 4 whole blocks. (Behind the five above, the 12-block pool had
   // evicted the head of their chains: a hit needs the chain from block 0.)
   const int64_t hits_before = engine.metrics().snapshot().prefix_cache_hits_total;
-  std::vector<int32_t> again_tokens;
-  for (int32_t n : {2, kMaxTokens}) {
-    EngineRequest again;
-    again.request_id = str_cat("again", n);
-    again.prompt_token_ids = prompt_for(1, spec.vocab_size);
-    again.sampling.temperature = 0.0;
-    again.stop.max_tokens = n;
-    again.stop.ignore_eos = true;
-    again_tokens.clear();
-    engine.submit(again, {[&](const SequenceOutput& o) {
-      again_tokens.insert(again_tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-    }});
-    engine.run_until_idle();
-    EXPECT_EQ(again_tokens, std::vector<int32_t>(want[1].begin(), want[1].begin() + n));
-  }
+  for (int32_t n : {2, kMaxTokens})
+    EXPECT_EQ(greedy_tokens(engine, str_cat("again", n), prompt_for(1, spec.vocab_size), n),
+              std::vector<int32_t>(want[1].begin(), want[1].begin() + n));
   const MetricsSnapshot m = engine.metrics().snapshot();
   EXPECT_EQ(m.prefix_cache_hits_total - hits_before, 8);
   EXPECT_GT(m.num_preemptions_total, 0);
@@ -323,16 +332,7 @@ TEST(EngineRealModel, SlidingWindowBoundsTheBlocksOfOneLongSequence) {
     cfg.scheduler.max_model_len = 64;
     cfg.scheduler.sliding_window = window;
     Engine engine(cfg, executor);
-    EngineRequest r;
-    r.request_id = "long";
-    r.prompt_token_ids = prompt;
-    r.sampling.temperature = 0.0;
-    r.stop.max_tokens = kMaxTokens;
-    r.stop.ignore_eos = true;
-    std::vector<int32_t> got;
-    engine.submit(r, {[&](const SequenceOutput& o) { got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end()); }});
-    engine.run_until_idle();
-    EXPECT_EQ(got, want) << "window " << window;
+    EXPECT_EQ(greedy_tokens(engine, "long", prompt, kMaxTokens), want) << "window " << window;
     const MetricsSnapshot m = engine.metrics().snapshot();
     if (window == 0) {
       EXPECT_EQ(m.kv_blocks_in_use_peak, 14);  // positions 0 .. 54 (the last token is never fed)
@@ -409,19 +409,7 @@ void run_gemma3_hybrid_engine(int tp, int pp) {
   cfg.scheduler.n_local_blocks = kLocalBlocks;
   EXPECT_EQ(max_blocks_held(49, 4, 5, 8), 4);  // ceil((5 - 1 + 8) / 4) + 1
   Engine engine(cfg, executor);
-  std::map<int, std::vector<int32_t>> got;
-  for (int i = 0; i < kRequests; ++i) {
-    EngineRequest r;
-    r.request_id = std::to_string(i);
-    r.prompt_token_ids = prompt_for(i, spec.vocab_size);
-    r.sampling.temperature = 0.0;
-    r.stop.max_tokens = kMaxTokens;
-    r.stop.ignore_eos = true;
-    engine.submit(r, {[&, i](const SequenceOutput& o) {
-      got[i].insert(got[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
-    }});
-  }
-  engine.run_until_idle();
+  std::map<int, std::vector<int32_t>> got = greedy_batch(engine, kRequests, spec.vocab_size, kMaxTokens);
   for (int i = 0; i < kRequests; ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << " TP=" << tp << " PP=" << pp;
   const MetricsSnapshot m = engine.metrics().snapshot();
   EXPECT_GT(m.num_preemptions_total, 0);
@@ -465,16 +453,7 @@ TEST(EngineRealModel, Gemma3LocalPoolBoundsOneLongSequence) {
   cfg.scheduler.max_num_batched_tokens = 8;
   cfg.scheduler.max_model_len = 64;
   Engine engine(cfg, executor);
-  EngineRequest r;
-  r.request_id = "long";
-  r.prompt_token_ids = prompt;
-  r.sampling.temperature = 0.0;
-  r.stop.max_tokens = kMaxTokens;
-  r.stop.ignore_eos = true;
-  std::vector<int32_t> got;
-  engine.submit(r, {[&](const SequenceOutput& o) { got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end()); }});
-  engine.run_until_idle();
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(greedy_tokens(engine, "long", prompt, kMaxTokens), want);
   const MetricsSnapshot m = engine.metrics().snapshot();
   EXPECT_EQ(m.kv_blocks_in_use_peak, 14);  // positions 0 .. 54
   EXPECT_LE(m.kv_local_blocks_in_use_peak, 4);
@@ -483,12 +462,7 @@ TEST(EngineRealModel, Gemma3LocalPoolBoundsOneLongSequence) {
   EXPECT_NE(engine.metrics().render_prometheus().find("shardlm:kv_local_blocks_in_use_peak " +
                                                       std::to_string(m.kv_local_blocks_in_use_peak)),
             std::string::npos);
-  r.request_id = "again";
-  r.stop.max_tokens = 6;
-  got.clear();
-  engine.submit(r, {[&](const SequenceOutput& o) { got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end()); }});
-  engine.run_until_idle();
-  EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + 6));
+  EXPECT_EQ(greedy_tokens(engine, "again", prompt, 6), std::vector<int32_t>(want.begin(), want.begin() + 6));
   EXPECT_EQ(engine.metrics().snapshot().prefix_cache_hits_total - m.prefix_cache_hits_total, 12);
 }
 
