@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 # Every option the job depends on is stated: a build/ that test.sh configured keeps its cache.
 bash scripts/build.sh -DSHARDLM_TESTS=OFF -DSHARDLM_CUDA=OFF -DSHARDLM_SANITIZE=OFF -DSHARDLM_TSAN=OFF -DSHARDLM_NATIVE=ON
+[[ ${SHARDLM_CONFIGURE_ONLY:-0} == 1 ]] && exit 0  # see scripts/build.sh
 cli=${BUILD_DIR:-build}/src/cli/shardlm
 $cli verify models/shardlm-demo
 $cli plan qwen2.5-7b --gpus 6xA100-40GB
