@@ -61,6 +61,15 @@ CONFIG = {
     "transformers_version": "4.51.0",
     "use_cache": True,
 }
+# The two trained sizes share CONFIG's tokenizer, vocabulary and context, so "small" can be
+# "base"'s speculative draft. Heads: 12 Q / 4 KV (small) and 8 Q / 4 KV (base) give
+# even and uneven tensor-parallel splits.
+SIZES = {
+    "small": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
+              "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 16},
+    "base": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 10,
+             "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32},
+}
 SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 
 
@@ -146,11 +155,14 @@ def main():
     ap.add_argument("--deadline", default=None,
                     help="HH:MM UTC: the schedule runs on max(step/steps, time/time-to-deadline) and stops at the deadline")
     ap.add_argument("--probe", type=int, default=0, help="time this many steps and exit")
+    ap.add_argument("--size", choices=sorted(SIZES), default="small",
+                    help="small: models/shardlm-demo-draft (1.4 M parameters); base: models/shardlm-demo (8.9 M)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the recipe's runs used the number given in their README)")
     ap.add_argument("--export-checkpoint", default=None,
                     help="skip training: export WORK/ckpt.pt (and the curve of WORK/log.jsonl) to --out")
     args = ap.parse_args()
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -190,7 +202,7 @@ def main():
                bpe.tokenizer_config_json(len(tokens), CONFIG["max_position_embeddings"]))
     eos = enc.special["<|im_end|>"]
     eot = enc.special["<|endoftext|>"]
-    cfg = dict(CONFIG, eos_token_id=eos)
+    cfg = dict(CONFIG, **SIZES[args.size], eos_token_id=eos)
     write_json(os.path.join(args.out, "config.json"), cfg)
     write_json(os.path.join(args.out, "generation_config.json"),
                {"bos_token_id": None, "eos_token_id": [eos, eot], "pad_token_id": eot,
