@@ -170,6 +170,13 @@ double seconds(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
+std::optional<std::string> try_get(const ServerUrl& url, const ClientOptions& options, const std::string& path) {
+  auto client = make_client(url, options);
+  auto res = client->Get((url.path_prefix + path).c_str(), make_headers(options));
+  if (!res || res->status != 200) return std::nullopt;
+  return res->body;
+}
+
 std::string fetch_first_model(const ServerUrl& url, const ClientOptions& options) {
   auto client = make_client(url, options);
   std::string where = url.display() + "/v1/models";

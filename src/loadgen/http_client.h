@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "loadgen/dataset.h"
@@ -46,6 +47,10 @@ struct ClientOptions {
   double connect_timeout_s = 10.0;
   double read_timeout_s = 600.0;     // longest silence tolerated mid-response
 };
+
+// GET path (e.g. "/metrics"); the body on HTTP 200, else nullopt. Never throws
+// for the server's or the network's trouble.
+std::optional<std::string> try_get(const ServerUrl& url, const ClientOptions& options, const std::string& path);
 
 // GET /v1/models and return data[0].id; throws with the status/body on failure.
 std::string fetch_first_model(const ServerUrl& url, const ClientOptions& options);

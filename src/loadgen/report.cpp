@@ -46,6 +46,22 @@ std::string metric_block(const MetricSummary& m, const std::string& name, const 
   return out;
 }
 
+// The server's counters over the run (spec_decode.h); rates in percent,
+// per position as accepted ÷ drafts (how often a draft got that far).
+std::string spec_decode_block(const SpecDecodeCounters& c) {
+  std::string out = centred("Speculative Decoding", '-');
+  out += row("Acceptance rate (%):", fixed2(100.0 * c.acceptance_rate()));
+  out += row("Acceptance length:", fixed2(c.acceptance_length()));
+  out += row("Drafts:", std::to_string(std::llround(c.drafts)));
+  out += row("Draft tokens:", std::to_string(std::llround(c.draft_tokens)));
+  out += row("Accepted tokens:", std::to_string(std::llround(c.accepted_tokens)));
+  std::string per_position;
+  for (double a : c.accepted_per_position)
+    per_position += (per_position.empty() ? "" : " ") + fixed2(c.drafts > 0 ? 100.0 * a / c.drafts : 0.0);
+  if (!per_position.empty()) out += row("Per-position acceptance (%):", per_position);
+  return out;
+}
+
 void add_metric(nlohmann::ordered_json& j, const std::string& key, const MetricSummary& m) {
   j["mean_" + key + "_ms"] = m.mean_ms;
   j["median_" + key + "_ms"] = m.median_ms;
@@ -97,6 +113,7 @@ std::string format_result_table(const BenchmarkResult& r) {
   out += metric_block(m.tpot, "TPOT", "Time per Output Token (excl. 1st token)");
   out += metric_block(m.itl, "ITL", "Inter-token Latency");
   out += metric_block(m.e2el, "E2EL", "End-to-end Latency");
+  if (r.spec_decode) out += spec_decode_block(*r.spec_decode);
   out += std::string(50, '=') + "\n";
   return out;
 }
@@ -161,6 +178,17 @@ nlohmann::ordered_json result_to_json(const BenchmarkResult& r) {
   j["interrupted"] = r.interrupted;
   j["num_not_completed"] = r.n_not_completed;
   j["num_usage_missing"] = m.n_usage_missing;
+  if (r.spec_decode) {
+    const SpecDecodeCounters& c = *r.spec_decode;
+    j["spec_decode_acceptance_rate"] = 100.0 * c.acceptance_rate();
+    j["spec_decode_acceptance_length"] = c.acceptance_length();
+    j["spec_decode_num_drafts"] = std::llround(c.drafts);
+    j["spec_decode_draft_tokens"] = std::llround(c.draft_tokens);
+    j["spec_decode_accepted_tokens"] = std::llround(c.accepted_tokens);
+    json per_position = json::array();
+    for (double a : c.accepted_per_position) per_position.push_back(c.drafts > 0 ? 100.0 * a / c.drafts : 0.0);
+    j["spec_decode_per_position_acceptance_rates"] = per_position;
+  }
   return j;
 }
 

@@ -72,6 +72,9 @@ BenchmarkResult run_benchmark(const BenchConfig& config, const std::vector<Sampl
   spec.extra_body = config.extra_body;
   for (const auto& r : requests) build_payload(spec, r);  // reject bad combinations before sending
 
+  // Before the first request: a server that speculates counts from here.
+  const std::optional<SpecDecodeCounters> spec_before = fetch_spec_decode_counters(url, config.client);
+
   const int64_t n = static_cast<int64_t>(requests.size());
   std::vector<double> arrivals = poisson_arrival_times(n, config.request_rate, config.seed);
   const int64_t worker_limit = config.max_concurrency > 0 ? config.max_concurrency : std::min(n, kMaxWorkers);
@@ -169,6 +172,8 @@ BenchmarkResult run_benchmark(const BenchConfig& config, const std::vector<Sampl
     }
   }
   for (auto& w : workers) w.join();
+  if (std::optional<SpecDecodeCounters> after = fetch_spec_decode_counters(url, config.client))
+    result.spec_decode = after->minus(spec_before.value_or(SpecDecodeCounters{}));
 
   result.interrupted = interrupted;
   for (auto& r : state.results) {

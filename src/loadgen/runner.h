@@ -10,12 +10,14 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "loadgen/dataset.h"
 #include "loadgen/http_client.h"
 #include "loadgen/metrics.h"
+#include "loadgen/spec_decode.h"
 
 namespace shardlm::loadgen {
 
@@ -62,6 +64,10 @@ struct BenchmarkResult {
   int64_t n_not_completed = 0;         // never sent or cut off by the interrupt
   std::vector<RequestOutput> outputs;  // finished requests (successful or failed), dataset order
   BenchmarkMetrics metrics;
+  // The server's speculative-decoding counters over the run (its /metrics read
+  // before and after; other clients' traffic in that window counts too);
+  // absent when the server exports none.
+  std::optional<SpecDecodeCounters> spec_decode;
 };
 
 // Above this many requests in flight we stop adding threads (--max-concurrency unset).

@@ -372,6 +372,31 @@ TEST_F(ServeLayouts, SpeculativeNgramGivesThePlainTextAndCountsAcceptedDrafts) {
   EXPECT_GE(counter("vllm:spec_decode_num_draft_tokens_total"), counter("vllm:spec_decode_num_accepted_tokens_total"));
   EXPECT_NE(metrics.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"q7\",position=\"0\"}"),
             std::string::npos) << metrics;
+  // `shardlm bench` reports the run's drafts as the server counted them: its
+  // figures equal the /metrics counters' growth over the run (nothing else
+  // reaches this server meanwhile).
+  {
+    const std::string result = dir_ + "/bench_result.json", prompts = dir_ + "/bench_prompts.jsonl";
+    std::ofstream(prompts) << R"({"prompt": "ab ab ab ab ab ab ab ab"})" "\n" R"({"prompt": "xyz xyz xyz xyz xyz"})" "\n";
+    auto bench = shardlm::testing::run_command(
+        cli_ + " bench --base-url http://127.0.0.1:" + std::to_string(s->port) + " --endpoint completions --dataset " +
+            prompts + " --num-prompts 3 --output-len 32 --max-concurrency 3 --extra-body '{\"temperature\": 0, "
+            "\"ignore_eos\": true}' --save-result " + result,
+        /*merge_stderr=*/true);
+    ASSERT_EQ(bench.rc, 0) << bench.out;
+    EXPECT_NE(bench.out.find("Speculative Decoding"), std::string::npos) << bench.out;
+    const std::string after = c.Get("/metrics")->body;
+    auto grown = [&](const std::string& name) {
+      const size_t at = after.find(name + "{");
+      return int64_t(std::stoll(after.substr(after.find("} ", at) + 2))) - counter(name);
+    };
+    const json r = json::parse(shardlm::testing::read_text_file(result));
+    EXPECT_GT(grown("vllm:spec_decode_num_drafts_total"), 0) << after;
+    EXPECT_EQ(r["spec_decode_num_drafts"], grown("vllm:spec_decode_num_drafts_total")) << bench.out;
+    EXPECT_EQ(r["spec_decode_draft_tokens"], grown("vllm:spec_decode_num_draft_tokens_total")) << bench.out;
+    EXPECT_EQ(r["spec_decode_accepted_tokens"], grown("vllm:spec_decode_num_accepted_tokens_total")) << bench.out;
+    EXPECT_EQ(r["spec_decode_per_position_acceptance_rates"].size(), 4u) << bench.out;
+  }
   EXPECT_EQ(s->stop(), 0) << s->log();
   EXPECT_NE(s->log().find("speculative decoding (ngram):"), std::string::npos) << s->log();
 
