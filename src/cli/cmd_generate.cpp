@@ -395,6 +395,10 @@ int run_generate(const GenerateCliOptions& o) {
     // vLLM's default: special tokens (the EOS that stopped us) are not text.
     j["text"] = tokenizer ? tokenizer->decode(r.tokens, /*skip_special_tokens=*/true) : "";
     j["finish_reason"] = r.finish_reason;
+    // Wall times of this one generation (the first token comes from the prefill;
+    // decode covers the rest), for scripts such as bench/speculative_demo.sh.
+    j["prefill_seconds"] = r.prefill_seconds;
+    j["decode_seconds"] = r.decode_seconds;
     if (g.speculative.enabled())
       j["speculative"] = {{"num_drafts", r.speculative.n_drafts},
                           {"num_draft_tokens", r.speculative.n_draft_tokens},
