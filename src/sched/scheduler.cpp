@@ -392,7 +392,9 @@ SchedulerStats Scheduler::stats() const {
   st.n_running = n_running();
   st.n_waiting = n_waiting();
   st.n_preemptions = n_preemptions_;
-  st.kv_usage = pool_.usage();
+  // The fuller pool: either one running out stops admission (a hybrid model's
+  // local pool is sized apart from the global one).
+  st.kv_usage = std::max(pool_.usage(), local_pool_ ? local_pool_->usage() : 0.0);
   st.n_blocks_used = pool_.n_used();
   st.n_blocks_slid = n_blocks_slid_;
   st.n_local_blocks_used = local_pool_ ? local_pool_->n_used() : 0;

@@ -80,7 +80,7 @@ struct SchedulerStats {
   int32_t n_running = 0;
   int32_t n_waiting = 0;
   int64_t n_preemptions = 0;  // total since start
-  double kv_usage = 0.0;      // fraction of blocks in use
+  double kv_usage = 0.0;      // fraction of blocks in use (of the fuller pool when there are two)
   int32_t n_blocks_used = 0;  // KV blocks referenced by a sequence
   int64_t n_blocks_slid = 0;  // total blocks released since start for leaving the sliding window (either pool)
   int32_t n_local_blocks_used = 0;  // local-layer pool blocks referenced (0 without one)

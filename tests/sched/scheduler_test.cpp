@@ -912,6 +912,8 @@ TEST(HybridKv, AllocationIsAllOrNothingOverBothPools) {
     EXPECT_TRUE(p2.empty());
     EXPECT_EQ(s.pool().n_used(), 4);  // its 3 global blocks were not taken
     EXPECT_EQ(s.stats().n_local_blocks_used, 4);
+    // vllm:kv_cache_usage_perc: the fuller pool (4 of 6 local blocks; 4 of 64 global).
+    EXPECT_DOUBLE_EQ(s.stats().kv_usage, 4.0 / 6.0);
     s.commit(p1, std::vector<int32_t>{7});  // reads from 13: local blocks 0-2 leave
     EXPECT_EQ(s.stats().n_local_blocks_used, 1);
     StepPlan p3 = s.schedule();  // seq 1's decode at 16 and seq 2's prompt
