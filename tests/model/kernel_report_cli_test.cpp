@@ -81,12 +81,14 @@ class KernelReport : public ::testing::Test {
     bf16_ = models + "/bf16";
     awq_ = models + "/awq";
     gptq8_ = models + "/gptq-int8";
+    fp8_ = models + "/fp8";
     // Widths that every kernel takes: multiples of 32 (int8 activation
     // blocks) and of the 128-wide quantization groups.
     make(bf16_, " make-model --like qwen2.5-0.5b --layers 2 --vocab 384 --hidden 256 --heads 4 --kv-heads 2 "
                 "--head-dim 64 --intermediate 512 --dtype bf16 --seed 5 --out ");
     make(awq_, " quantize " + bf16_ + " --quantize awq --group-size 128 --out ");
     make(gptq8_, " quantize " + bf16_ + " --quantize gptq-int8 --group-size 128 --out ");
+    make(fp8_, " quantize " + bf16_ + " --quantize fp8 --out ");
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(root_); }
   // Made under a name of this process's, then renamed into place: a
@@ -137,9 +139,10 @@ class KernelReport : public ::testing::Test {
   // The decoder matrices of one forward pass: q, k, v, o, gate, up, down per layer.
   static constexpr long long kPerPass = 7LL * kLayers;
 
-  static std::string cli_, root_, bf16_, awq_, gptq8_;
+  static std::string cli_, root_, bf16_, awq_, gptq8_, fp8_;
 };
-std::string KernelReport::cli_, KernelReport::root_, KernelReport::bf16_, KernelReport::awq_, KernelReport::gptq8_;
+std::string KernelReport::cli_, KernelReport::root_, KernelReport::bf16_, KernelReport::awq_, KernelReport::gptq8_,
+    KernelReport::fp8_;
 
 // Decode (one row) on the rows kernel of each ISA the CPU has, prefill of 5
 // rows too; every matmul of the run is there: 4 passes of 7 × 2 matrices plus
@@ -218,7 +221,8 @@ TEST_F(KernelReport, QuantizedCheckpointsTakeTheirKernels) {
   const bool int8 = shardlm::backend::int8_activation_kernels_built() &&
                     shardlm::backend::detected_cpu_isa() >= CpuIsa::kAvx512;
   const bool avx512 = shardlm::backend::detected_cpu_isa() >= CpuIsa::kAvx512;
-  for (const auto& [model, weights] : {std::pair{awq_, std::string("awq-int4")}, std::pair{gptq8_, std::string("gptq-int8")}}) {
+  const std::vector<std::pair<std::string, std::string>> checkpoints = {{awq_, "awq-int4"}, {gptq8_, "gptq-int8"}};
+  for (const auto& [model, weights] : checkpoints) {
     SCOPED_TRACE(weights);
     const auto def = report(model, "", 5, 3);
     EXPECT_EQ(total(def), 3 * kPerPass + 3) << describe(def);
@@ -234,6 +238,19 @@ TEST_F(KernelReport, QuantizedCheckpointsTakeTheirKernels) {
     const auto scalar = report(model, "SHARDLM_ISA=scalar", 5, 2);
     EXPECT_EQ(calls(scalar, "quant/scalar", weights), 2 * kPerPass) << describe(scalar);
   }
+}
+
+// FP8 (blocks 128×128): the prefill of 40 rows through the packed GEMM
+// (panels widened and scaled as they are packed), decode on the FP8 rows kernel.
+TEST_F(KernelReport, Fp8PrefillPackedDecodeRows) {
+  if (shardlm::backend::detected_cpu_isa() < CpuIsa::kAvx2) GTEST_SKIP() << "no SIMD FP8 kernels on this CPU";
+  const auto rows = report(fp8_, "", 40, 3);
+  long long packed = 0;
+  for (const Row& r : rows)
+    if (r.path.rfind("packed/", 0) == 0 && r.weights == "fp8" && r.rows == "33-64") packed += r.calls;
+  EXPECT_EQ(packed, kPerPass) << describe(rows);
+  EXPECT_EQ(calls(rows, "fp8rows/simd", "fp8", "1"), 2 * kPerPass) << describe(rows);
+  EXPECT_EQ(total(rows), 3 * kPerPass + 3) << describe(rows);
 }
 
 // Unset or "0": no table, nothing counted.

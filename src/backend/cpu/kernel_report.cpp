@@ -133,8 +133,8 @@ std::string kernel_report_table() {
   std::snprintf(line, sizeof line, "%-20s %-10s %-10s %-14s %s\n", "path", "weights", "rows", "mxk", "calls");
   o << line;
   for (const KernelCount& r : kernel_report_counts()) {
-    const std::string rows =
-        r.rows_lo == r.rows_hi ? std::to_string(r.rows_hi) : std::to_string(r.rows_lo) + "-" + std::to_string(r.rows_hi);
+    std::string rows = std::to_string(r.rows_hi);
+    if (r.rows_lo != r.rows_hi) rows = std::to_string(r.rows_lo) + "-" + rows;
     const std::string mk = std::to_string(r.m) + "x" + std::to_string(r.k);
     std::snprintf(line, sizeof line, "%-20s %-10s %-10s %-14s %lld\n", r.path.c_str(), r.weights.c_str(), rows.c_str(),
                   mk.c_str(), static_cast<long long>(r.calls));
