@@ -20,7 +20,7 @@
 //   rows        the call's n (tokens) as a power-of-two range: 1, 2, 3-4, 5-8, ...
 //   m×k         output rows × inputs of the matrix (a rank's shard)
 //   calls       how many times
-// Internal to the backend layer (tests and the CLI reach it through this header).
+// Internal to the backend layer (tests read the counts through this header).
 #pragma once
 
 #include <atomic>
