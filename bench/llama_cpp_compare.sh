@@ -3,18 +3,24 @@
 # count (issues 10 and 14). Not part of CI; it never fails on timing. It prints one table,
 # metric | llama.cpp | shardlm | ratio | target | met?, every figure a median of interleaved
 # runs (llama.cpp, shardlm, llama.cpp, shardlm, ...) made in this one invocation, and the
-# rooflines (memory bandwidth, f32 FMA peak) measured in the same rounds.
+# rooflines (memory bandwidth, f32 FMA peak) measured in the same rounds. Then the kernel paths
+# (issue 28): the CPU model and features, the kernel each shardlm configuration's matmuls took
+# (SHARDLM_KERNEL_REPORT: counted at dispatch, by shape) and llama.cpp's (its system_info line,
+# and per GGUF which tensors its CPU_REPACK/AMX buffers took), by bench/llama_cpp_paths.py.
 #
 #   bench/llama_cpp_compare.sh            # Qwen2.5-0.5B and 1.5B shapes, 3 rounds (~30 min quiet)
 #   bench/llama_cpp_compare.sh --quick    # 0.5B only, 1 round, no serve row, for iterating (~5 min quiet)
-#   options: --build-dir DIR (default build), --threads N (default 2), --rounds N, --serve / --no-serve
+#   options: --build-dir DIR (default build), --threads N (default 2), --rounds N, --serve / --no-serve,
+#     --llama-dir DIR: a llama.cpp folder this script built before (DIR/src, DIR/build/bin/llama-bench, ...;
+#       default BUILD/llama.cpp), used as it is: nothing is built or written there
 #
 # What it does:
 #  1. llama.cpp: `npm pack node-llama-cpp@3.21.1` into BUILD/.cache/npm, clones the llama.cpp
 #     source the package bundles (commit 80fb11a) into BUILD/llama.cpp/src, and builds it CPU-only
 #     (GGML_NATIVE, Release, static, no CUDA/Vulkan/Metal) into BUILD/llama.cpp/build: llama-bench,
-#     llama-batched-bench, llama-quantize; bench/llama_greedy.cpp is compiled against it. Nothing
-#     is written into the repository. The first build takes a long while on 2 cores.
+#     llama-batched-bench, llama-quantize (with --llama-dir, that folder's instead: nothing is built);
+#     bench/llama_greedy.cpp is compiled against it into BUILD/llama_cpp_compare. Nothing is written
+#     into the repository. The first build takes a long while on 2 cores.
 #  2. Checkpoints: `shardlm make-model --like qwen2.5-0.5b|1.5b --layers 0 --dtype bf16 --seed 1`,
 #     written as GGUF bit for bit by bench/llama_cpp_gguf.py (llama.cpp's gguf-py), then Q4_0 and
 #     Q8_0 by llama-quantize (its defaults: the tied embedding/output matrix becomes Q6_K / Q8_0);
@@ -22,6 +28,8 @@
 #  3. Token agreement first: `shardlm generate --prompt-ids` against llama_greedy (F32 KV cache on
 #     both sides), 32 greedy tokens; at the first divergence, both engines' logit gaps between
 #     the two candidates (random weights have near-ties).
+#     llama-bench -v's load log of each GGUF (its buffer types and repacked tensors) is kept for
+#     the kernel paths.
 #  4. Rounds; in each, in this order (A = llama.cpp, B = shardlm, both with --threads threads):
 #     machine_peak (read/triad bandwidth, f32 FMA peak: bench/bandwidth.h, bench/machine_peak.cpp);
 #     decode batch 1: A llama-bench tg64 (64 tokens from an empty cache), B `shardlm generate
@@ -39,6 +47,8 @@
 #       nothing to reuse) and 64 output tokens each: its output tokens/s, which includes the
 #       prefill and HTTP that llama-batched-bench's S_TG leaves out, and 16 ÷ its median
 #       time per output token (the decode rate while the 16 stream, first tokens excluded).
+#     In round 1 every shardlm run writes its kernel report (SHARDLM_KERNEL_REPORT) into
+#     llama_cpp_compare/kernels/ (counting costs one map update per matmul, microseconds a step).
 #     Roofline share = tokens/s ÷ (read bandwidth ÷ weight bytes per token), llama.cpp's bytes
 #     being the GGUF's tensor bytes (llama_model_size) and shardlm's its allocator's weight bytes
 #     (tied embeddings: the whole matrix is read as the lm_head). FMA share of pp512 = tokens/s ×
@@ -51,12 +61,14 @@ threads=2
 rounds=""
 quick=0
 serve=""
+llama_dir=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1 ;;
     --no-serve) serve=0 ;;
     --serve) serve=1 ;;
     --build-dir) build=$(cd "$2" && pwd); shift ;;
+    --llama-dir) llama_dir=$(cd "$2" && pwd) || { echo "llama_cpp_compare: --llama-dir $2: no such folder" >&2; exit 2; }; shift ;;
     --threads) threads=$2; shift ;;
     --rounds) rounds=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
@@ -77,9 +89,11 @@ die() { echo "llama_cpp_compare: $*" >&2; exit 1; }
 run() { local t=$1; shift; timeout "$t" nice -n 5 "$@"; }
 
 cli=$build/src/cli/shardlm
-lcp=$build/llama.cpp
+lcp=${llama_dir:-$build/llama.cpp}
 work=$build/llama_cpp_compare
-mkdir -p "$work" "$build/.cache/npm"
+mkdir -p "$work" "$work/kernels"
+rm -f "$work"/kernels/*.txt "$work"/llama_load.*.err
+lscpu >"$work/lscpu.txt" 2>/dev/null || true
 results=$work/results.tsv
 : >"$results"
 put() { printf '%s\t%s\n' "$1" "$2" >>"$results"; }
@@ -93,12 +107,24 @@ run 3000 cmake --build "$build" --target shardlm decode_bench machine_peak >"$wo
 # --- llama.cpp ---------------------------------------------------------------
 pkg=node-llama-cpp@3.21.1
 tgz=$build/.cache/npm/node-llama-cpp-3.21.1.tgz
-if [[ ! -f "$tgz" ]]; then
-  log "npm pack $pkg into $build/.cache/npm"
-  (cd "$build/.cache/npm" && run 600 npm pack "$pkg" >/dev/null) || die "npm pack $pkg failed"
-fi
 src=$lcp/src
+lbin=$lcp/build/bin
+ltools=(llama-bench llama-batched-bench llama-quantize)
+if [[ -n "$llama_dir" ]]; then
+  # Someone else's build: read it, never build or write into it (gguf-py included).
+  for t in "${ltools[@]}"; do
+    [[ -x "$lbin/$t" ]] || die "--llama-dir $llama_dir has no build/bin/$t; run the script once without --llama-dir"
+  done
+  [[ -f "$src/CMakeLists.txt" && -f "$lcp/build/src/libllama.a" ]] ||
+    die "--llama-dir $llama_dir lacks src/ or build/src/libllama.a"
+  export PYTHONDONTWRITEBYTECODE=1
+fi
 if [[ ! -f "$src/CMakeLists.txt" ]]; then
+  if [[ ! -f "$tgz" ]]; then
+    log "npm pack $pkg into $build/.cache/npm"
+    mkdir -p "$build/.cache/npm"
+    (cd "$build/.cache/npm" && run 600 npm pack "$pkg" >/dev/null) || die "npm pack $pkg failed"
+  fi
   log "unpacking llama.cpp's source from $pkg"
   ext=$build/.cache/node-llama-cpp-3.21.1
   mkdir -p "$ext"
@@ -110,8 +136,6 @@ if [[ ! -f "$src/CMakeLists.txt" ]]; then
 fi
 commit=$(git -C "$src" rev-parse HEAD)
 [[ $commit == 80fb11a* ]] || log "warning: llama.cpp source is at $commit, not 80fb11a"
-lbin=$lcp/build/bin
-ltools=(llama-bench llama-batched-bench llama-quantize)
 need_build=0
 for t in "${ltools[@]}"; do [[ -x "$lbin/$t" ]] || need_build=1; done
 if [[ $need_build == 1 || ! -f "$lcp/build/src/libllama.a" ]]; then
@@ -126,10 +150,9 @@ if [[ $need_build == 1 || ! -f "$lcp/build/src/libllama.a" ]]; then
   run 5400 cmake --build "$lcp/build" -j"$(nproc)" --target "${ltools[@]}" llama >"$lcp/build.log" 2>&1 ||
     { tail -20 "$lcp/build.log" >&2; die "building llama.cpp failed (log: $lcp/build.log)"; }
 fi
-greedy=$lcp/bin/llama_greedy
+greedy=$work/llama_greedy  # in this build folder: --llama-dir is only read
 if [[ ! -x "$greedy" || "$root/bench/llama_greedy.cpp" -nt "$greedy" || "$lcp/build/src/libllama.a" -nt "$greedy" ]]; then
   log "compiling bench/llama_greedy.cpp against llama.cpp"
-  mkdir -p "$lcp/bin"
   run 600 g++ -O2 -std=c++17 -march=native -I"$src/include" -I"$src/ggml/include" "$root/bench/llama_greedy.cpp" \
     "$lcp/build/src/libllama.a" "$lcp/build/ggml/src/libggml.a" "$lcp/build/ggml/src/libggml-cpu.a" \
     "$lcp/build/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl -o "$greedy" || die "compiling llama_greedy failed"
@@ -179,6 +202,7 @@ agreement() {  # $1 = model size; puts agree.$1 = "32/32" or "k/32, ..." text
   sj=$(run 600 "$cli" generate "$d/bf16" --prompt-ids "$prompt" --max-tokens "$n_agree" --kv-cache-dtype f32 --json)
   sh_ids=$(/usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.loads(sys.argv[1])["token_ids"])))' "$sj")
   lj=$(run 600 "$greedy" "$d/bf16.gguf" "$prompt" "$n_agree" "$threads" "$sh_ids")
+  printf '%s\n' "$lj" >"$work/llama_greedy.$1.out"  # its system_info line: the kernel paths
   ll_ids=$(sed -n 's/^ids: //p' <<<"$lj")
   div=$(sed -n 's/^divergence: //p' <<<"$lj")
   local n_sh
@@ -206,6 +230,17 @@ l = np.fromfile(sys.argv[1], dtype="<f4"); print("%.4f" % (l[int(sys.argv[2])] -
 }
 for m in $models; do agreement "$m"; done
 
+# --- llama.cpp's load logs: which buffer (CPU_REPACK, AMX, plain CPU) took each tensor ---------
+llama_load_log() {  # $1 model size, $2 gguf type (bf16, Q4_0, Q8_0)
+  run 600 "$lbin/llama-bench" -m "$work/qwen2.5-$1/$2.gguf" -t "$threads" -p 0 -n 1 -r 1 -v -o jsonl \
+    >/dev/null 2>"$work/llama_load.$1.$2.err" || llama_failed_log "$work/llama_load.$1.$2.err" "llama-bench -v on $2.gguf"
+}
+llama_failed_log() { tail -5 "$1" >&2; die "$2 failed (log: $1)"; }
+for m in $models; do
+  llama_load_log "$m" bf16
+  if [[ $m == 0.5b ]]; then llama_load_log "$m" Q4_0; llama_load_log "$m" Q8_0; fi
+done
+
 # --- rounds ------------------------------------------------------------------
 jq_py() { /usr/bin/python3 -c "import json,sys
 $1" "${@:2}"; }
@@ -223,9 +258,12 @@ llama_pp() {  # $1 gguf, $2 key: llama-bench pp512
     llama_failed "llama-bench on $1"
   put "$2" "$(jq_py 'r = json.loads(sys.argv[1].strip().splitlines()[-1]); print(r["avg_ts"])' "$out")"
 }
+# SHARDLM_KERNEL_REPORT for a run: its file under kernels/ in round 1 ("0.5b.shard.dec" →
+# kernels/0.5b.dec.txt), off ("0") in the others.
+kreport() { if [[ $round == 1 ]]; then echo "$work/kernels/${1/.shard./.}.txt"; else echo 0; fi; }
 shard_decode() {  # $1 model dir, $2 key prefix, $3 batches, $4 context, $5 steps, [$6 tp]
   local out
-  out=$(run 900 "$cli" generate "$1" --decode-bench "$3" --decode-context "$4" --decode-steps "$5" \
+  out=$(SHARDLM_KERNEL_REPORT=$(kreport "$2") run 900 "$cli" generate "$1" --decode-bench "$3" --decode-context "$4" --decode-steps "$5" \
     --tp "${6:-1}" --kv-cache-dtype bf16 --json)
   jq_py '
 for line in sys.argv[1].strip().splitlines():
@@ -235,7 +273,7 @@ for line in sys.argv[1].strip().splitlines():
 }
 shard_pp() {  # $1 model dir, $2 key
   local out
-  out=$(run 900 "$build/bench/decode_bench" "$1" --prompt 512 --decode 1 --no-bandwidth)
+  out=$(SHARDLM_KERNEL_REPORT=$(kreport "$2") run 900 "$build/bench/decode_bench" "$1" --prompt 512 --decode 1 --no-bandwidth)
   put "$2" "$(awk '/^prefill:/ {print $(NF-1)}' <<<"$out")"
 }
 llama_batched() {  # $1 gguf, $2 key prefix
@@ -265,7 +303,7 @@ shard_serve() {  # $1 model dir, $2 key, $3 round (seeds the prompts: each round
   local port vocab
   port=$(free_port)
   vocab=$(jq_py 'print(json.load(open(sys.argv[1]))["vocab_size"])' "$1/config.json")
-  nice -n 5 "$cli" serve "$1" --port "$port" --max-num-seqs 16 --max-model-len 512 --kv-cache-memory 1GiB \
+  SHARDLM_KERNEL_REPORT=$(kreport "$2") nice -n 5 "$cli" serve "$1" --port "$port" --max-num-seqs 16 --max-model-len 512 --kv-cache-memory 1GiB \
     >"$work/serve.log" 2>&1 &
   server_pid=$!
   local deadline=$((SECONDS + 300))
@@ -287,6 +325,7 @@ shard_serve() {  # $1 model dir, $2 key, $3 round (seeds the prompts: each round
 
 t_start=$SECONDS
 for ((r = 1; r <= rounds; ++r)); do
+  round=$r
   for m in $models; do
     d=$work/qwen2.5-$m
     log "round $r/$rounds, qwen2.5-$m (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
@@ -314,3 +353,4 @@ log "measured in $((SECONDS - t_start)) s; raw figures: $results"
 # --- table ---------------------------------------------------------------------
 /usr/bin/python3 "$root/bench/llama_cpp_table.py" "$results" "$work" --threads "$threads" --rounds "$rounds" \
   --models "$models" --serve "$serve"
+/usr/bin/python3 "$root/bench/llama_cpp_paths.py" "$work" --models "$models"

@@ -9,6 +9,7 @@
 // Prints "ids: a,b,c" and, per step, the chosen id and its margin over the runner-up. With
 // EXPECT (shardlm's ids), it also prints the first step where they differ, with llama.cpp's
 // logits of both candidates: "divergence: step S llama ID (LOGIT) shardlm ID (LOGIT) gap G".
+// Last, "system_info: ..." (llama_print_system_info: the CPU features ggml uses).
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -112,6 +113,9 @@ int main(int argc, char** argv) {
   std::printf("ids: ");
   for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
   std::printf("\n%s", steps.c_str());
+  // The CPU features ggml was built for and found ("CPU : ... AVX512_BF16 = 1 | AMX_INT8 = 1 | ... REPACK = 1"):
+  // bench/llama_cpp_paths.py reads its kernel paths from them.
+  std::printf("system_info: %s\n", llama_print_system_info());
   llama_free(ctx);
   llama_model_free(model);
   return 0;

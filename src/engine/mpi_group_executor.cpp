@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/bf16_dot_gemm.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant_ops.h"
 #include "core/error.h"
 #include "loader/model_spec.h"
 #include "model/draft_model.h"
@@ -117,12 +118,18 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
     // Replica ranks ordered as in the world: tp fastest, then pp.
     replica_ = world.split(dp_rank_, world.rank());
     // The driver's KV geometry wins: it sized the cache for its scheduler.
-    // So do its kernel choices: batch invariance, and the dense activations
-    // (--dense-activations; a rank whose CPU lacks AVX512_BF16 refuses bf16);
-    // and the local layers' pool (hybrid models: Gemma 3).
-    int64_t geometry[6] = {options_.n_blocks, options_.block_size, static_cast<int64_t>(options_.kv_dtype),
+    // So do its kernel choices: batch invariance, the dense activations
+    // (--dense-activations; a rank whose CPU lacks AVX512_BF16 refuses bf16)
+    // and the AWQ/GPTQ activations (--quant-activations; a rank without the
+    // int8 kernels runs f32 for a matrix, as in one process); and the local
+    // layers' pool (hybrid models: Gemma 3).
+    int64_t geometry[7] = {options_.n_blocks,
+                           options_.block_size,
+                           static_cast<int64_t>(options_.kv_dtype),
                            options_.batch_invariant ? 1 : 0,
-                           static_cast<int64_t>(backend::default_dense_activations()), options_.n_local_blocks};
+                           static_cast<int64_t>(backend::default_dense_activations()),
+                           options_.n_local_blocks,
+                           static_cast<int64_t>(backend::default_quant_activations())};
     replica_->broadcast(geometry, sizeof geometry, 0);
     options_.n_blocks = geometry[0];
     options_.block_size = geometry[1];
@@ -136,6 +143,7 @@ MpiGroupExecutor::MpiGroupExecutor(Communicator& world, const MpiGroupOptions& o
       backend::set_default_dense_activations(driver);
     }
     options_.n_local_blocks = geometry[5];
+    backend::set_default_quant_activations(static_cast<backend::QuantActivations>(geometry[6]));
     if (options_.n_blocks < 1 || options_.block_size < 1)
       fail(ErrorCode::kInvalidArgument, "executor: n_blocks and block_size must be >= 1, got ", options_.n_blocks, " and ",
            options_.block_size);

@@ -102,6 +102,19 @@ class MpiGenerate : public ::testing::Test {
       ASSERT_TRUE(std::filesystem::exists(dir)) << "cannot rename " << mine << " to " << dir << ": " << ec.message();
     }
   }
+  // `shardlm quantize src args` into dir, made and renamed as make() does.
+  static void quantize(const std::string& dir, const std::string& src, const std::string& args) {
+    if (std::filesystem::exists(dir)) return;
+    const std::string mine = dir + ".making." + std::to_string(getpid());
+    Proc r = run_command(cli_ + " quantize " + src + " " + args + " --out " + mine);
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    std::error_code ec;
+    std::filesystem::rename(mine, dir, ec);
+    if (ec) {
+      std::filesystem::remove_all(mine);
+      ASSERT_TRUE(std::filesystem::exists(dir)) << "cannot rename " << mine << " to " << dir << ": " << ec.message();
+    }
+  }
   static std::string mpirun(int np) {
     return std::string(SHARDLM_MPIRUN_PATH) + " --oversubscribe --allow-run-as-root --mca btl self,vader -np " +
            std::to_string(np) + " ";
@@ -194,6 +207,28 @@ TEST_F(MpiGenerate, DenseActivationsFollowTheDriver) {
   EXPECT_NE(bf16, f32);  // the option changes the logits of this bf16 checkpoint
   EXPECT_EQ(tp2("bf16", "f32", "dense_bf16_f32"), bf16);
   EXPECT_EQ(tp2("f32", "bf16", "dense_f32_bf16"), f32);
+}
+
+// --quant-activations under mpirun, the same way: an AWQ checkpoint (group
+// 64, so each rank's row slices hold whole groups of int8 blocks) whose
+// worker is started with the other value computes with the driver's.
+TEST_F(MpiGenerate, QuantActivationsFollowTheDriver) {
+  const std::string awq = models_ + "/mpi_awq";
+  make(awq + "_bf16", "--like qwen2.5-7b --layers 2 --vocab 512 --hidden 512 --heads 8 --kv-heads 4 --head-dim 64 "
+                      "--intermediate 512 --seed 9");
+  quantize(awq, awq + "_bf16", "--quantize awq --group-size 64");
+  const std::string mp = std::string(SHARDLM_MPIRUN_PATH) + " --oversubscribe --allow-run-as-root --mca btl self,vader ";
+  auto tp2 = [&](const std::string& driver, const std::string& worker, const std::string& tag) {
+    Proc r = run_command(mp + "-np 1 " + generate(awq, tag) + " --tp 2 --quant-activations " + driver + " : -np 1 " +
+                         generate(awq, tag + "_worker") + " --tp 2 --quant-activations " + worker);
+    EXPECT_EQ(r.rc, 0) << r.out << r.err;
+    return read_f32(root_ + "/mpi_" + tag + ".logits");
+  };
+  const auto int8 = tp2("int8", "int8", "quant_int8"), f32 = tp2("f32", "f32", "quant_f32");
+  ASSERT_EQ(int8.size(), 512u);
+  if (int8 == f32) GTEST_SKIP() << "no int8-activation kernels in this build or CPU: both values run f32";
+  EXPECT_EQ(tp2("int8", "f32", "quant_int8_f32"), int8);
+  EXPECT_EQ(tp2("f32", "int8", "quant_f32_int8"), f32);
 }
 
 // A draft model under mpirun: it runs whole on rank 0 while the target's

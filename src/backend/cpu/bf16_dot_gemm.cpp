@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/kernel_report.h"
 #include "backend/cpu/reduce16.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
@@ -312,6 +313,7 @@ void bf16_dot_gemm(const float* x, int64_t n, const uint16_t* w, int64_t m, int6
   if (!bf16_dot_gemm_runs()) fail(ErrorCode::kUnsupported, "bf16 activations: ", bf16_dot_gemm_missing());
 #ifdef SHARDLM_BF16_DOT
   if (n <= 0 || m <= 0) return;
+  count_kernel("bf16dot/avx512bf16", "bf16", n, m, k);
   if (k <= 0) {
     std::memset(y, 0, static_cast<size_t>(n * m) * sizeof(float));
     return;

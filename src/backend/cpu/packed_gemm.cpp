@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/kernel_report.h"
 #include "backend/cpu/simd.h"
 #include "core/error.h"
 
@@ -24,8 +25,10 @@ constexpr int kNV = 2;                     // vectors of outputs per panel row
 constexpr int64_t kNR = kNV * kLanes;      // outputs per panel: 32 (AVX-512), 16 (AVX2)
 #if defined(__AVX512F__)
 constexpr int kMR = 12;  // 24 accumulators + 2 weight vectors + 1 broadcast, of 32 zmm
+constexpr const char* kPackedPath = "packed/avx512";  // built for the build's -march, not chosen by SHARDLM_ISA
 #else
 constexpr int kMR = 6;   // 12 accumulators + 2 + 1, of 16 ymm
+constexpr const char* kPackedPath = "packed/avx2";
 #endif
 constexpr int64_t kKC = 256;  // k per panel: kKC × kNR f32 = 32 KiB (AVX-512), 16 KiB (AVX2)
 
@@ -203,6 +206,7 @@ bool packed_fp8_available(const QuantMatrixView& w) {
 void packed_matmul_fp8(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
   SHARDLM_CHECK(w.scheme == WeightScheme::kFp8 && packed_fp8_available(w), "packed_matmul_fp8: block_k ", w.block_k,
                 ", col_offset ", w.col_offset);
+  count_kernel(kPackedPath, "fp8", n, w.n_out, w.n_in);
   packed_from(Fp8Rows{w}, x, n, w.n_out, w.n_in, y);
 }
 
@@ -218,8 +222,11 @@ bool packed_uses_amx(DType weight_dtype) { return weight_dtype == DType::kBF16 &
 int64_t packed_matmul_min_tokens(DType weight_dtype) { return packed_uses_amx(weight_dtype) ? 8 : 32; }
 
 void packed_matmul(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y) {
-  if (weight_dtype == DType::kBF16 && amx_available())
+  if (weight_dtype == DType::kBF16 && amx_available()) {
+    count_kernel("packed/amx", "bf16", n, m, k);
     return amx_matmul_bf16(x, n, static_cast<const uint16_t*>(w), m, k, y);
+  }
+  count_kernel(kPackedPath, kernel_weights_name(weight_dtype), n, m, k);
   switch (weight_dtype) {
     case DType::kF32: packed_typed<DType::kF32>(x, n, w, m, k, y); break;
     case DType::kBF16: packed_typed<DType::kBF16>(x, n, w, m, k, y); break;

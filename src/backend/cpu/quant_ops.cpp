@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/quant_ops.h"
+#include "backend/cpu/kernel_report.h"
 #include "backend/cpu/packed_gemm.h"
 #include "backend/cpu/quant_ops_int8.h"
 #include "backend/cpu/quant_ops_isa.h"
@@ -431,6 +432,7 @@ void fp8_matmul(const float* x, int64_t n, const QuantMatrixView& w, float* y) {
     return packed_matmul_fp8(x, n, w, y);
   // Up to 3 tokens, 8 rows in flight keep more DRAM requests outstanding
   // (as the dense GEMV; AVX2's 16 registers take 4).
+  count_kernel("fp8rows/simd", "fp8", n, w.n_out, w.n_in);
   if (n < 4 && simd::kLanes == 16) return fp8_row_blocks<8>(x, n, w, y);
   fp8_row_blocks<4>(x, n, w, y);
 }
@@ -511,6 +513,7 @@ void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const Vec
   const CpuIsa isa = active_cpu_isa();
 #ifdef SHARDLM_QUANT_AVX512
   if (isa >= CpuIsa::kAvx512) {
+    count_kernel("quant/avx512", kernel_weights_name(w.scheme, w.bits), n, w.n_out, w.n_in);  // (fp8 returned above)
     switch (w.scheme) {
       case WeightScheme::kAwq: awq_matmul(x, n, w, y); break;
       case WeightScheme::kGptq:
@@ -526,10 +529,13 @@ void quant_matmul(const float* x, int64_t n, const QuantMatrixView& w, const Vec
 #endif
   // (FP8 reaches here only in a build without SIMD kernels: the reference.)
   if (isa >= CpuIsa::kAvx2 && w.scheme != WeightScheme::kFp8) {
+    count_kernel("quant/avx2", kernel_weights_name(w.scheme, w.bits), n, w.n_out, w.n_in);
     quant_avx2::quant_matmul(x, n, w, y);
     add_bias(bias, n, w.n_out, y);
     return;
   }
+  count_kernel(w.scheme == WeightScheme::kFp8 ? "fp8rows/scalar" : "quant/scalar", kernel_weights_name(w.scheme, w.bits),
+               n, w.n_out, w.n_in);
   ref::quant_matmul(x, n, w, bias, y);  // a CPU without AVX2: the scalar kernels
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/kernel_report.h"
 #include "backend/cpu/quant_simd.h"
 #include "core/error.h"
 
@@ -370,6 +371,7 @@ void int8_activation_matmul(const float* x, int64_t n, const QuantMatrixView& w,
                 "-bit ", w.n_out, "x", w.n_in, " group ", w.group_size, " has no int8-activation kernel");
   // The calling thread's scratch; the OpenMP workers reach it through `a`
   // (a thread_local named inside the region would be each worker's own).
+  count_kernel("int8/vnni", kernel_weights_name(w.scheme, w.bits), n, w.n_out, w.n_in);
   thread_local QuantizedActivations scratch;
   QuantizedActivations& a = scratch;
   const bool awq = w.scheme == WeightScheme::kAwq;

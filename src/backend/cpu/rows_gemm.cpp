@@ -1,5 +1,6 @@
 #include "backend/cpu/rows_gemm.h"
 
+#include "backend/cpu/kernel_report.h"
 #include "core/error.h"
 
 namespace shardlm::backend {
@@ -15,11 +16,18 @@ void rows_gemm(CpuIsa isa, const float* x, int64_t n, const void* w, DType weigh
          " weights without a quantization scheme");
   SHARDLM_CHECK(static_cast<int>(isa) <= static_cast<int>(detected_cpu_isa()), "rows_gemm: ", cpu_isa_name(isa),
                 " requested, the CPU runs at most ", cpu_isa_name(detected_cpu_isa()));
+  const char* weights = kernel_weights_name(weight_dtype);
   switch (isa) {
     case CpuIsa::kAvx512Bf16:
-    case CpuIsa::kAvx512: return rows_avx512::rows_gemm(x, n, w, weight_dtype, m, k, y);
-    case CpuIsa::kAvx2: return rows_avx2::rows_gemm(x, n, w, weight_dtype, m, k, y);
-    case CpuIsa::kScalar: return rows_scalar::rows_gemm(x, n, w, weight_dtype, m, k, y);
+    case CpuIsa::kAvx512:
+      count_kernel("rows/avx512", weights, n, m, k);
+      return rows_avx512::rows_gemm(x, n, w, weight_dtype, m, k, y);
+    case CpuIsa::kAvx2:
+      count_kernel("rows/avx2", weights, n, m, k);
+      return rows_avx2::rows_gemm(x, n, w, weight_dtype, m, k, y);
+    case CpuIsa::kScalar:
+      count_kernel("rows/scalar", weights, n, m, k);
+      return rows_scalar::rows_gemm(x, n, w, weight_dtype, m, k, y);
   }
 }
 
