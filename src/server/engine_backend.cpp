@@ -284,6 +284,10 @@ void EngineBackend::load() {
   if (b0.n_kv_blocks < 1)
     fail(ErrorCode::kOutOfMemory, "the KV cache gets no block: rank 0 needs ", format_gib(static_cast<double>(b0.weight_bytes)),
          " of weights + ", format_gib(static_cast<double>(b0.workspace_bytes)), " of workspace",
+         b0.has_draft() ? str_cat(" + ", format_gib(static_cast<double>(b0.draft_weight_bytes + b0.draft_workspace_bytes)),
+                                  " for the draft model's weights and workspace, and each block needs one of the "
+                                  "draft's beside it (", with_commas(b0.draft_kv_block_bytes), " B)")
+                        : std::string(),
          b0.n_local_kv_blocks_max > 0
              ? str_cat(", and each block of the global layers (", with_commas(b0.kv_block_bytes),
                        " B) needs one of the local layers' own pool beside it (", with_commas(b0.local_kv_block_bytes),
