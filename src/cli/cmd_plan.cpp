@@ -7,9 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/speculative_config_flag.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "loader/model_catalog.h"
+#include "model/draft_model.h"
 #include "plan/checkpoint_headers.h"
 #include "plan/explain.h"
 #include "plan/planner.h"
@@ -42,6 +44,7 @@ struct PlanCliOptions {
   std::vector<int64_t> pp_layer_partition;  // --pp-layer-partition: only this split of the layers
   double inter_node_latency_us = -1;        // < 0: by link type
   std::string plot;                         // --plot FILE.svg
+  std::string speculative_config;           // --speculative-config JSON (cli/speculative_config_flag.h)
 };
 
 struct ResolvedModel {
@@ -50,6 +53,7 @@ struct ResolvedModel {
   std::string hf_repo;
   int64_t official_total = -1;  // catalog: the official index total
   CheckpointHeaders headers;    // directory: what the safetensors headers say
+  std::filesystem::path dir;    // its directory ("" for a catalog model)
 };
 
 ResolvedModel resolve_model(const std::string& model) {
@@ -80,6 +84,7 @@ ResolvedModel resolve_model(const std::string& model) {
   }
   out.name = model;
   out.hf_repo = model;
+  out.dir = dir;
   out.headers = read_checkpoint_headers(dir);
   // Quantized checkpoints store their scales in F16, BF16 or F32: count what this one holds.
   for (const TensorSpec& t : expected_tensors(out.spec)) {
@@ -156,6 +161,28 @@ int run_plan(const PlanCliOptions& o) {
     model.official_total = -1;  // the index total is the unquantized checkpoint's
   }
 
+  // --speculative-config, parsed as serve parses it. A draft model is read
+  // as the target is (config.json, its checkpoint's dtype) and must speak
+  // the target's vocabulary (checked where the target is a directory).
+  SpeculativeOptions so;
+  try {
+    so = parse_speculative_config(o.speculative_config);
+  } catch (const Error& e) {
+    return usage_error(e.what());
+  }
+  ModelSpec draft_spec;
+  if (so.uses_draft_model()) {
+    ResolvedModel draft = resolve_model(so.draft_model);  // a missing or bad config.json: Error → exit 1
+    draft_spec = draft.spec;
+    if (!model.dir.empty()) check_draft_vocabulary(model.dir, model.spec, draft.dir, draft.spec);
+  }
+  if (so.enabled()) {
+    add_speculation(options.budget, so.num_speculative_tokens, so.uses_draft_model() ? &draft_spec : nullptr);
+    options.speculative_config = o.speculative_config;
+    options.num_speculative_tokens = so.num_speculative_tokens;
+    options.draft_model = so.draft_model;
+  }
+
   Plan plan;
   try {
     DeviceInventory devices = parse_device_inventory(o.gpus, o.nodes, o.inter_node_gbit * 1e9 / 8.0);
@@ -230,6 +257,10 @@ void setup(CLI::App& app) {
   sub->add_option("--reserve-gib", o->reserve_gib, "Runtime reserve per device in GiB (CUDA context, cuBLAS, NCCL)")
       ->capture_default_str();
   sub->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();
+  sub->add_option("--speculative-config", o->speculative_config,
+                  std::string(kSpeculativeConfigHelp) +
+                      ". plan counts what serve allocates for it: a draft model's weights, step buffers and KV cache "
+                      "beside each replica's rank 0, and the k + 1 verification rows of logits per sequence");
   sub->add_flag("--json", o->json, "Print the full plan as JSON");
   sub->add_flag("--enable-expert-parallel", o->enable_expert_parallel,
                 "MoE: experts go whole to the TP ranks (EP = TP), as vLLM's flag; attention stays tensor-parallel");

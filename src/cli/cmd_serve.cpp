@@ -129,6 +129,13 @@ int run_serve(const ServeOptions& given) {
     if (!parse_kv_cache_dtype(o.kv_cache_dtype, &po.budget.kv_cache_dtype))
       fail(ErrorCode::kInvalidArgument, "--kv-cache-dtype '", o.kv_cache_dtype, "': use auto, bf16, f16, f32 or fp8");
     po.expert_parallel = o.enable_expert_parallel;
+    // Speculation's bytes as serve will allocate them (a draft on each replica's rank 0).
+    const SpeculativeOptions so = parse_speculative_config(o.speculative_config);
+    if (so.enabled()) {
+      ModelSpec draft;
+      if (so.uses_draft_model()) draft = load_model_config(std::filesystem::path(so.draft_model) / "config.json");
+      add_speculation(po.budget, so.num_speculative_tokens, so.uses_draft_model() ? &draft : nullptr);
+    }
     const AutoLayoutChoice c = plan_auto_layout(spec, run_ranks(), po, /*max_dp=*/1024);
     std::cerr << "shardlm serve: " << c.reason << std::endl;
     return c.layout;

@@ -120,6 +120,11 @@ class CausalLM {
   // nullptr stops. dump must outlive the calls. Decode graphs stay off
   // while a dump is attached (a replay runs no host code).
   void dump_tensors(TensorDump* dump) { dump_ = dump; }
+  // hidden_, workspace_ and the logits buffers for a step of this size (grown,
+  // never shrunk; forward grows them on demand). A caller that bounds its
+  // steps reserves them up front (model/draft_model.h), so they are allocated
+  // once and measurable.
+  void reserve_step_buffers(int64_t n_tokens, int64_t n_logits);
 
  private:
   CausalLM(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank, Communicator& tp, Communicator& pp,
@@ -127,8 +132,6 @@ class CausalLM {
   void load_weights(std::shared_ptr<const WeightSource> weights);
   // meta_ for batch, then n_padding padding rows.
   void pack_step(const ForwardBatch& batch, const KvCache& cache, int64_t n_padding);
-  // hidden_, workspace_ and the logits buffers for a step of this size (grown, never shrunk).
-  void reserve_step_buffers(int64_t n_tokens, int64_t n_logits);
   // This stage's layers over hidden [meta_.n_tokens(), hidden].
   void run_layers(Tensor& hidden, KvCache& cache);
   // Last stage: out [meta_.n_logits(), vocab] from hidden's logit rows.

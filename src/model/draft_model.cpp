@@ -61,14 +61,28 @@ void check_draft_vocabulary(const std::filesystem::path& target_dir, const Model
 
 DraftModel::DraftModel(const std::filesystem::path& dir, int64_t target_vocab,
                        std::shared_ptr<backend::Backend> backend, int64_t max_len, int64_t block_size,
-                       DType kv_dtype, int64_t n_blocks)
+                       DType kv_dtype, int64_t n_blocks, int64_t max_step_tokens, int64_t max_step_seqs)
     : spec_(load_model_config(dir / "config.json")),
       vocab_(std::min(target_vocab, spec_.vocab_size)),
       max_len_(std::min<int64_t>(max_len, spec_.max_position_embeddings)),
-      block_size_(block_size) {
-  SHARDLM_CHECK(block_size > 0 && n_blocks >= 0, "DraftModel: block_size ", block_size, ", n_blocks ", n_blocks);
+      block_size_(block_size),
+      max_step_tokens_(max_step_tokens > 0 ? max_step_tokens : INT64_MAX),
+      max_step_seqs_(max_step_seqs > 0 ? max_step_seqs : INT64_MAX) {
+  SHARDLM_CHECK(block_size > 0 && n_blocks >= 0 && max_step_tokens >= 0 && max_step_seqs >= 0, "DraftModel: block_size ",
+                block_size, ", n_blocks ", n_blocks, ", max_step_tokens ", max_step_tokens, ", max_step_seqs ",
+                max_step_seqs);
   for (int i = 0; i < 2; ++i) comms_.push_back(std::move(LocalComm::create_world(1)[0]));
   model_ = CausalLM::load(spec_, open_checkpoint(dir), Layout{}, 0, 0, *comms_[0], *comms_[1], std::move(backend));
+  if (max_step_tokens > 0 && max_step_seqs > 0) {
+    // Every step's buffers now, measured by the allocator: [T, hidden] and
+    // the layers' workspace for T tokens, [S, vocab] logits (S rows at most:
+    // one per sequence), and the host rows they are copied to.
+    const int64_t before = model_->backend().allocated_bytes();
+    model_->reserve_step_buffers(max_step_tokens, max_step_seqs);
+    logits_.reserve(static_cast<size_t>(max_step_seqs * spec_.vocab_size));
+    workspace_bytes_ = model_->backend().allocated_bytes() - before +
+                       static_cast<int64_t>(logits_.capacity() * sizeof(float));
+  }
   if (n_blocks == 0) n_blocks = (max_len_ + block_size) / block_size;  // max_len_ positions, and one spare
   cache_ = model_->make_kv_cache(n_blocks, block_size, kv_dtype);
   for (int64_t b = n_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
@@ -118,7 +132,7 @@ std::vector<std::vector<int32_t>> DraftModel::propose(std::span<const Query> que
     size_t query;
     Sequence* seq;  // stable: unordered_map nodes do not move
     int64_t k;      // drafts it gets
-    std::span<const int32_t> catch_up;  // the context it has not fed
+    std::span<const int32_t> pending;  // what it feeds next: the context it has not fed, then its last draft
   };
   std::vector<Active> active;
   for (size_t i = 0; i < queries.size(); ++i) {
@@ -142,29 +156,41 @@ std::vector<std::vector<int32_t>> DraftModel::propose(std::span<const Query> que
     }
     active.push_back({i, &s, k, q.context.subspan(keep)});
   }
-  for (bool first = true;; first = false) {
+  // Each step: up to max_step_seqs_ sequences and max_step_tokens_ tokens,
+  // the sequences in query order; a catch-up longer than what is left of the
+  // step is fed in chunks, and only its last chunk asks a logits row (the
+  // first draft). Then one row each per draft step.
+  for (;;) {
     ForwardBatch batch;
     std::vector<size_t> rows;  // active index of each logits row
-    for (size_t a = 0; a < active.size(); ++a) {
+    int64_t tokens_left = max_step_tokens_, seqs_left = max_step_seqs_;
+    for (size_t a = 0; a < active.size() && tokens_left > 0 && seqs_left > 0; ++a) {
       Active& act = active[a];
-      std::vector<int32_t>& out = drafts[act.query];
-      if (!first && static_cast<int64_t>(out.size()) >= act.k) continue;
-      const std::span<const int32_t> feed = first ? act.catch_up : std::span<const int32_t>(&out.back(), 1);
+      if (act.pending.empty()) continue;  // it has all its drafts
+      const size_t n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(act.pending.size()), tokens_left));
+      const std::span<const int32_t> feed = act.pending.first(n);
       SequenceChunk c;
-      c.n_tokens = static_cast<int32_t>(feed.size());
+      c.n_tokens = static_cast<int32_t>(n);
       c.n_past = static_cast<int32_t>(act.seq->fed.size());
       c.block_table = act.seq->blocks;
-      c.need_logits = true;
+      c.need_logits = n == act.pending.size();
       batch.seqs.push_back(std::move(c));
       batch.token_ids.insert(batch.token_ids.end(), feed.begin(), feed.end());
       act.seq->fed.insert(act.seq->fed.end(), feed.begin(), feed.end());
-      rows.push_back(a);
+      act.pending = act.pending.subspan(n);
+      if (batch.seqs.back().need_logits) rows.push_back(a);
+      tokens_left -= static_cast<int64_t>(n);
+      --seqs_left;
     }
-    if (rows.empty()) break;
+    if (batch.seqs.empty()) break;
     logits_.resize(rows.size() * static_cast<size_t>(spec_.vocab_size));
     model_->forward(batch, cache_, logits_.data());
-    for (size_t r = 0; r < rows.size(); ++r)
-      drafts[active[rows[r]].query].push_back(argmax_token(logits_.data() + r * static_cast<size_t>(spec_.vocab_size), vocab_));
+    for (size_t r = 0; r < rows.size(); ++r) {
+      Active& act = active[rows[r]];
+      std::vector<int32_t>& out = drafts[act.query];
+      out.push_back(argmax_token(logits_.data() + r * static_cast<size_t>(spec_.vocab_size), vocab_));
+      if (static_cast<int64_t>(out.size()) < act.k) act.pending = std::span<const int32_t>(&out.back(), 1);
+    }
   }
   return drafts;
 }

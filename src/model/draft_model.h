@@ -47,9 +47,15 @@ void check_draft_vocabulary(const std::filesystem::path& target_dir, const Model
 class DraftModel {
  public:
   // max_len: the longest context one sequence will have (prompt + max_tokens);
-  // n_blocks: its KV cache's blocks of block_size (0: one sequence of max_len).
+  // n_blocks: its KV cache's blocks of block_size (0: one sequence of max_len;
+  // serve: plan's draft_kv_blocks). max_step_tokens / max_step_seqs > 0 bound
+  // each forward step to that many tokens and sequences (a long catch-up is
+  // fed in chunks), and its step buffers are reserved here, once, for that
+  // size (plan's draft_workspace_bytes: serve passes max_num_batched_tokens
+  // and max_num_seqs); 0: unbounded, buffers grown on demand (generate).
   DraftModel(const std::filesystem::path& dir, int64_t target_vocab, std::shared_ptr<backend::Backend> backend,
-             int64_t max_len, int64_t block_size, DType kv_dtype, int64_t n_blocks = 0);
+             int64_t max_len, int64_t block_size, DType kv_dtype, int64_t n_blocks = 0, int64_t max_step_tokens = 0,
+             int64_t max_step_seqs = 0);
   ~DraftModel();
 
   struct Query {
@@ -68,6 +74,9 @@ class DraftModel {
 
   int64_t weight_bytes() const;                           // measured as loaded (CausalLM::weight_bytes)
   int64_t kv_bytes() const { return cache_.bytes(); }     // measured (KvCache::bytes)
+  // With bounded steps: what the backend's allocator obtained for the step
+  // buffers reserved at load, plus the host logits rows' capacity (measured); else 0.
+  int64_t workspace_bytes() const { return workspace_bytes_; }
   int64_t n_sequences_held() const { return static_cast<int64_t>(seqs_.size()); }
   const ModelSpec& spec() const { return spec_; }
 
@@ -85,13 +94,16 @@ class DraftModel {
   int64_t vocab_;  // ids it may propose: both models' vocabularies
   int64_t max_len_;
   int64_t block_size_;
+  int64_t max_step_tokens_;  // per forward step; INT64_MAX: unbounded
+  int64_t max_step_seqs_;
+  int64_t workspace_bytes_ = 0;
   std::vector<std::unique_ptr<Communicator>> comms_;  // a one-rank world: its tp and pp groups
   std::unique_ptr<CausalLM> model_;
   KvCache cache_;
   std::vector<int32_t> free_blocks_;  // a stack
   std::unordered_map<int64_t, Sequence> seqs_;
   uint64_t clock_ = 0;
-  std::vector<float> logits_;  // [rows, spec_.vocab_size]
+  std::vector<float> logits_;  // [rows <= max_step_seqs_, spec_.vocab_size]
 };
 
 }  // namespace shardlm

@@ -199,7 +199,12 @@ void explain_no_fit(const Plan& plan, std::vector<std::string>& out) {
       << gib(static_cast<double>(b.workspace_bytes)) << " workspace + " << gib(static_cast<double>(b.reserve_bytes))
       << " reserve + " << gib(static_cast<double>(best->required_tokens * b.kv_bytes_per_token + b.local_kv_cache_bytes))
       << " KV for "
-      << with_commas(best->required_tokens) << " tokens, of its " << gib(static_cast<double>(b.budget_bytes))
+      << with_commas(best->required_tokens) << " tokens"
+      << (b.has_draft() ? " + " + gib(static_cast<double>(b.draft_weight_bytes + b.draft_workspace_bytes +
+                                                           (best->required_tokens + b.block_size) * b.draft_kv_bytes_per_token)) +
+                              " for the draft model (weights, workspace, KV)"
+                        : std::string())
+      << ", of its " << gib(static_cast<double>(b.budget_bytes))
       << " budget: short by " << gib(static_cast<double>(-best->headroom_bytes)) << ".";
   }
   if (plan.devices_needed > 0)
@@ -259,6 +264,34 @@ void render_moe(const Plan& plan, std::ostringstream& out) {
                           "), but shardlm implements only the all-reduce path"))
         << "\n";
   }
+}
+
+// --speculative-config: what it adds to the recommended layout's budgets.
+// A draft model: its own lines on each replica's rank 0 (the bytes serve's
+// startup log shows measured beside them). Both methods: the verification
+// rows in the last stage's logits buffers.
+void render_speculation(const Plan& plan, const LayoutEvaluation& rec, std::ostringstream& out) {
+  const PlanOptions& o = plan.options;
+  if (o.num_speculative_tokens <= 0) return;
+  const int64_t rows = o.budget.logit_rows_per_seq;
+  if (!o.draft_model.empty()) {
+    const int per = rec.layout.ranks_per_replica();
+    for (size_t d = 0; d < rec.budgets.size(); ++d) {
+      const MemoryBudget& b = rec.budgets[d].front();  // rank 0 of the replica: its driver
+      const int dev = static_cast<int>(d) * per;
+      out << "  draft model " << o.draft_model << " (TP 1, PP 1) beside replica " << d << "'s driver, device " << dev
+          << " (" << plan.devices.devices[static_cast<size_t>(dev)].name << "): weights "
+          << with_commas(b.draft_weight_bytes) << " B, workspace " << with_commas(b.draft_workspace_bytes)
+          << " B, KV cache " << with_commas(b.draft_kv_cache_bytes) << " B (" << with_commas(b.n_draft_kv_blocks)
+          << " blocks of " << b.block_size << " tokens: the replica's " << with_commas(b.n_kv_blocks) << " and a spare; "
+          << with_commas(b.draft_kv_bytes_per_token) << " B/token); in that rank's budget above and its fit\n";
+    }
+  } else {
+    out << "  speculative decoding (ngram, " << o.num_speculative_tokens
+        << " tokens): no weights or KV cache of its own\n";
+  }
+  out << "  verification steps ask " << rows << " logits rows per sequence (" << rows << " × "
+      << o.budget.max_num_seqs << " sequences): counted in the last stage's workspace\n";
 }
 
 // "Verdict: ..." with the exact bytes of the tightest rank.
@@ -618,6 +651,7 @@ std::string render_plan_text(const Plan& plan) {
       out << "; the replica holds the minimum, " << with_commas(replica[bind].n_kv_blocks_capacity * o.block_size)
           << " tokens: rank " << dev << " (" << plan.devices.devices[static_cast<size_t>(dev)].name << ") binds\n";
     }
+    render_speculation(plan, rec, out);
     out << "\n  " << shardlm_serve_command(plan, rec) << "\n";
     const std::string v = vllm_serve_command(plan, rec);
     if (!v.empty()) out << "  " << v << "\n";

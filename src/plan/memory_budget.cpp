@@ -74,8 +74,10 @@ WorkspaceBreakdown workspace_breakdown(const ModelSpec& spec, const Layout& layo
   w.reduce = 0;    // all-reduces run in place on the projection output
   w.pipeline = 0;  // stages send and receive the residual-stream buffer itself
   if (s.last_stage) {
-    w.logits = seqs * h * a + seqs * spec.vocab_size * 4;  // last positions' hidden, the f32 logits returned
-    if (layout.tp > 1) w.logits += seqs * s.vocab.size() * a + seqs * spec.vocab_size * a;  // local, gathered
+    // A verification step (speculative decoding) asks k + 1 rows of each sequence.
+    const int64_t rows = seqs * std::max<int64_t>(options.logit_rows_per_seq, 1);
+    w.logits = rows * h * a + rows * spec.vocab_size * 4;  // last positions' hidden, the f32 logits returned
+    if (layout.tp > 1) w.logits += rows * s.vocab.size() * a + rows * spec.vocab_size * a;  // local, gathered
     w.sampler = 2 * seqs * spec.vocab_size * 4;  // the host sampler's probabilities
   }
   return w;
@@ -152,6 +154,39 @@ int64_t max_context_for_pool(const ModelSpec& spec, int64_t kv_tokens, int64_t b
   return whole;
 }
 
+int64_t draft_kv_blocks(int64_t target_kv_blocks) { return std::max<int64_t>(target_kv_blocks, 0) + 1; }
+
+int64_t draft_workspace_bytes(const ModelSpec& draft, const MemoryBudgetOptions& options) {
+  MemoryBudgetOptions one_row = options;  // the draft asks one row of each sequence per step
+  one_row.logit_rows_per_seq = 1;
+  const WorkspaceBreakdown w = workspace_breakdown(draft, Layout{}, 0, 0, one_row);
+  return w.total() - w.sampler + options.max_num_seqs * draft.vocab_size * 4;
+}
+
+DraftBudget draft_budget(const ModelSpec& draft, const MemoryBudgetOptions& options) {
+  DraftBudget d;
+  d.weight_bytes = rank_weight_bytes(draft, Layout{}, 0, 0);
+  d.workspace_bytes = draft_workspace_bytes(draft, options);
+  d.kv_bytes_per_token = model_kv_bytes_per_token(draft, options.kv_cache_dtype);
+  return d;
+}
+
+void add_speculation(MemoryBudgetOptions& options, int64_t num_speculative_tokens, const ModelSpec* draft) {
+  options.logit_rows_per_seq = 1 + std::max<int64_t>(num_speculative_tokens, 0);
+  options.draft = draft ? draft_budget(*draft, options) : DraftBudget{};
+}
+
+// n_kv_blocks and what follows from it (the draft's pool on rank 0 included).
+static void set_kv_blocks(MemoryBudget& b, int64_t blocks) {
+  b.n_kv_blocks = blocks;
+  b.n_kv_tokens = blocks * b.block_size;
+  b.kv_cache_bytes = blocks * b.kv_block_bytes + b.local_kv_cache_bytes;
+  if (b.has_draft()) {
+    b.n_draft_kv_blocks = draft_kv_blocks(blocks);
+    b.draft_kv_cache_bytes = b.n_draft_kv_blocks * b.draft_kv_block_bytes;
+  }
+}
+
 // The local layers' pool first (the same count on every rank: at most its
 // cap, and no more blocks than the global pool gets when both get as many on
 // the tightest rank), then each rank's global capacity from what is left.
@@ -162,7 +197,7 @@ static void split_kv_pools(std::vector<MemoryBudget>& budgets) {
   if (cap > 0) {
     int64_t even = kUnboundedBlocks;
     for (const MemoryBudget& b : budgets)
-      if (const int64_t both = b.kv_block_bytes + b.local_kv_block_bytes; both > 0)
+      if (const int64_t both = b.kv_block_bytes + b.local_kv_block_bytes + b.draft_kv_block_bytes; both > 0)
         even = std::min(even, std::max<int64_t>(b.usable_bytes, 0) / both);
     n_local = std::min(cap, even);
   }
@@ -172,7 +207,8 @@ static void split_kv_pools(std::vector<MemoryBudget>& budgets) {
     const int64_t for_main = b.usable_bytes - b.local_kv_cache_bytes;
     b.n_kv_blocks_capacity = for_main <= 0                    ? 0
                              : cap > 0 && n_local == 0        ? 0  // not one block for the local layers
-                             : b.kv_block_bytes > 0           ? for_main / b.kv_block_bytes
+                             : b.kv_block_bytes + b.draft_kv_block_bytes > 0
+                                 ? for_main / (b.kv_block_bytes + b.draft_kv_block_bytes)
                                                               : kUnboundedBlocks;
   }
 }
@@ -211,19 +247,24 @@ MemoryBudget compute_memory_budget(const ModelSpec& spec, const ModelTensors& te
   b.workspace_bytes = b.workspace.total();
   b.reserve_bytes = options.reserve_bytes;
   b.usable_bytes = b.budget_bytes - b.weight_bytes - b.workspace_bytes - b.reserve_bytes;
+  b.block_size = options.block_size;
+  if (options.draft.enabled() && tp_rank == 0 && pp_rank == 0) {
+    b.draft_weight_bytes = options.draft.weight_bytes;
+    b.draft_workspace_bytes = options.draft.workspace_bytes;
+    b.draft_kv_bytes_per_token = options.draft.kv_bytes_per_token;
+    b.draft_kv_block_bytes = b.draft_kv_bytes_per_token * b.block_size;
+    b.usable_bytes -= b.draft_weight_bytes + b.draft_workspace_bytes + b.draft_kv_block_bytes;  // its spare block
+  }
   b.local_kv_bytes_per_token = rank_local_kv_bytes_per_token(spec, layout, tp_rank, pp_rank, options.kv_cache_dtype);
   b.kv_bytes_per_token =
       rank_kv_bytes_per_token(spec, layout, tp_rank, pp_rank, options.kv_cache_dtype) - b.local_kv_bytes_per_token;
-  b.block_size = options.block_size;
   b.kv_block_bytes = b.kv_bytes_per_token * b.block_size;
   b.n_local_kv_blocks_max = local_pool_blocks(spec, options);
   b.local_kv_block_bytes = b.local_kv_bytes_per_token * b.block_size;
   std::vector<MemoryBudget> alone{b};
   split_kv_pools(alone);
   b = alone.front();
-  b.n_kv_blocks = b.n_kv_blocks_capacity;
-  b.n_kv_tokens = b.n_kv_blocks * b.block_size;
-  b.kv_cache_bytes = b.n_kv_blocks * b.kv_block_bytes + b.local_kv_cache_bytes;
+  set_kv_blocks(b, b.n_kv_blocks_capacity);
   return b;
 }
 
@@ -250,11 +291,7 @@ void match_replica_kv(std::vector<MemoryBudget>& budgets) {
   split_kv_pools(budgets);
   int64_t blocks = budgets.front().n_kv_blocks_capacity;
   for (const auto& b : budgets) blocks = std::min(blocks, b.n_kv_blocks_capacity);
-  for (auto& b : budgets) {
-    b.n_kv_blocks = blocks;
-    b.n_kv_tokens = blocks * b.block_size;
-    b.kv_cache_bytes = blocks * b.kv_block_bytes + b.local_kv_cache_bytes;
-  }
+  for (auto& b : budgets) set_kv_blocks(b, blocks);
 }
 
 int64_t replica_kv_tokens(const std::vector<MemoryBudget>& budgets) {
@@ -293,6 +330,13 @@ nlohmann::json memory_budget_json(const MemoryBudget& b) {
           {"n_kv_blocks", b.n_kv_blocks},
           {"n_kv_tokens", b.n_kv_tokens},
           {"kv_cache_bytes", b.kv_cache_bytes},
+          {"draft", b.has_draft() ? nlohmann::json{{"weight_bytes", b.draft_weight_bytes},
+                                                   {"workspace_bytes", b.draft_workspace_bytes},
+                                                   {"kv_bytes_per_token", b.draft_kv_bytes_per_token},
+                                                   {"kv_block_bytes", b.draft_kv_block_bytes},
+                                                   {"n_kv_blocks", b.n_draft_kv_blocks},
+                                                   {"kv_cache_bytes", b.draft_kv_cache_bytes}}
+                                  : nlohmann::json()},
           {"fits", b.fits()}};
 }
 

@@ -34,13 +34,37 @@ bool parse_kv_cache_dtype(std::string_view text, KvCacheDType* out);
 // round figure; serve on CPU passes 0.
 constexpr int64_t kDefaultGpuReserveBytes = int64_t{1} << 30;
 
+// A draft model for speculative decoding (--speculative-config "model";
+// model/draft_model.h): whole (TP 1, PP 1) beside each replica's driver,
+// rank 0 (tp 0, pp 0), so it is charged to that rank's device. Its paged KV
+// cache gets draft_kv_blocks(the target's blocks): the replica's KV pool and
+// the draft's grow together, so a rank-0 device's KV memory buys blocks of
+// kv_block_bytes + draft kv_bytes_per_token × block_size. A zero weight_bytes
+// means no draft. draft_budget() fills it; plan and serve both call it.
+struct DraftBudget {
+  int64_t weight_bytes = 0;        // rank_weight_bytes(draft, TP 1, PP 1): exact shapes, its dtype as loaded
+  int64_t workspace_bytes = 0;     // its step buffers (draft_workspace_bytes)
+  int64_t kv_bytes_per_token = 0;  // model_kv_bytes_per_token(draft, kv dtype): every layer in one pool
+  bool enabled() const { return weight_bytes > 0; }
+};
+
+// The draft's KV blocks: the target replica's pool (so it can hold what every
+// sequence the target holds has fed it), and one spare: a sequence holds its
+// context and all but the last of its drafts, which may cross a block edge
+// the target's blocks have not reached yet. Serve's DraftModel gets exactly this.
+int64_t draft_kv_blocks(int64_t target_kv_blocks);
+
 struct MemoryBudgetOptions {
   double gpu_memory_utilization = 0.9;  // fraction of the device memory this process may use
   int64_t max_num_batched_tokens = 8192;  // tokens in one forward step (sizes the workspace)
   int64_t max_num_seqs = 8;               // sequences in one step (sizes logits and sampler)
+  // Logits rows one sequence asks in a step: 1, or 1 + num_speculative_tokens
+  // under speculative decoding (its verification rows; n-gram or draft).
+  int64_t logit_rows_per_seq = 1;
   KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
   int64_t block_size = kDefaultBlockSize;
   int64_t reserve_bytes = kDefaultGpuReserveBytes;
+  DraftBudget draft;  // --speculative-config "model": charged to each replica's rank 0 (none by default)
 };
 
 // Activation/workspace bytes of one rank for one step, by part: the buffers
@@ -55,8 +79,9 @@ struct MemoryBudgetOptions {
 //               + T·n_experts·a + 2·T·top_k·4 (MoE: router logits, top-k ids and weights)
 //               + T·(2·hidden_size + 2·expert_inter_slice)·4 (MoE: the expert op's scratch, at worst)
 //   reduce, pipeline = 0              all-reduces run in place; stages send the residual stream
-//   logits    = S·hidden_size·a + S·vocab·4 (+ S·vocab_slice·a + S·vocab·a when tp > 1)
-//               last stage only: the last positions' hidden, the logits returned (local, gathered)
+//   logits    = R·hidden_size·a + R·vocab·4 (+ R·vocab_slice·a + R·vocab·a when tp > 1), R = S·logit_rows_per_seq
+//               last stage only: the last positions' hidden, the logits returned (local, gathered);
+//               speculative decoding's verification steps ask k + 1 rows per sequence
 //   sampler   = 2·S·vocab·4           last stage: the host sampler's probabilities
 // CUDA's own scratch (bf16 copies of GEMM inputs, the decode-attention
 // partitions) is not counted here: it falls in the runtime reserve.
@@ -73,6 +98,21 @@ struct WorkspaceBreakdown {
 
 WorkspaceBreakdown workspace_breakdown(const ModelSpec& spec, const Layout& layout, int tp_rank, int pp_rank,
                                        const MemoryBudgetOptions& options);
+
+// The draft model's step buffers (model/draft_model.h): it feeds at most
+// max_num_batched_tokens tokens and max_num_seqs logit rows per forward step
+// and reserves those buffers when it loads, so they are what
+// workspace_breakdown gives the whole draft at TP 1, PP 1 without the sampler
+// (it takes the argmax on the host), plus the host copy of its logits rows,
+// S × draft vocab × 4.
+int64_t draft_workspace_bytes(const ModelSpec& draft, const MemoryBudgetOptions& options);
+// weight_bytes, workspace_bytes and kv_bytes_per_token of `draft` under options.
+DraftBudget draft_budget(const ModelSpec& draft, const MemoryBudgetOptions& options);
+
+// Speculative decoding's share of the budget, set alike by plan and serve:
+// each sequence's k + 1 verification rows (n-gram or draft), and with a
+// draft (non-null) its budget (draft_budget, after the rows are set).
+void add_speculation(MemoryBudgetOptions& options, int64_t num_speculative_tokens, const ModelSpec* draft);
 
 // K and V for one token on this rank: 2 × kv_heads_on_rank × head_dim × kv_bytes × layers_on_stage.
 // Replicated KV heads (tp > n_kv_heads, or uneven GQA groups) are counted on every rank that holds them.
@@ -151,7 +191,8 @@ struct MemoryBudget {
   int64_t workspace_bytes = 0;     // workspace_breakdown().total()
   WorkspaceBreakdown workspace;
   int64_t reserve_bytes = 0;       // runtime reserve (options.reserve_bytes)
-  int64_t usable_bytes = 0;        // budget − weights − workspace − reserve; negative = shortfall
+  int64_t usable_bytes = 0;        // budget − weights − workspace − reserve (− the draft's weights, workspace
+                                   // and spare KV block on rank 0 with a draft); negative = shortfall
   // The main pool, whose blocks hold every position of a sequence's context:
   // all layers, or with a local pool the global layers only.
   int64_t kv_bytes_per_token = 0;  // rank_kv_bytes_per_token() − local_kv_bytes_per_token
@@ -173,6 +214,16 @@ struct MemoryBudget {
                                    // replica's smallest capacity (every rank holds the same tokens)
   int64_t n_kv_tokens = 0;         // n_kv_blocks × block_size
   int64_t kv_cache_bytes = 0;      // n_kv_blocks × kv_block_bytes + local_kv_cache_bytes: what serve allocates
+  // The draft model (options.draft), on the replica's rank 0 only (else all 0).
+  // Its blocks come with the main pool's: n_kv_blocks_capacity divides what
+  // is left by kv_block_bytes + draft_kv_block_bytes.
+  int64_t draft_weight_bytes = 0;
+  int64_t draft_workspace_bytes = 0;
+  int64_t draft_kv_bytes_per_token = 0;
+  int64_t draft_kv_block_bytes = 0;       // draft_kv_bytes_per_token × block_size
+  int64_t n_draft_kv_blocks = 0;          // draft_kv_blocks(n_kv_blocks)
+  int64_t draft_kv_cache_bytes = 0;       // n_draft_kv_blocks × draft_kv_block_bytes: what serve's draft allocates
+  bool has_draft() const { return draft_weight_bytes > 0; }
   bool fits() const { return n_kv_blocks > 0; }  // weights and workspace fit with room for one block
 };
 

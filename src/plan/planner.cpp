@@ -166,7 +166,9 @@ class Evaluator {
         const WorldConfig w{r, layout};
         const int device = d * per_replica + r;
         const MemoryBudget b = budget(layout, w.tp_rank(), w.pp_rank(), devices_.devices[device].memory_bytes);
-        const int64_t headroom = b.usable_bytes - b.local_kv_cache_bytes - e.required_tokens * b.kv_bytes_per_token;
+        // With a draft on this rank, its KV grows with the target's (MemoryBudget).
+        const int64_t headroom = b.usable_bytes - b.local_kv_cache_bytes -
+                                 e.required_tokens * (b.kv_bytes_per_token + b.draft_kv_bytes_per_token);
         if (headroom < e.headroom_bytes) {
           e.headroom_bytes = headroom;
           e.tightest_replica = d;
@@ -636,6 +638,7 @@ std::string shardlm_serve_command(const Plan& plan, const LayoutEvaluation& e) {
     out << " --pp-layer-partition ";
     for (size_t i = 0; i < e.layout.pp_layer_partition.size(); ++i) out << (i ? "," : "") << e.layout.pp_layer_partition[i];
   }
+  if (!plan.options.speculative_config.empty()) out << " --speculative-config '" << plan.options.speculative_config << "'";
   return out.str();
 }
 
@@ -650,6 +653,7 @@ std::string vllm_serve_command(const Plan& plan, const LayoutEvaluation& e) {
   if (plan.options.budget.max_num_batched_tokens != 8192)
     out << " --max-num-batched-tokens " << plan.options.budget.max_num_batched_tokens;
   if (e.layout.expert_parallel) out << " --enable-expert-parallel";
+  if (!plan.options.speculative_config.empty()) out << " --speculative-config '" << plan.options.speculative_config << "'";
   return out.str();
 }
 
@@ -796,6 +800,19 @@ nlohmann::json plan_json(const Plan& plan) {
       {"explanation", explain_plan(plan)},
   };
   j["options"]["enable_expert_parallel"] = plan.options.expert_parallel;
+  // --speculative-config: what it adds (the per-rank budgets carry the draft's bytes on rank 0).
+  if (plan.options.num_speculative_tokens > 0) {
+    nlohmann::json sp = {{"method", plan.options.draft_model.empty() ? "ngram" : "draft_model"},
+                         {"num_speculative_tokens", plan.options.num_speculative_tokens},
+                         {"logit_rows_per_seq", b.logit_rows_per_seq},
+                         {"draft_model", plan.options.draft_model.empty() ? nlohmann::json() : nlohmann::json(plan.options.draft_model)},
+                         {"draft", nlohmann::json()}};
+    if (b.draft.enabled())
+      sp["draft"] = {{"weight_bytes", b.draft.weight_bytes},
+                     {"workspace_bytes", b.draft.workspace_bytes},
+                     {"kv_bytes_per_token", b.draft.kv_bytes_per_token}};
+    j["options"]["speculative"] = sp;
+  }
   if (s.is_moe()) {
     const int tp = plan.recommended >= 0 ? plan.layouts[plan.recommended].layout.tp
                                          : static_cast<int>(std::min<int64_t>(plan.devices.n_devices(), s.n_heads));

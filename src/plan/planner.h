@@ -94,6 +94,13 @@ struct PlanOptions {
   std::vector<double> tensor_split;
   // --pp-layer-partition: only layouts with that many stages, with that split.
   std::vector<int64_t> pp_layer_partition;
+  // --speculative-config (the JSON as given; the serve commands repeat it):
+  // k drafted tokens, from prompt lookup (draft_model "") or a draft model's
+  // directory. Its bytes are in budget (add_speculation): the verification
+  // rows in the last stage's logits, the draft on each replica's rank 0.
+  std::string speculative_config;
+  int64_t num_speculative_tokens = 0;
+  std::string draft_model;
 };
 
 // Spread of one kind of work over the ranks of a replica.

@@ -181,10 +181,23 @@ std::string LoadReport::text() const {
   out << "max concurrency at max model len: " << (kv_tokens_per_seq > 0 ? kv_tokens / kv_tokens_per_seq : 0)
       << " sequences";
   if (!graphs.empty()) out << "\n" << graphs;
-  if (!draft_dir.empty())
-    out << "\ndraft model " << draft_dir << " beside each replica's driver (allocated, measured): weights "
-        << with_commas(draft_weight_bytes) << " B, KV cache " << with_commas(draft_kv_bytes) << " B ("
+  if (!draft_dir.empty()) {
+    // Plan's figures (rank 0's budget) beside what the draft's allocator obtained.
+    const MemoryBudget none;
+    const MemoryBudget& b = budgets.empty() ? none : budgets[0];
+    const auto u = [](int64_t v) { return static_cast<uint64_t>(std::max<int64_t>(v, 0)); };
+    out << "\ndraft model " << draft_dir << " beside each replica's driver: planned weights "
+        << with_commas(b.draft_weight_bytes) << " B, workspace " << with_commas(b.draft_workspace_bytes)
+        << " B, KV cache " << with_commas(b.draft_kv_cache_bytes) << " B (" << with_commas(b.n_draft_kv_blocks)
+        << " blocks, " << with_commas(b.draft_kv_bytes_per_token) << " B/token)\n    allocated (measured): weights "
+        << with_commas(draft_weight_bytes) << " B ("
+        << backend::plan_agreement_text(u(b.draft_weight_bytes), u(draft_weight_bytes), measured_tolerance)
+        << "), workspace " << with_commas(draft_workspace_bytes) << " B ("
+        << backend::plan_agreement_text(u(b.draft_workspace_bytes), u(draft_workspace_bytes), measured_tolerance)
+        << "), KV cache " << with_commas(draft_kv_bytes) << " B ("
+        << backend::plan_agreement_text(u(b.draft_kv_cache_bytes), u(draft_kv_bytes), measured_tolerance) << "; "
         << with_commas(draft_kv_tokens) << " tokens)";
+  }
   return out.str();
 }
 
@@ -217,6 +230,19 @@ void EngineBackend::load() {
   mo.block_size = options_.block_size;
   mo.reserve_bytes = 0;  // CPU: no CUDA context or NCCL buffers (a GPU sets its reserve below)
   const DType kv_dtype = kv_dtype_of(options_.kv_cache_dtype, spec.dtype);
+  ModelSpec draft_spec;
+  if (options_.speculative.uses_draft_model()) {
+    // The draft must speak the target's vocabulary; refused naming both directories.
+    const std::filesystem::path draft_dir(options_.speculative.draft_model);
+    draft_spec = load_model_config(draft_dir / "config.json");
+    adopt_checkpoint_scales_dtype(draft_spec, *open_checkpoint(draft_dir));
+    check_draft_vocabulary(dir, spec, draft_dir, draft_spec);
+  }
+  // Speculation's verification rows, and the draft beside rank 0 of each
+  // replica: in the budget as plan --speculative-config puts them.
+  if (options_.speculative.enabled())
+    add_speculation(mo, options_.speculative.num_speculative_tokens,
+                    options_.speculative.uses_draft_model() ? &draft_spec : nullptr);
   std::vector<MemoryBudget> fixed = compute_replica_budgets(spec, replica, {0}, mo);
   std::vector<int64_t> memory(fixed.size());
   const bool on_gpu = !options_.device.is_cpu();
@@ -231,7 +257,7 @@ void EngineBackend::load() {
     fixed = compute_replica_budgets(spec, replica, {0}, mo);
     if (options_.kv_cache_memory_bytes > 0) {
       for (size_t r = 0; r < fixed.size(); ++r)
-        memory[r] = fixed[r].weight_bytes + fixed[r].workspace_bytes + mo.reserve_bytes + options_.kv_cache_memory_bytes;
+        memory[r] = options_.kv_cache_memory_bytes - fixed[r].usable_bytes;  // all else (a draft's too), and the KV
     } else {
       const double u = options_.memory_utilization > 0.0 ? options_.memory_utilization : 0.9;
       const backend::DeviceMemInfo info = backend::cuda_device_memory(options_.device.index);
@@ -247,7 +273,10 @@ void EngineBackend::load() {
     int64_t kv = options_.kv_cache_memory_bytes > 0 ? options_.kv_cache_memory_bytes
                                                     : std::min(kDefaultCpuKvCacheBytes / n_ranks_total,
                                                                system_memory_bytes() / 2 / n_ranks_total);
-    for (size_t r = 0; r < fixed.size(); ++r) memory[r] = fixed[r].weight_bytes + fixed[r].workspace_bytes + kv;
+    // What a rank holds besides KV (fixed's usable with no memory is minus
+    // that; rank 0's includes a draft's weights, workspace and spare block), and kv:
+    // with a draft, rank 0's KV memory holds both models' KV.
+    for (size_t r = 0; r < fixed.size(); ++r) memory[r] = kv - fixed[r].usable_bytes;
   }
   report_.spec = spec;
   report_.budgets = compute_replica_budgets(spec, replica, memory, mo);
@@ -255,6 +284,10 @@ void EngineBackend::load() {
   if (b0.n_kv_blocks < 1)
     fail(ErrorCode::kOutOfMemory, "the KV cache gets no block: rank 0 needs ", format_gib(static_cast<double>(b0.weight_bytes)),
          " of weights + ", format_gib(static_cast<double>(b0.workspace_bytes)), " of workspace",
+         b0.has_draft() ? str_cat(" + ", format_gib(static_cast<double>(b0.draft_weight_bytes + b0.draft_workspace_bytes)),
+                                  " for the draft model's weights and workspace, and each block needs one of the "
+                                  "draft's beside it (", with_commas(b0.draft_kv_block_bytes), " B)")
+                        : std::string(),
          b0.n_local_kv_blocks_max > 0
              ? str_cat(", and each block of the global layers (", with_commas(b0.kv_block_bytes),
                        " B) needs one of the local layers' own pool beside it (", with_commas(b0.local_kv_block_bytes),
@@ -311,12 +344,6 @@ void EngineBackend::load() {
   ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);
   ec.max_executor_restarts = options_.max_executor_restarts;
   ec.speculative = options_.speculative;
-  ModelSpec draft_spec;
-  if (options_.speculative.uses_draft_model()) {
-    // The draft must speak the target's vocabulary; refused naming both directories.
-    draft_spec = load_model_config(std::filesystem::path(options_.speculative.draft_model) / "config.json");
-    check_draft_vocabulary(dir, spec, options_.speculative.draft_model, draft_spec);
-  }
   if (options_.speculative.disable_by_batch_size > 0) ec.speculative_max_decodes = options_.speculative.disable_by_batch_size;
   if (ec.speculative.enabled() && !options_.batch_invariant)
     fail(ErrorCode::kInvalidArgument, "speculative decoding needs the batch-invariant kernels (batch_invariant)");
@@ -361,14 +388,16 @@ void EngineBackend::load() {
       dbo.device = options_.device;
       dbo.n_threads = lo.n_threads_per_rank;
       dbo.batch_invariant = options_.batch_invariant;  // so the target as its own draft proposes what it verifies
-      const int64_t n_draft_blocks = (report_.kv_tokens + options_.block_size - 1) / options_.block_size + 1;
+      const int64_t n_draft_blocks = b0.n_draft_kv_blocks;  // draft_kv_blocks(the replica's pool), as planned
       auto draft = std::make_shared<DraftModel>(
           options_.speculative.draft_model, spec.vocab_size, backend::make_backend(dbo), report_.max_model_len,
-          options_.block_size, kv_dtype_of(options_.kv_cache_dtype, draft_spec.dtype), n_draft_blocks);
+          options_.block_size, kv_dtype_of(options_.kv_cache_dtype, draft_spec.dtype), n_draft_blocks,
+          options_.max_num_batched_tokens, options_.max_num_seqs);  // bounded steps: plan's draft workspace
       if (d == 0) {
         report_.draft_dir = options_.speculative.draft_model;
         report_.draft_weight_bytes = draft->weight_bytes();
         report_.draft_kv_bytes = draft->kv_bytes();
+        report_.draft_workspace_bytes = draft->workspace_bytes();
         report_.draft_kv_tokens = n_draft_blocks * options_.block_size;
       }
       rec.draft_model = std::move(draft);

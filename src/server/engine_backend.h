@@ -92,6 +92,7 @@ struct LoadReport {
   std::string draft_dir;
   int64_t draft_weight_bytes = 0;      // per replica
   int64_t draft_kv_bytes = 0;          // per replica
+  int64_t draft_workspace_bytes = 0;   // per replica: its step buffers, reserved at load (measured)
   int64_t draft_kv_tokens = 0;         // tokens its KV cache holds: the target's, and a block
   std::string text() const;            // the startup log
 };

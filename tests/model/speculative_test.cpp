@@ -15,6 +15,7 @@
 #include "model/draft_model.h"
 #include "model/generate.h"
 #include "model/speculative.h"
+#include "plan/memory_budget.h"
 #include "random_weights.h"
 
 namespace shardlm {
@@ -142,6 +143,33 @@ TEST_F(PagedDraft, SharedStepsProposeWhatEachSequenceWouldAlone) {
   EXPECT_EQ(next[1], alone(a2, 3));
   d->release(12);
   EXPECT_EQ(d->n_sequences_held(), 2);
+}
+
+// Serve bounds the draft's forward steps (max_num_batched_tokens tokens,
+// max_num_seqs sequences): catch-ups longer than a step are fed in chunks,
+// sequences past the step's count wait for the next, and the proposals are
+// still each sequence's alone. Its step buffers are reserved when it loads:
+// what the allocator obtained (and the host logits rows) is plan's
+// draft_workspace_bytes for the same bounds, to the byte.
+TEST_F(PagedDraft, BoundedStepsProposeTheSameAndReserveWhatPlanCounts) {
+  backend::BackendOptions bo;
+  bo.n_threads = 1;
+  auto d = std::make_unique<DraftModel>(dir_, 300, backend::make_backend(bo), 64, 4, DType::kF32, 64,
+                                        /*max_step_tokens=*/5, /*max_step_seqs=*/2);
+  MemoryBudgetOptions mo;
+  mo.max_num_batched_tokens = 5;
+  mo.max_num_seqs = 2;
+  EXPECT_EQ(d->workspace_bytes(), draft_workspace_bytes(d->spec(), mo));
+  EXPECT_GT(d->workspace_bytes(), 0);
+  const std::vector<int32_t> a = ids(9, 1), b = ids(3, 2), c = ids(14, 3);
+  const std::vector<DraftModel::Query> q = {{10, a, 4}, {11, b, 2}, {12, c, 3}};
+  const auto got = d->propose(q);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], alone(a, 4));
+  EXPECT_EQ(got[1], alone(b, 2));
+  EXPECT_EQ(got[2], alone(c, 3));
+  // Unbounded (generate): nothing reserved up front.
+  EXPECT_EQ(draft(0)->workspace_bytes(), 0);
 }
 
 TEST_F(PagedDraft, EvictsTheLeastRecentlyDraftedSequenceOutsideTheCall) {

@@ -42,16 +42,17 @@ class PlanCli : public ::testing::Test {
   }
 
   // A tiny Qwen2 checkpoint: vocab 256, hidden 64, MLP 128, 2 layers, 4 Q / 2 KV heads (head_dim 16).
-  void write_tiny_model(const fs::path& dir, bool bad_q_shape = false) {
+  void write_tiny_model(const fs::path& dir, bool bad_q_shape = false, int n_layers = 2, int vocab = 256) {
     fs::create_directories(dir);
     std::ofstream(dir / "config.json") << R"({"architectures":["Qwen2ForCausalLM"],"model_type":"qwen2",
-      "vocab_size":256,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
+      "vocab_size":)" << vocab << R"(,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":)" << n_layers
+                                       << R"(,"num_attention_heads":4,
       "num_key_value_heads":2,"rms_norm_eps":1e-06,"rope_theta":1000000.0,"max_position_embeddings":4096,
       "tie_word_embeddings":false,"torch_dtype":"bfloat16","bos_token_id":1,"eos_token_id":2})";
     using Shape = std::vector<int64_t>;
-    std::vector<std::pair<std::string, Shape>> file1 = {{"model.embed_tokens.weight", {256, 64}}};
-    std::vector<std::pair<std::string, Shape>> file2 = {{"model.norm.weight", {64}}, {"lm_head.weight", {256, 64}}};
-    for (int l = 0; l < 2; ++l) {
+    std::vector<std::pair<std::string, Shape>> file1 = {{"model.embed_tokens.weight", {vocab, 64}}};
+    std::vector<std::pair<std::string, Shape>> file2 = {{"model.norm.weight", {64}}, {"lm_head.weight", {vocab, 64}}};
+    for (int l = 0; l < n_layers; ++l) {
       auto& f = l == 0 ? file1 : file2;
       const std::string p = "model.layers." + std::to_string(l) + ".";
       f.push_back({p + "input_layernorm.weight", {64}});
@@ -292,6 +293,88 @@ TEST_F(PlanCli, BrokenCheckpointsAreNamed) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_TRUE(has(r.err, "model-00002-of-00002.safetensors")) << r.err;
   EXPECT_TRUE(has(r.err, "truncated")) << r.err;
+}
+
+// --speculative-config: a draft model's weights, step buffers and KV cache
+// are their own lines and JSON fields on the replica's rank 0 and in its fit;
+// n-gram adds only the verification rows. By hand, for the tiny target above
+// and a one-layer draft of it on 1 GiB × 0.9 = 966,367,641 B, no reserve,
+// T = 256 batched tokens, S = 8 sequences, k = 4:
+//  - draft weights: embed 16,384 + one layer 37,120 + norm 64 + lm_head 16,384
+//    = 69,952 elements × 2 = 139,904 B;
+//  - draft workspace: hidden 3·256·64·4 = 196,608, attention 256·(8 + 4)·16·4
+//    = 196,608, MLP 2·256·128·4 = 262,144, logits 8·64·4 + 8·256·4 = 10,240,
+//    and the host copy of its 8 logits rows 8·256·4 = 8,192: 673,792 B;
+//  - draft KV: 2 × 2 heads × 16 × 2 B × 1 layer = 128 B/token, 2,048 B a block;
+//  - the target's workspace asks 5 logits rows per sequence: 40·64·4 + 40·256·4
+//    = 51,200 for logits, + 16,384 sampler + the 655,360 above = 722,944 B;
+//  - usable: 966,367,641 − 214,144 − 722,944 − (139,904 + 673,792 + 2,048 spare)
+//    = 964,614,809; blocks of 4,096 + 2,048 B: 157,001 for the target,
+//    157,002 for the draft = 321,540,096 B.
+TEST_F(PlanCli, SpeculativeConfigCountsTheDraftOnRankZero) {
+  write_tiny_model(dir_ / "tiny");
+  write_tiny_model(dir_ / "draft", false, 1);
+  const std::string base = "plan '" + (dir_ / "tiny").string() +
+                           "' --gpus 1x1GiB --reserve-gib 0 --max-num-batched-tokens 256 --max-num-seqs 8";
+  const std::string cfg = R"( --speculative-config '{"model":")" + (dir_ / "draft").string() +
+                          R"(","num_speculative_tokens":4}')";
+  Result j = run(base + cfg + " --json");
+  ASSERT_EQ(j.rc, 0) << j.out << j.err;
+  nlohmann::json plan = nlohmann::json::parse(j.out);
+  const nlohmann::json& rank0 = plan["recommended"]["budgets"][0][0];
+  EXPECT_EQ(rank0["draft"]["weight_bytes"].get<int64_t>(), 139904) << rank0.dump();
+  EXPECT_EQ(rank0["draft"]["workspace_bytes"].get<int64_t>(), 673792);
+  EXPECT_EQ(rank0["draft"]["kv_bytes_per_token"].get<int64_t>(), 128);
+  EXPECT_EQ(rank0["workspace_bytes"].get<int64_t>(), 722944);
+  EXPECT_EQ(rank0["usable_bytes"].get<int64_t>(), 964614809);
+  EXPECT_EQ(rank0["n_kv_blocks"].get<int64_t>(), 157001);
+  EXPECT_EQ(rank0["draft"]["n_kv_blocks"].get<int64_t>(), 157002);
+  EXPECT_EQ(rank0["draft"]["kv_cache_bytes"].get<int64_t>(), 321540096);
+  EXPECT_EQ(plan["options"]["speculative"]["method"], "draft_model");
+  EXPECT_EQ(plan["options"]["speculative"]["logit_rows_per_seq"], 5);
+  EXPECT_TRUE(has(plan["recommended"]["shardlm_command"].get<std::string>(), "--speculative-config '{\"model\""))
+      << plan["recommended"].dump();
+
+  Result t = run(base + cfg);
+  ASSERT_EQ(t.rc, 0) << t.out << t.err;
+  EXPECT_TRUE(has(t.out, "draft model " + (dir_ / "draft").string() + " (TP 1, PP 1) beside replica 0's driver, "
+                  "device 0 (1GiB): weights 139,904 B, workspace 673,792 B, KV cache 321,540,096 B (157,002 blocks "
+                  "of 16 tokens: the replica's 157,001 and a spare; 128 B/token)")) << t.out;
+  EXPECT_TRUE(has(t.out, "verification steps ask 5 logits rows per sequence")) << t.out;
+
+  // Prompt lookup: no draft; the target's blocks take all of usable.
+  Result n = run(base + R"( --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3}' --json)");
+  ASSERT_EQ(n.rc, 0) << n.out << n.err;
+  plan = nlohmann::json::parse(n.out);
+  EXPECT_TRUE(plan["recommended"]["budgets"][0][0]["draft"].is_null());
+  EXPECT_EQ(plan["recommended"]["budgets"][0][0]["n_kv_blocks"].get<int64_t>(), (966367641 - 214144 - 722944) / 4096);
+  Result nt = run(base + R"( --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3}')");
+  EXPECT_TRUE(has(nt.out, "speculative decoding (ngram, 4 tokens): no weights or KV cache of its own")) << nt.out;
+
+  // A draft too big for the device: nothing fits, exit 1.
+  Result small = run("plan '" + (dir_ / "tiny").string() + "' --gpus 1x2MiB --reserve-gib 0 --max-num-batched-tokens 256" +
+                     cfg);
+  EXPECT_EQ(small.rc, 1) << small.out;
+  Result small_alone = run("plan '" + (dir_ / "tiny").string() + "' --gpus 1x2MiB --reserve-gib 0 --max-num-batched-tokens 256");
+  EXPECT_EQ(small_alone.rc, 0) << small_alone.out;
+}
+
+TEST_F(PlanCli, SpeculativeConfigRefusesABadDraftNamingIt) {
+  write_tiny_model(dir_ / "tiny");
+  fs::create_directories(dir_ / "empty");
+  Result none = run("plan '" + (dir_ / "tiny").string() + R"(' --gpus 1x1GiB --speculative-config '{"model":")" +
+                    (dir_ / "empty").string() + R"(","num_speculative_tokens":4}')");
+  EXPECT_NE(none.rc, 0);
+  EXPECT_TRUE(has(none.err, (dir_ / "empty" / "config.json").string() + " not found")) << none.err;
+  write_tiny_model(dir_ / "vocab512", false, 1, 512);
+  Result vocab = run("plan '" + (dir_ / "tiny").string() + R"(' --gpus 1x1GiB --speculative-config '{"model":")" +
+                     (dir_ / "vocab512").string() + R"(","num_speculative_tokens":4}')");
+  EXPECT_NE(vocab.rc, 0);
+  EXPECT_TRUE(has(vocab.err, "the draft's vocab_size 512 is not the target's 256")) << vocab.err;
+  Result bad = run("plan '" + (dir_ / "tiny").string() + R"(' --gpus 1x1GiB --speculative-config '{"model":")" +
+                   (dir_ / "tiny").string() + R"(","num_speculative_tokens":4,"prompt_lookup_max":2}')");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_TRUE(has(bad.err, "\"prompt_lookup_max\" is a key of method ngram")) << bad.err;
 }
 
 }  // namespace

@@ -65,8 +65,9 @@ class ServeLayouts : public ::testing::Test {
     auto p = std::make_unique<ServeProcess>();
     p->port = shardlm::testing::free_loopback_port();
     p->log_path = dir_ + "/serve." + std::to_string(p->port) + ".log";
-    std::vector<std::string> args = {cli_, "serve", model_dir, "--port", std::to_string(p->port), "--kv-cache-memory",
-                                     kv_memory, "--served-model-name", "q7"};
+    std::vector<std::string> args = {cli_, "serve", model_dir, "--port", std::to_string(p->port), "--served-model-name",
+                                     "q7"};
+    if (!kv_memory.empty()) args.insert(args.end(), {"--kv-cache-memory", kv_memory});  // "": sized from the flags
     args.insert(args.end(), flags.begin(), flags.end());
     p->pid = shardlm::testing::spawn_logged(args, p->log_path);
     httplib::Client c("127.0.0.1", p->port);
@@ -421,6 +422,68 @@ TEST_F(ServeLayouts, SpeculativeNgramGivesThePlainTextAndCountsAcceptedDrafts) {
   EXPECT_EQ(d->stop(), 0) << d->log();
   EXPECT_NE(d->log().find("draft model " + dir_ + " beside each replica's driver"), std::string::npos) << d->log();
   EXPECT_NE(d->log().find("speculative decoding (draft model):"), std::string::npos) << d->log();
+}
+
+// plan --speculative-config and serve with the same flags: the draft's
+// weights, step buffers and KV cache that serve's allocator obtained beside
+// the driver (its startup log's "allocated (measured)" line) are the bytes
+// plan printed for rank 0, and so is the target's KV pool, which shrinks to
+// make room for them. Both size from a share of this machine's RAM
+// (--gpu-memory-utilization on the CPU: of physical memory, no reserve), so
+// plan is given that memory as the device.
+TEST_F(ServeLayouts, DraftModelAllocatesWhatPlanPrints) {
+  const std::string draft = dir_ + ".draft";
+  ASSERT_EQ(std::system((cli_ + " make-model --like qwen2.5-7b --layers 1 --vocab 512 --hidden 256 --heads 4 "
+                                "--kv-heads 2 --intermediate 256 --seed 6 --out " + draft + " > /dev/null")
+                            .c_str()),
+            0);
+  const std::string cfg = R"({"model":")" + draft + R"(","num_speculative_tokens":3})";
+  const std::vector<std::string> flags = {"--gpu-memory-utilization", "0.03", "--max-num-seqs", "4",
+                                          "--max-num-batched-tokens", "256"};
+  const int64_t phys = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+  char device[64];
+  std::snprintf(device, sizeof device, "1x%lld.%06lldMB", (long long)(phys / 1000000), (long long)(phys % 1000000));
+  std::string plan_cmd = cli_ + " plan " + dir_ + " --gpus " + device + " --reserve-gib 0 --json --speculative-config '" +
+                         cfg + "'";
+  for (const auto& f : flags) plan_cmd += " " + f;
+  const std::string plan_out = shardlm::testing::run_command(plan_cmd).out;
+  const json plan = json::parse(plan_out, nullptr, false);
+  ASSERT_TRUE(plan.is_object()) << plan_cmd << "\n" << plan_out;
+  ASSERT_EQ(plan["recommended"]["tp"], 1) << plan_out;
+  ASSERT_EQ(plan["recommended"]["dp"], 1) << plan_out;
+  const json& rank0 = plan["recommended"]["budgets"][0][0];
+  ASSERT_TRUE(rank0["draft"].is_object()) << rank0.dump();
+
+  std::vector<std::string> serve_flags = flags;
+  serve_flags.insert(serve_flags.end(), {"--speculative-config", cfg});
+  auto s = start(serve_flags, false, dir_, "");
+  ASSERT_GT(s->pid, 0);
+  EXPECT_FALSE(complete(s->port, json{5, 17, 230, 41, 9}).rfind("status", 0) == 0);
+  const std::string log = s->log();
+  EXPECT_EQ(s->stop(), 0) << log;
+  auto with_commas = [](int64_t v) {
+    std::string digits = std::to_string(v), out;
+    for (size_t i = 0; i < digits.size(); ++i) {
+      if (i && (digits.size() - i) % 3 == 0) out += ',';
+      out += digits[i];
+    }
+    return out;
+  };
+  // The measured figures, each beside plan's verdict on it.
+  auto measured = [&](const std::string& what) {
+    const size_t line = log.find("draft model " + draft);
+    const size_t at = log.find("allocated (measured): weights", line);
+    const size_t w = log.find(what + " ", at);
+    if (line == std::string::npos || at == std::string::npos || w == std::string::npos) return std::string("missing");
+    return log.substr(w + what.size() + 1, log.find(')', w) - w - what.size());
+  };
+  EXPECT_EQ(measured("weights"), with_commas(rank0["draft"]["weight_bytes"]) + " B (as planned)") << log;
+  EXPECT_EQ(measured("workspace"), with_commas(rank0["draft"]["workspace_bytes"]) + " B (as planned)") << log;
+  EXPECT_EQ(measured("KV cache").rfind(with_commas(rank0["draft"]["kv_cache_bytes"]) + " B (as planned;", 0), 0u) << log;
+  EXPECT_NE(log.find("KV cache holds " + with_commas(rank0["n_kv_tokens"]) + " tokens per replica"), std::string::npos)
+      << rank0.dump() << "\n" << log;
+  EXPECT_EQ(log.find("DIFFERS from plan"), std::string::npos) << log;
+  std::filesystem::remove_all(draft);
 }
 
 }  // namespace
