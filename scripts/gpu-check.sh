@@ -204,7 +204,12 @@ configure_and_build() {
   local generator=()
   command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
   # Every option this build depends on is stated: a reused folder keeps its cache.
+  # Not -march=native: the binaries run on the device's host, whose CPU is not
+  # this one (an AVX512-FP16 or AMX instruction from here would be SIGILL on an
+  # AMD host). x86-64-v3 (AVX2, FMA, F16C) is on every such server; the AVX-512
+  # and AMX kernels are built per ISA and chosen by CPUID at run time anyway.
   cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
+    -DSHARDLM_NATIVE=OFF -DCMAKE_CXX_FLAGS="-march=x86-64-v3" \
     "${cuda[@]}" -DSHARDLM_TESTS=ON -DSHARDLM_BENCH=OFF -DSHARDLM_SANITIZE=OFF -DSHARDLM_TSAN=OFF &&
     cmake --build "$build" -j"$jobs" --target "${targets[@]}" && echo "built ${targets[*]} in $build"
 }
