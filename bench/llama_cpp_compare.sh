@@ -7,7 +7,9 @@
 #
 #   bench/llama_cpp_compare.sh            # Qwen2.5-0.5B and 1.5B shapes, 3 rounds (~30 min quiet)
 #   bench/llama_cpp_compare.sh --quick    # 0.5B only, 1 round, no serve row, for iterating (~5 min quiet)
-#   options: --build-dir DIR (default build), --threads N (default 2), --rounds N, --serve / --no-serve
+#   options: --build-dir DIR (default build), --threads N (default 2), --rounds N, --serve / --no-serve,
+#     --llama-dir DIR (an existing llama.cpp folder as step 1 leaves it, src/ and build/, used read-only:
+#     nothing is built or written there; llama_greedy is then compiled into BUILD/llama_cpp_compare/bin)
 #
 # What it does:
 #  1. llama.cpp: `npm pack node-llama-cpp@3.21.1` into BUILD/.cache/npm, clones the llama.cpp
@@ -38,7 +40,10 @@
 #       16, 16 requests of distinct random token-id prompts (128 ids, so the prefix cache has
 #       nothing to reuse) and 64 output tokens each: its output tokens/s, which includes the
 #       prefill and HTTP that llama-batched-bench's S_TG leaves out, and 16 ÷ its median
-#       time per output token (the decode rate while the 16 stream, first tokens excluded).
+#       time per output token (the decode rate while the 16 stream, first tokens excluded);
+#       A llama-batched-bench -npp 128 -ntg 64 -npl 16 (16 distinct 128-token prompts, 64 tokens
+#       each), 16 × 64 ÷ its total time: llama.cpp's output tokens/s of the same workload, prefill
+#       included, which the serve output row is compared with (the TPOT row stays against S_TG);
 #     Roofline share = tokens/s ÷ (read bandwidth ÷ weight bytes per token), llama.cpp's bytes
 #     being the GGUF's tensor bytes (llama_model_size) and shardlm's its allocator's weight bytes
 #     (tied embeddings: the whole matrix is read as the lm_head). FMA share of pp512 = tokens/s ×
@@ -51,12 +56,14 @@ threads=2
 rounds=""
 quick=0
 serve=""
+lcp_arg=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1 ;;
     --no-serve) serve=0 ;;
     --serve) serve=1 ;;
     --build-dir) build=$(cd "$2" && pwd); shift ;;
+    --llama-dir) lcp_arg=$2; shift ;;
     --threads) threads=$2; shift ;;
     --rounds) rounds=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
@@ -78,6 +85,10 @@ run() { local t=$1; shift; timeout "$t" nice -n 5 "$@"; }
 
 cli=$build/src/cli/shardlm
 lcp=$build/llama.cpp
+if [[ -n "$lcp_arg" ]]; then
+  [[ -d "$lcp_arg" ]] || die "--llama-dir $lcp_arg: no such folder"
+  lcp=$(cd "$lcp_arg" && pwd)
+fi
 work=$build/llama_cpp_compare
 mkdir -p "$work" "$build/.cache/npm"
 results=$work/results.tsv
@@ -93,11 +104,12 @@ run 3000 cmake --build "$build" --target shardlm decode_bench machine_peak >"$wo
 # --- llama.cpp ---------------------------------------------------------------
 pkg=node-llama-cpp@3.21.1
 tgz=$build/.cache/npm/node-llama-cpp-3.21.1.tgz
-if [[ ! -f "$tgz" ]]; then
+if [[ -z "$lcp_arg" && ! -f "$tgz" ]]; then
   log "npm pack $pkg into $build/.cache/npm"
   (cd "$build/.cache/npm" && run 600 npm pack "$pkg" >/dev/null) || die "npm pack $pkg failed"
 fi
 src=$lcp/src
+if [[ -n "$lcp_arg" && ! -f "$src/CMakeLists.txt" ]]; then die "--llama-dir $lcp: no llama.cpp source in $src"; fi
 if [[ ! -f "$src/CMakeLists.txt" ]]; then
   log "unpacking llama.cpp's source from $pkg"
   ext=$build/.cache/node-llama-cpp-3.21.1
@@ -114,6 +126,9 @@ lbin=$lcp/build/bin
 ltools=(llama-bench llama-batched-bench llama-quantize)
 need_build=0
 for t in "${ltools[@]}"; do [[ -x "$lbin/$t" ]] || need_build=1; done
+if [[ -n "$lcp_arg" ]] && [[ $need_build == 1 || ! -f "$lcp/build/src/libllama.a" ]]; then
+  die "--llama-dir $lcp: its build lacks one of ${ltools[*]} or build/src/libllama.a (it is used read-only)"
+fi
 if [[ $need_build == 1 || ! -f "$lcp/build/src/libllama.a" ]]; then
   log "building llama.cpp ${commit:0:7} CPU-only (log: $lcp/build.log); the first build is long on 2 cores"
   if [[ ! -f "$lcp/build/CMakeCache.txt" ]]; then
@@ -126,10 +141,12 @@ if [[ $need_build == 1 || ! -f "$lcp/build/src/libllama.a" ]]; then
   run 5400 cmake --build "$lcp/build" -j"$(nproc)" --target "${ltools[@]}" llama >"$lcp/build.log" 2>&1 ||
     { tail -20 "$lcp/build.log" >&2; die "building llama.cpp failed (log: $lcp/build.log)"; }
 fi
-greedy=$lcp/bin/llama_greedy
+greedy_dir=$lcp/bin
+[[ -z "$lcp_arg" ]] || greedy_dir=$work/bin
+greedy=$greedy_dir/llama_greedy
 if [[ ! -x "$greedy" || "$root/bench/llama_greedy.cpp" -nt "$greedy" || "$lcp/build/src/libllama.a" -nt "$greedy" ]]; then
   log "compiling bench/llama_greedy.cpp against llama.cpp"
-  mkdir -p "$lcp/bin"
+  mkdir -p "$greedy_dir"
   run 600 g++ -O2 -std=c++17 -march=native -I"$src/include" -I"$src/ggml/include" "$root/bench/llama_greedy.cpp" \
     "$lcp/build/src/libllama.a" "$lcp/build/ggml/src/libggml.a" "$lcp/build/ggml/src/libggml-cpu.a" \
     "$lcp/build/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl -o "$greedy" || die "compiling llama_greedy failed"
@@ -249,6 +266,17 @@ for line in sys.argv[1].strip().splitlines():
         r = json.loads(line)
         print("%s.%d\t%s" % (sys.argv[2], r["pl"], r["speed_tg"]))' "$out" "$2" >>"$results"
 }
+llama_serve() {  # $1 gguf, $2 key: the serve row's workload, output tokens/s with prefill
+  local out
+  out=$(run 900 "$lbin/llama-batched-bench" -m "$1" -t "$threads" -tb "$threads" -c 4096 -b 2048 -ub 512 \
+    -npp 128 -ntg 64 -npl 16 --output-format jsonl 2>"$work/llama.err") ||
+    llama_failed "llama-batched-bench (serve workload) on $1"
+  put "$2" "$(jq_py '
+for line in sys.argv[1].strip().splitlines():
+    if line.startswith("{"):
+        r = json.loads(line)
+        print(r["pl"] * r["tg"] / r["t"])' "$out")"
+}
 free_port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 server_pid=""
 stop_server() {
@@ -306,7 +334,10 @@ for ((r = 1; r <= rounds; ++r)); do
     shard_decode "$d/awq" "$m.shard.awq" 1 1 64
     llama_tg "$d/Q8_0.gguf" "$m.llama.q8_0"
     shard_decode "$d/gptq-int8" "$m.shard.int8" 1 1 64
-    if [[ $serve == 1 ]]; then shard_serve "$d/bf16" "$m.shard.serve16" "$r"; fi
+    if [[ $serve == 1 ]]; then
+      llama_serve "$d/bf16.gguf" "$m.llama.serve16"
+      shard_serve "$d/bf16" "$m.shard.serve16" "$r"
+    fi
   done
 done
 log "measured in $((SECONDS - t_start)) s; raw figures: $results"
