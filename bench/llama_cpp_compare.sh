@@ -46,7 +46,10 @@
 #       16, 16 requests of distinct random token-id prompts (128 ids, so the prefix cache has
 #       nothing to reuse) and 64 output tokens each: its output tokens/s, which includes the
 #       prefill and HTTP that llama-batched-bench's S_TG leaves out, and 16 ÷ its median
-#       time per output token (the decode rate while the 16 stream, first tokens excluded).
+#       time per output token (the decode rate while the 16 stream, first tokens excluded);
+#       A llama-batched-bench -npp 128 -ntg 64 -npl 16 (16 distinct 128-token prompts, 64 tokens
+#       each), 16 × 64 ÷ its total time: llama.cpp's output tokens/s of the same workload, prefill
+#       included, which the serve output row is compared with (the TPOT row stays against S_TG);
 #     In round 1 every shardlm run writes its kernel report (SHARDLM_KERNEL_REPORT) into
 #     llama_cpp_compare/kernels/ (counting costs one map update per matmul, microseconds a step).
 #     Roofline share = tokens/s ÷ (read bandwidth ÷ weight bytes per token), llama.cpp's bytes
@@ -138,6 +141,9 @@ commit=$(git -C "$src" rev-parse HEAD)
 [[ $commit == 80fb11a* ]] || log "warning: llama.cpp source is at $commit, not 80fb11a"
 need_build=0
 for t in "${ltools[@]}"; do [[ -x "$lbin/$t" ]] || need_build=1; done
+if [[ -n "$llama_dir" ]] && [[ $need_build == 1 || ! -f "$lcp/build/src/libllama.a" ]]; then
+  die "--llama-dir $lcp: its build lacks one of ${ltools[*]} or build/src/libllama.a (it is used read-only)"
+fi
 if [[ $need_build == 1 || ! -f "$lcp/build/src/libllama.a" ]]; then
   log "building llama.cpp ${commit:0:7} CPU-only (log: $lcp/build.log); the first build is long on 2 cores"
   if [[ ! -f "$lcp/build/CMakeCache.txt" ]]; then
@@ -287,6 +293,17 @@ for line in sys.argv[1].strip().splitlines():
         r = json.loads(line)
         print("%s.%d\t%s" % (sys.argv[2], r["pl"], r["speed_tg"]))' "$out" "$2" >>"$results"
 }
+llama_serve() {  # $1 gguf, $2 key: the serve row's workload, output tokens/s with prefill
+  local out
+  out=$(run 900 "$lbin/llama-batched-bench" -m "$1" -t "$threads" -tb "$threads" -c 4096 -b 2048 -ub 512 \
+    -npp 128 -ntg 64 -npl 16 --output-format jsonl 2>"$work/llama.err") ||
+    llama_failed "llama-batched-bench (serve workload) on $1"
+  put "$2" "$(jq_py '
+for line in sys.argv[1].strip().splitlines():
+    if line.startswith("{"):
+        r = json.loads(line)
+        print(r["pl"] * r["tg"] / r["t"])' "$out")"
+}
 free_port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 server_pid=""
 stop_server() {
@@ -345,7 +362,10 @@ for ((r = 1; r <= rounds; ++r)); do
     shard_decode "$d/awq" "$m.shard.awq" 1 1 64
     llama_tg "$d/Q8_0.gguf" "$m.llama.q8_0"
     shard_decode "$d/gptq-int8" "$m.shard.int8" 1 1 64
-    if [[ $serve == 1 ]]; then shard_serve "$d/bf16" "$m.shard.serve16" "$r"; fi
+    if [[ $serve == 1 ]]; then
+      llama_serve "$d/bf16.gguf" "$m.llama.serve16"
+      shard_serve "$d/bf16" "$m.shard.serve16" "$r"
+    fi
   done
 done
 log "measured in $((SECONDS - t_start)) s; raw figures: $results"

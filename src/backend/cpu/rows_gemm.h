@@ -7,8 +7,9 @@
 //   8 on AVX2); the L lanes are added by a fixed pairwise tree
 //   (lane i + lane i + L/2, then + L/4, ...); the k % L tail is added
 //   after, in order. Scalar: one sequential sum per element.
-// The tile shape, the thread split and the token blocking change with n;
-// none of them changes that order, so a row's output is bit-identical
+// The tile shape, the thread split, the token blocking, the loop order
+// (rows_gemm_impl.h's chunks) and the prefetching change with n; none of
+// them changes that order, so a row's output is bit-identical
 // computed alone or among any others (batch invariance: backend/cpu/ops.h).
 // Built once per ISA (backend/cpu/isa/rows_gemm_*.cpp) and chosen at run
 // time (backend/cpu/cpu_isa.h). Internal to the backend layer.
