@@ -52,19 +52,30 @@ bool runs_model_kernels(int argc, char** argv) {
   return false;
 }
 
+// libgomp's spin before a worker sleeps (see main).
+constexpr const char* kDefaultSpinCount = "10000";
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  // libgomp reads OMP_WAIT_POLICY when it loads, before main: to default it
-  // to passive, set it and start again. Spinning worker teams of several rank
-  // threads (and the HTTP threads) on few cores stall each other for seconds;
-  // OMP_WAIT_POLICY=active in the environment keeps the spinning. Only the
-  // commands that run a model's kernels start again: a second start costs a
-  // whole process start-up (a second under ASan), which bench, router, plan,
-  // verify and the rest need not pay. (A .preinit_array setenv cannot do it:
-  // libc resets environ from the original block after preinit functions.)
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr && runs_model_kernels(argc, argv)) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
+  // libgomp reads its wait settings when it loads, before main: to default
+  // them, set them and start again. A worker that finishes an op spins up to
+  // GOMP_SPINCOUNT iterations (~10-100 µs) for the next op of the step before
+  // it sleeps in the kernel. A decode step runs ~10 ops per layer back to back,
+  // so waking sleeping workers for each (OMP_WAIT_POLICY=passive, this
+  // default until stop 40) cost 1.33× at batch 1 on Qwen2.5-0.5B and 9.7× on
+  // the 8.9 M demo model (README, Performance); spinning without end
+  // (OMP_WAIT_POLICY=active) stalls rank threads and HTTP threads that share
+  // few cores for seconds, and libgomp cuts the spin to 1,000 itself when its
+  // threads outnumber the cores. Either variable in the environment wins.
+  // Only the commands that run a model's kernels start again: a second start
+  // costs a whole process start-up (a second under ASan), which bench,
+  // router, plan, verify and the rest need not pay. (A .preinit_array setenv
+  // cannot do it: libc resets environ from the original block after preinit
+  // functions.)
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr &&
+      runs_model_kernels(argc, argv)) {
+    setenv("GOMP_SPINCOUNT", kDefaultSpinCount, 1);
     execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
   }
   std::vector<std::string> args = rewrite_vllm_short_flags(argc, argv);
