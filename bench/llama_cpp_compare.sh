@@ -195,9 +195,10 @@ make_models() {  # $1 = 0.5b | 1.5b
 for m in $models; do make_models "$m"; done
 
 export OMP_NUM_THREADS=$threads  # caps shardlm's ranks (backend::set_num_threads) and llama.cpp's OpenMP
-# The shardlm CLI runs with OMP_WAIT_POLICY=passive unless told otherwise (src/cli/main.cpp);
-# decode_bench and llama.cpp get the same, so all of them wait for work the same way.
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# The shardlm CLI's libgomp workers spin 10,000 iterations, then sleep, unless told otherwise
+# (src/cli/main.cpp); decode_bench and llama.cpp (OpenMP too) get the same, so all of them wait
+# for work the same way. An OMP_WAIT_POLICY in the environment overrides it for all.
+[[ -n ${OMP_WAIT_POLICY:-} ]] || export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 
 # --- token agreement -------------------------------------------------------------
 prompt=1,17,300,42,5,99,260,7
