@@ -1,5 +1,6 @@
 #!/bin/sh
-# What each quantized format costs on the trained demo model (models/shardlm-demo):
+# What each quantized format costs on a trained demo model ($DEMO_MODEL, default
+# models/shardlm-demo-draft: the 1.4 M model the README's figures were measured on):
 # `shardlm quantize` (round to nearest, AWQ/GPTQ group 64, FP8 blocks 128x128) of
 # its BF16 weights, then `shardlm perplexity` on its held-out text (heldout.txt:
 # never trained on) for each, and the top-1 agreement: the share of scored
@@ -10,7 +11,7 @@ set -eu
 build=${1:-build}
 [ $# -gt 0 ] && shift
 cli="$build/src/cli/shardlm"
-demo=models/shardlm-demo
+demo=${DEMO_MODEL:-models/shardlm-demo-draft}
 work="$build/bench/quant_accuracy"
 mkdir -p "$work"
 for f in awq gptq gptq-int8 fp8; do

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""ctest driver for the demo model (models/shardlm-demo): no torch needed.
+"""ctest driver for the demo models (models/shardlm-demo, and its draft
+models/shardlm-demo-draft): no torch needed.
 
   check_demo_model.py --cli PATH --source DIR CHECK
 
@@ -21,8 +22,15 @@ CHECK:
               the unigram perplexity of metrics.json.
   serve       `shardlm serve` without MODEL serves the demo model as
               "shardlm-demo" and answers a chat request (labelled integration).
-  install     `cmake --install --prefix TMP` installs shardlm and the model, and
+  install     `cmake --install --prefix TMP` installs shardlm and both models, and
               TMP/bin/shardlm generate without MODEL uses TMP/share/shardlm/... .
+  speculative with the small model (models/shardlm-demo-draft) as a draft, and with
+              n-gram lookup, at TP 1 and TP 3 (uneven heads), the greedy tokens equal
+              plain batch-invariant decoding;
+              the draft's proposals are accepted; its measured weight bytes equal its
+              checkpoint's tensor bytes.
+MODEL is SOURCE/models/shardlm-demo unless --model names another (the draft's
+own checks pass --model SOURCE/models/shardlm-demo-draft).
 """
 import argparse
 import json
@@ -227,9 +235,10 @@ def check_install(a, model):
         run(["cmake", "--install", a.build, "--prefix", prefix], "cmake --install")
         cli = os.path.join(prefix, "bin", "shardlm")
         installed = os.path.join(prefix, "share", "shardlm", "models", "shardlm-demo")
-        for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-            if not os.path.isfile(os.path.join(installed, f)):
-                sys.exit(f"FAIL: cmake --install did not install {installed}/{f}")
+        for d in (installed, installed + "-draft"):
+            for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+                if not os.path.isfile(os.path.join(d, f)):
+                    sys.exit(f"FAIL: cmake --install did not install {d}/{f}")
         # From another directory, the installed binary finds the installed model (not the source tree's).
         r = subprocess.run([cli, "generate", "--prompt", "In the beginning", "--max-tokens", "8", "--temperature", "0", "--json"],
                            capture_output=True, text=True, cwd=prefix)
@@ -302,7 +311,10 @@ def check_serve(a, model):
     import urllib.request
     port = free_port()
     log = tempfile.TemporaryFile("w+")
-    server = subprocess.Popen([a.cli, "serve", "--port", str(port), "--kv-cache-memory", "16MiB"], stdout=log, stderr=log)
+    # An f32 KV cache (serve's default is the weights' bf16), so that the prompt logprobs can be held
+    # to the float64 reference within generate's bound, as check_reference does (generate: f32 on cpu).
+    server = subprocess.Popen([a.cli, "serve", "--port", str(port), "--kv-cache-memory", "16MiB", "--kv-cache-dtype", "f32"],
+                              stdout=log, stderr=log)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
@@ -336,13 +348,56 @@ def check_serve(a, model):
             server.wait()
 
 
+def safetensors_tensor_bytes(model):
+    total = 0
+    for name in os.listdir(model):
+        if name.endswith(".safetensors"):
+            with open(os.path.join(model, name), "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+            total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def check_speculative(a, model):
+    draft = os.path.join(a.source, "models", "shardlm-demo-draft")
+    methods = {"draft model": {"model": draft, "num_speculative_tokens": 4},
+               "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}}
+    n = 48
+    totals = {m: [0, 0] for m in methods}  # accepted, drafted
+    # TP 3 splits the target's 8 query / 4 KV heads unevenly; the draft runs whole beside the driver.
+    cases = [(case, layout) for case in load_golden(model)["cases"] for layout in ([], ["--tp", "3"])]
+    for case, layout in cases:
+        ids = case["prompt_token_ids"]
+        plain = generate(a.cli, model, ids, n, ["--batch-invariant"] + layout)["token_ids"]
+        for method, cfg in methods.items():
+            out = generate(a.cli, model, ids, n, ["--speculative-config", json.dumps(cfg)] + layout)
+            if out["token_ids"] != plain:
+                sys.exit(f"FAIL: {case['prompt'][-40:]!r} {' '.join(layout) or 'TP 1'} with {method} speculation: "
+                         f"{out['token_ids']} != plain {plain}")
+            s = out["speculative"]
+            totals[method][0] += s["num_accepted_tokens"]
+            totals[method][1] += s["num_draft_tokens"]
+            if method == "draft model" and s["draft_weight_bytes"] != safetensors_tensor_bytes(draft):
+                sys.exit(f"FAIL: the draft's measured weight bytes {s['draft_weight_bytes']} != its checkpoint's "
+                         f"{safetensors_tensor_bytes(draft)}")
+        print(f"ok: {case['prompt'][-40:]!r} {' '.join(layout) or 'TP 1'}: {len(plain)} tokens, "
+              "the same with the draft model and with n-gram")
+    for method, (acc, drafted) in totals.items():
+        print(f"{method}: {acc} of {drafted} drafted tokens accepted ({100.0 * acc / max(drafted, 1):.1f}%)")
+    acc, drafted = totals["draft model"]
+    if drafted == 0 or acc == 0:
+        sys.exit("FAIL: the draft model's proposals were never accepted")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cli", required=True)
     ap.add_argument("--source", required=True)
     ap.add_argument("--build", default=None, help="the build directory (install check)")
     ap.add_argument("--model", default=None, help="default: SOURCE/models/shardlm-demo")
-    ap.add_argument("check", choices=["tokenizer", "golden", "reference", "layouts", "english", "perplexity", "install", "serve"])
+    ap.add_argument("check", choices=["tokenizer", "golden", "reference", "layouts", "english", "perplexity", "install", "serve",
+                                          "speculative"])
     a = ap.parse_args()
     model = a.model or os.path.join(a.source, "models", "shardlm-demo")
     globals()["check_" + a.check](a, model)
