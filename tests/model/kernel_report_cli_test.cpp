@@ -19,6 +19,7 @@
 #include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/bf16_dot_gemm.h"
 #include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/packed_gemm.h"
 #include "backend/cpu/quant_ops_int8.h"
 #include "support/process.h"
 
@@ -184,6 +185,8 @@ TEST_F(KernelReport, RowsKernelOfEveryIsaTheCpuRuns) {
 // A prefill of 40 rows takes the packed GEMM (32 rows and more; 8 on AMX):
 // on AMX tiles where the CPU and OS allow it, the AVX GEMM with SHARDLM_AMX=off.
 TEST_F(KernelReport, PackedGemmWithAndWithoutAmx) {
+  if (!shardlm::backend::packed_matmul_available(shardlm::DType::kBF16))
+    GTEST_SKIP() << "this build has no packed GEMM (built for a baseline CPU: -DSHARDLM_NATIVE=OFF)";
   const auto off = report(bf16_, "SHARDLM_AMX=off", 40, 3);
   long long packed = 0;
   for (const Row& r : off)
@@ -220,7 +223,13 @@ TEST_F(KernelReport, Bf16ActivationsTakeTheBf16DotKernel) {
 TEST_F(KernelReport, QuantizedCheckpointsTakeTheirKernels) {
   const bool int8 = shardlm::backend::int8_activation_kernels_built() &&
                     shardlm::backend::detected_cpu_isa() >= CpuIsa::kAvx512;
+  // The AVX-512 quantized kernels are compiled in only when the build targets AVX-512 (the
+  // library's files and this one share the build's flags); the AVX2 ones always are.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
   const bool avx512 = shardlm::backend::detected_cpu_isa() >= CpuIsa::kAvx512;
+#else
+  const bool avx512 = false;
+#endif
   const std::vector<std::pair<std::string, std::string>> checkpoints = {{awq_, "awq-int4"}, {gptq8_, "gptq-int8"}};
   for (const auto& [model, weights] : checkpoints) {
     SCOPED_TRACE(weights);
@@ -244,6 +253,8 @@ TEST_F(KernelReport, QuantizedCheckpointsTakeTheirKernels) {
 // (panels widened and scaled as they are packed), decode on the FP8 rows kernel.
 TEST_F(KernelReport, Fp8PrefillPackedDecodeRows) {
   if (shardlm::backend::detected_cpu_isa() < CpuIsa::kAvx2) GTEST_SKIP() << "no SIMD FP8 kernels on this CPU";
+  if (!shardlm::backend::packed_matmul_available(shardlm::DType::kF8E4M3))
+    GTEST_SKIP() << "this build has no packed FP8 GEMM (built for a baseline CPU: -DSHARDLM_NATIVE=OFF)";
   const auto rows = report(fp8_, "", 40, 3);
   long long packed = 0;
   for (const Row& r : rows)
