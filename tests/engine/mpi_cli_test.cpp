@@ -124,6 +124,16 @@ class MpiGenerate : public ::testing::Test {
            root_ + "/mpi_" + tag + ".logits";
   }
 
+  // TP 2 under mpirun with `flag` given as `driver` on rank 0 and `worker` on
+  // rank 1 (each rank its own command line); the driver's logits.
+  static std::vector<float> tp2_flag_split(const std::string& dir, const std::string& flag, const std::string& driver,
+                                           const std::string& worker, const std::string& tag) {
+    Proc r = run_command(mpirun(1) + generate(dir, tag) + " --tp 2 " + flag + " " + driver + " : -np 1 " +
+                         generate(dir, tag + "_worker") + " --tp 2 " + flag + " " + worker);
+    EXPECT_EQ(r.rc, 0) << r.out << r.err;
+    return read_f32(root_ + "/mpi_" + tag + ".logits");
+  }
+
   // The mpirun run of tp x pp equals the single-process TP=1 run.
   // env: variables for every rank, e.g. "SHARDLM_COLLECTIVE_WAIT=passive".
   void expect_same_as_tp1(const std::string& dir, int tp, int pp, bool ep = false, const std::string& env = "") {
@@ -195,12 +205,8 @@ TEST_F(MpiGenerate, Tp2Pp2WithPassiveCollectiveWaits) {
 TEST_F(MpiGenerate, DenseActivationsFollowTheDriver) {
   if (run_command(cli_ + " generate " + m7_ + " --prompt-ids 3 --max-tokens 1 --dense-activations bf16").rc != 0)
     GTEST_SKIP() << "no AVX512_BF16 here: --dense-activations bf16 is refused";
-  const std::string mp = std::string(SHARDLM_MPIRUN_PATH) + " --oversubscribe --allow-run-as-root --mca btl self,vader ";
   auto tp2 = [&](const std::string& driver, const std::string& worker, const std::string& tag) {
-    Proc r = run_command(mp + "-np 1 " + generate(m7_, tag) + " --tp 2 --dense-activations " + driver + " : -np 1 " +
-                         generate(m7_, tag + "_worker") + " --tp 2 --dense-activations " + worker);
-    EXPECT_EQ(r.rc, 0) << r.out << r.err;
-    return read_f32(root_ + "/mpi_" + tag + ".logits");
+    return tp2_flag_split(m7_, "--dense-activations", driver, worker, tag);
   };
   const auto bf16 = tp2("bf16", "bf16", "dense_bf16"), f32 = tp2("f32", "f32", "dense_f32");
   ASSERT_EQ(bf16.size(), 512u);
@@ -217,12 +223,8 @@ TEST_F(MpiGenerate, QuantActivationsFollowTheDriver) {
   make(awq + "_bf16", "--like qwen2.5-7b --layers 2 --vocab 512 --hidden 512 --heads 8 --kv-heads 4 --head-dim 64 "
                       "--intermediate 512 --seed 9");
   quantize(awq, awq + "_bf16", "--quantize awq --group-size 64");
-  const std::string mp = std::string(SHARDLM_MPIRUN_PATH) + " --oversubscribe --allow-run-as-root --mca btl self,vader ";
   auto tp2 = [&](const std::string& driver, const std::string& worker, const std::string& tag) {
-    Proc r = run_command(mp + "-np 1 " + generate(awq, tag) + " --tp 2 --quant-activations " + driver + " : -np 1 " +
-                         generate(awq, tag + "_worker") + " --tp 2 --quant-activations " + worker);
-    EXPECT_EQ(r.rc, 0) << r.out << r.err;
-    return read_f32(root_ + "/mpi_" + tag + ".logits");
+    return tp2_flag_split(awq, "--quant-activations", driver, worker, tag);
   };
   const auto int8 = tp2("int8", "int8", "quant_int8"), f32 = tp2("f32", "f32", "quant_f32");
   ASSERT_EQ(int8.size(), 512u);
