@@ -87,13 +87,13 @@ class MpiGenerate : public ::testing::Test {
                  "--intermediate 640 --sliding-window 5 --no-tie --seed 11");
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(root_); }
-  // Makes the checkpoint under a name of this process's, then renames it into
-  // place: a directory that exists is whole, and of two processes that race,
-  // the second one's rename fails and it drops its copy.
-  static void make(const std::string& dir, const std::string& args) {
+  // Runs `shardlm <command> --out` into a name of this process's, then renames
+  // it into place: a directory that exists is whole, and of two processes that
+  // race, the second one's rename fails and it drops its copy.
+  static void write_once(const std::string& dir, const std::string& command) {
     if (std::filesystem::exists(dir)) return;
     const std::string mine = dir + ".making." + std::to_string(getpid());
-    Proc r = run_command(cli_ + " make-model " + args + " --out " + mine);
+    Proc r = run_command(cli_ + " " + command + " --out " + mine);
     ASSERT_EQ(r.rc, 0) << r.out << r.err;
     std::error_code ec;
     std::filesystem::rename(mine, dir, ec);
@@ -102,18 +102,10 @@ class MpiGenerate : public ::testing::Test {
       ASSERT_TRUE(std::filesystem::exists(dir)) << "cannot rename " << mine << " to " << dir << ": " << ec.message();
     }
   }
-  // `shardlm quantize src args` into dir, made and renamed as make() does.
+  static void make(const std::string& dir, const std::string& args) { write_once(dir, "make-model " + args); }
+  // `shardlm quantize src args` into dir.
   static void quantize(const std::string& dir, const std::string& src, const std::string& args) {
-    if (std::filesystem::exists(dir)) return;
-    const std::string mine = dir + ".making." + std::to_string(getpid());
-    Proc r = run_command(cli_ + " quantize " + src + " " + args + " --out " + mine);
-    ASSERT_EQ(r.rc, 0) << r.out << r.err;
-    std::error_code ec;
-    std::filesystem::rename(mine, dir, ec);
-    if (ec) {
-      std::filesystem::remove_all(mine);
-      ASSERT_TRUE(std::filesystem::exists(dir)) << "cannot rename " << mine << " to " << dir << ": " << ec.message();
-    }
+    write_once(dir, "quantize " + src + " " + args);
   }
   static std::string mpirun(int np) {
     return std::string(SHARDLM_MPIRUN_PATH) + " --oversubscribe --allow-run-as-root --mca btl self,vader -np " +
