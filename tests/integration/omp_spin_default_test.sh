@@ -16,9 +16,13 @@ check() {  # expected-line env-assignments...
   log=$(mktemp)
   env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$@" "$SHARDLM_CLI" serve --port "$port" --kv-cache-memory 16MiB >"$log" 2>&1 &
   pid=$!
+  # Waits for the event (/health answers, or serve exits); the 60 s bound only
+  # names a hang before ctest's timeout would.
+  local deadline=$((SECONDS + 60))
   until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
     kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; fail "serve exited"; }
-    sleep 0.2
+    ((SECONDS < deadline)) || { kill "$pid"; cat "$log" >&2; fail "serve did not answer /health in 60 s"; }
+    sleep 0.2  # the poll interval, not a wait for something to happen
   done
   local got
   got=$(tr '\0' '\n' </proc/$pid/environ | grep -E '^(GOMP_SPINCOUNT|OMP_WAIT_POLICY)=' | sort | tr '\n' ' ')
