@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/units.h"
 #include "support/process.h"
 
 namespace {
@@ -27,6 +28,7 @@ namespace {
 using json = nlohmann::json;
 
 using shardlm::testing::env_or;
+using shardlm::with_commas;
 
 struct ServeProcess {
   pid_t pid = -1;
@@ -144,14 +146,6 @@ TEST_F(ServeLayouts, DeploymentAndMetricsReportEveryRankOfEveryReplica) {
   ASSERT_EQ(d["ranks"].size(), 4u);
   const std::string log = s->log();
   const std::string metrics = c.Get("/metrics")->body;
-  auto with_commas = [](int64_t v) {
-    std::string digits = std::to_string(v), out;
-    for (size_t i = 0; i < digits.size(); ++i) {
-      if (i && (digits.size() - i) % 3 == 0) out += ',';
-      out += digits[i];
-    }
-    return out;
-  };
   for (const json& rank : d["ranks"]) {
     const int64_t planned = rank["planned"]["weights"], measured = rank["measured"]["weights"];
     EXPECT_NE(log.find("(" + with_commas(planned) + " B)"), std::string::npos) << rank.dump();
@@ -461,14 +455,6 @@ TEST_F(ServeLayouts, DraftModelAllocatesWhatPlanPrints) {
   EXPECT_FALSE(complete(s->port, json{5, 17, 230, 41, 9}).rfind("status", 0) == 0);
   const std::string log = s->log();
   EXPECT_EQ(s->stop(), 0) << log;
-  auto with_commas = [](int64_t v) {
-    std::string digits = std::to_string(v), out;
-    for (size_t i = 0; i < digits.size(); ++i) {
-      if (i && (digits.size() - i) % 3 == 0) out += ',';
-      out += digits[i];
-    }
-    return out;
-  };
   // The measured figures, each beside plan's verdict on it.
   auto measured = [&](const std::string& what) {
     const size_t line = log.find("draft model " + draft);
