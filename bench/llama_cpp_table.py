@@ -5,8 +5,11 @@
 
 RESULTS.tsv holds one "key<TAB>value" line per measurement (a key repeats once per round); every
 figure printed is the median over the rounds, and every ratio is a ratio of those medians.
-Targets are issue 10's (BF16 CPU engine) and issue 14's (quantized decode); "met?" only reads
-them off, nothing here fails on timing.
+Targets are issue 28's (CPU speed on every x86 server), with the issue each comes from where it is
+an earlier one's (#10, the BF16 CPU engine; #14, quantized decode); "met?" only reads them off,
+nothing here fails on timing. Issue 28 counts 16 streams as decode tokens/s: llama-batched-bench's
+S_TG against serve's 16 ÷ median TPOT, and "serve at 16 streams ≥ 6× its own batch 1" as that rate
+over batch-1 decode; the output rate with prefill included is printed beside it.
 """
 import argparse
 import json
@@ -80,7 +83,7 @@ def main():
         ll_f = ll_pp * flops_tok / fma if ll_pp and fma else None
         sh_f = sh_pp * flops_tok / fma if sh_pp and fma else None
         row("%s pp512 share of f32 FMA peak (%.2f GFLOP per token)" % (tag, flops_tok / 1e9), ll_f, sh_f,
-            "≥ 75% (shardlm)", (sh_f >= 0.75) if sh_f else None, unit="%")
+            "≥ 75% (#10)", (sh_f >= 0.75) if sh_f else None, unit="%")
         if m != "0.5b":
             continue
         for n in (4, 16):
@@ -93,12 +96,14 @@ def main():
             # Like with like: llama-batched-bench's output tokens/s over the same 16 × (128 prompt + 64
             # output) workload, prefill included, as shardlm bench's output tok/s includes it.
             lsv = med(m + ".llama.serve16")
-            row("%s 16 streams via shardlm serve, output tok/s incl. prefill (npp 128, ntg 64)" % tag, lsv, sv16,
-                "≥ 1.3×", (sv16 / lsv >= 1.3) if lsv and sv16 else None)
+            row("%s 16 streams via shardlm serve, output tok/s incl. prefill (npp 128, ntg 64)" % tag, lsv, sv16)
             st = med(m + ".shard.serve16.tpot")
-            row("%s 16 streams via shardlm serve, 16 ÷ median TPOT (vs S_TG)" % tag, ll16, st)
-            row("%s serve 16 streams ÷ shardlm's own batch 1" % tag, None, sv16, "≥ 6×",
-                (sv16 / sh_tg >= 6) if sv16 and sh_tg else None, ratio=(sv16 / sh_tg) if sv16 and sh_tg else None)
+            row("%s 16 streams via shardlm serve, 16 ÷ median TPOT (vs S_TG)" % tag, ll16, st, "≥ 1.3×",
+                (st / ll16 >= 1.3) if st and ll16 else None)
+            row("%s serve 16 streams (16 ÷ median TPOT) ÷ shardlm's own batch 1" % tag, None, st, "≥ 6×",
+                (st / sh_tg >= 6) if st and sh_tg else None, ratio=(st / sh_tg) if st and sh_tg else None)
+            row("%s serve 16 streams (output tok/s incl. prefill) ÷ shardlm's own batch 1" % tag, None, sv16,
+                ratio=(sv16 / sh_tg) if sv16 and sh_tg else None)
         tp2 = med(m + ".shard.tp2.1")
         # per-token time TP=2 ÷ TP=1 = TP=1 tok/s ÷ TP=2 tok/s
         row("%s TP=2 as threads, tok/s (ratio: time per token vs TP=1)" % tag, None, tp2, "≤ 1.10×",
@@ -106,13 +111,14 @@ def main():
         for ll_key, sh_key, ll_name, sh_name, target in (("q4_0", "awq", "Q4_0", "AWQ-4bit", 2.5),
                                                          ("q8_0", "int8", "Q8_0", "GPTQ-int8", 1.6)):
             lq, sq = med("%s.llama.%s" % (m, ll_key)), med("%s.shard.%s.1" % (m, sh_key))
-            row("%s batch 1, llama.cpp %s vs shardlm %s, tok/s" % (tag, ll_name, sh_name), lq, sq)
+            row("%s batch 1, llama.cpp %s vs shardlm %s, tok/s" % (tag, ll_name, sh_name), lq, sq, "≥ 1×",
+                (sq >= lq) if lq and sq else None)
             lb, sb = med("%s.llama.%s.bytes" % (m, ll_key)), med("%s.shard.%s.1.bytes" % (m, sh_key))
             ls = lq / (bw / lb) if lq and bw and lb else None
             ss = sq / (bw / sb) if sq and bw and sb else None
             row("%s %s / %s share of roofline (%.0f / %.0f MB per token)" % (tag, ll_name, sh_name, (lb or 0) / 1e6,
                                                                             (sb or 0) / 1e6), ls, ss, unit="%")
-            row("%s shardlm %s ÷ shardlm BF16, batch 1" % (tag, sh_name), None, sq, "≥ %.1f×" % target,
+            row("%s shardlm %s ÷ shardlm BF16, batch 1" % (tag, sh_name), None, sq, "≥ %.1f× (#14)" % target,
                 (sq / sh_tg >= target) if sq and sh_tg else None, ratio=(sq / sh_tg) if sq and sh_tg else None)
 
     head = ("metric", "llama.cpp", "shardlm", "ratio", "target", "met?")
