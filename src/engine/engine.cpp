@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -528,6 +530,8 @@ bool Engine::step_inner() {
     return true;
   }
 
+  // Every time: a draft model's CPU backend sets this thread's count for its forward.
+  if (config_.host_threads > 0) omp_set_num_threads(config_.host_threads);
   std::vector<int32_t> sampled(plan.seqs.size(), -1);
   std::vector<std::optional<TokenLogprobs>> logprobs(plan.seqs.size());
   std::vector<std::string> failed_requests;  // "request_id\nerror" of constrained sequences whose mask failed

@@ -54,6 +54,13 @@ struct EngineConfig {
   // vocab reaches this: a team costs microseconds, a 152K-token row tens to
   // hundreds of them. Tests set 0 to force the parallel path.
   int64_t parallel_sampling_min_work = int64_t(1) << 18;
+  // OpenMP threads of the engine thread's own work (sampling, grammar masks,
+  // prompt logprobs); 0: OpenMP's default. serve sets 1 when the forward runs
+  // on this process's CPU cores: a second OpenMP team, once created, makes
+  // libgomp count more threads than CPUs for the rest of the process and cut
+  // every spin-wait of the forward's team to 100 turns (its "throttled" spin),
+  // so each of a decode step's few hundred barriers sleeps in the kernel.
+  int32_t host_threads = 0;
   // > 0: SchedulerConfig::max_prompt_logit_rows becomes this many bytes of
   // f32 logit rows (at least 1 row, at most max_num_batched_tokens): 64 MiB
   // is 110 positions of a 152K vocabulary per step. 0: the scheduler's value.

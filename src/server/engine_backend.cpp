@@ -344,6 +344,9 @@ void EngineBackend::load() {
   ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);
   ec.max_executor_restarts = options_.max_executor_restarts;
   ec.speculative = options_.speculative;
+  // The ranks' OpenMP teams own this process's cores: sampling beside them
+  // in a team of its own would throttle their spin-waits (EngineConfig).
+  if (options_.device.is_cpu()) ec.host_threads = 1;
   if (options_.speculative.disable_by_batch_size > 0) ec.speculative_max_decodes = options_.speculative.disable_by_batch_size;
   if (ec.speculative.enabled() && !options_.batch_invariant)
     fail(ErrorCode::kInvalidArgument, "speculative decoding needs the batch-invariant kernels (batch_invariant)");

@@ -4,7 +4,10 @@
 // generate_local, for TP=1 and for a TP x PP group of rank threads.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <iterator>
 #include <map>
+#include <thread>
 
 #include "core/error.h"
 #include "engine/engine.h"
@@ -596,6 +599,54 @@ TEST(EngineRealModel, ExecutorRejectsBadLayout) {
   gopt.n_blocks = 8;
   auto w = testing::random_weights(spec, 3);
   EXPECT_THROW({ LocalGroupExecutor e(spec, w, gopt); }, Error);
+}
+
+// serve's engine on CPU (EngineConfig::host_threads = 1) samples without an
+// OpenMP team of its own: a second team makes libgomp throttle the rank
+// team's spin-waits for the life of the process (engine.h). Counted as the
+// threads a fresh host thread adds while it runs sampled steps: itself only,
+// where a team of its own would add a pooled OpenMP worker that outlives the
+// step (seen: 5 threads for 4 with host_threads = 0).
+TEST(EngineRealModel, CpuHostWorkStartsNoOpenMpTeamOfItsOwn) {
+  ModelSpec spec = testing::qwen25_7b_like(256, 2, 512, 384);
+  auto weights = testing::random_weights(spec, 5);
+  LocalGroupOptions gopt;
+  gopt.n_blocks = 64;
+  gopt.block_size = 4;
+  gopt.kv_dtype = DType::kF32;
+  gopt.n_threads_per_rank = 2;  // the rank's own team: the one that should stay alone
+  LocalGroupExecutor executor(spec, weights, gopt);
+  EngineConfig cfg;
+  cfg.scheduler.n_blocks = 64;
+  cfg.scheduler.block_size = 4;
+  cfg.scheduler.max_model_len = 64;
+  cfg.parallel_sampling_min_work = 0;  // every step's rows take the parallel sampling loop
+  cfg.host_threads = 1;
+  Engine engine(cfg, executor);
+  auto n_threads = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{});
+  };
+  EXPECT_EQ(greedy_tokens(engine, "warm", prompt_for(0, spec.vocab_size), 2).size(), 2u);  // the rank's team exists now
+  const auto before = n_threads();
+  std::ptrdiff_t during = 0;
+  int64_t sampled = 0;
+  std::thread host([&] {
+    for (int i = 0; i < 4; ++i) {
+      EngineRequest r;
+      r.request_id = "s" + std::to_string(i);
+      r.prompt_token_ids = prompt_for(i, spec.vocab_size);
+      r.sampling.temperature = 1.0;
+      r.sampling.seed = 7 + i;
+      r.stop.max_tokens = 4;
+      r.stop.ignore_eos = true;
+      engine.submit(r, {[&](const SequenceOutput& o) { sampled += static_cast<int64_t>(o.new_token_ids.size()); }});
+    }
+    engine.run_until_idle();
+    during = n_threads();  // before this thread ends: a pool of its own would still be here
+  });
+  host.join();
+  EXPECT_EQ(sampled, 16);
+  EXPECT_EQ(during, before + 1) << "the host thread's sampling started threads of its own (an OpenMP team?)";
 }
 
 }  // namespace
