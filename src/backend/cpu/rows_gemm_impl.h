@@ -82,7 +82,9 @@ inline void reduce_all(const Vec* acc, float* sums) {
 // order, tile_pairs below) take 4 × 4 tiles from 2 rows on: their tile
 // holds 2·RB weight vectors, and GCC kept wider ones (4 × 5 and up, 2 × 8,
 // 3 × 6) partly on the stack. Measured in-process on 1 thread, q_proj with W
-// in L2, 16 rows: 4 × 4 ran 120 GFLOP/s; 4 × 6 90, 2 × 8 99, 3 × 8 87.
+// in L2, 16 rows: 4 × 4 ran 120 GFLOP/s; 4 × 6 90, 5 × 4 92, 2 × 8 99,
+// 3 × 8 87 (the old 4 × 6 tile of the old order: 101).
+//
 // Whether dtype D's tiles take the pair order (tile_pairs: bf16, AVX-512).
 template <DType D>
 constexpr bool kPairOrder = D == DType::kBF16;
@@ -139,8 +141,8 @@ constexpr int64_t kAheadMaxRowBytes = 4096;
 // the dword's high half, so a zero-masked load of the odd words is that
 // element as f32; the same masked load 2 bytes earlier puts the even element
 // in the high half. Neither takes an ALU op (the old widening took a
-// vpmovzxwd on p5 and a vpslld on p0 per 16 weights, the FMA ports; a vpslld
-// for the even half instead of the second load measured 0.92x the speed).
+// vpmovzxwd on p5 and a vpslld on p0 per 16 weights, the FMA ports; one
+// plain load with a vpslld and a vpandd measured about the same here).
 // Lane j multiplies the weights 2j and 2j + 1 of the block by x's matching
 // elements, which split_pairs puts in place once per call.
 constexpr int64_t kPairLanes = 32;
