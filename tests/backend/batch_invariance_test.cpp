@@ -86,6 +86,38 @@ TEST(RowsGemm, EveryIsaIsBatchInvariantAndMatchesReference) {
       }
 }
 
+// Every ISA's kernel reads no element outside a row's own [k]: the weight
+// rows and token rows on either side of the checked ones are all NaN, so a
+// tail load, or the pair order's load 2 bytes before a bf16 row (rows_gemm.h),
+// that let one in would turn the checked outputs to NaN. k around the vector
+// widths (16, 32) and below them; m and n leave tails of the 4- and 8-row tiles.
+TEST(RowsGemm, ARowsSumReadsNothingOutsideItsRows) {
+  std::mt19937 rng(13);
+  const float nan = std::nanf("");
+  for (CpuIsa isa : isas_here())
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16})
+      for (int64_t k : {1, 7, 15, 16, 17, 31, 33, 47, 63, 65, 203})
+        for (int64_t n : {1, 5, 16}) {
+          const int64_t m = 13;
+          std::vector<uint8_t> w = random_weights(dtype, m * k, rng);
+          std::vector<float> x = random_f32(n * k, rng);
+          for (int64_t j = 1; j < m; j += 2)
+            for (int64_t i = 0; i < k; ++i) store_from_f32(w.data(), dtype, static_cast<size_t>(j * k + i), nan);
+          for (int64_t t = 1; t < n; t += 2)
+            for (int64_t i = 0; i < k; ++i) x[static_cast<size_t>(t * k + i)] = nan;
+          std::vector<float> got(static_cast<size_t>(n * m)), want(got.size());
+          rows_gemm(isa, x.data(), n, w.data(), dtype, m, k, got.data());
+          ref::matmul(x.data(), n, MatrixView{w.data(), dtype, m, k}, nullptr, want.data());
+          for (int64_t t = 0; t < n; t += 2)
+            for (int64_t j = 0; j < m; j += 2) {
+              const size_t e = static_cast<size_t>(t * m + j);
+              ASSERT_NEAR(got[e], want[e], 1e-4f * std::sqrt(static_cast<float>(k)) * (1 + std::fabs(want[e])))
+                  << cpu_isa_name(isa) << " " << dtype_safetensors_name(dtype) << " k" << k << " n" << n << " row "
+                  << t << " column " << j;
+            }
+        }
+}
+
 // backend::matmul, with bias, in batch-invariant mode: 16 and 64 rows stay
 // on the rows kernel (off, they take the packed GEMM where the build has one:
 // see MatmulPath; a build without -march=native, the sanitizer pass's, has none).

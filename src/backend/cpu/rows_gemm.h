@@ -7,6 +7,11 @@
 //   8 on AVX2); the L lanes are added by a fixed pairwise tree
 //   (lane i + lane i + L/2, then + L/4, ...); the k % L tail is added
 //   after, in order. Scalar: one sequential sum per element.
+//   bf16 weights on AVX-512 take the pair order instead: over blocks of 32
+//   in increasing order, lane j adds w[32b + 2j]·x[32b + 2j], then
+//   w[32b + 2j + 1]·x[32b + 2j + 1] (the last block's elements past k count
+//   as zeros, so there is no separate tail); then the same tree. Every n
+//   (1 included) sums that way, so invariance holds as before.
 // The tile shape, the thread split, the token blocking, the loop order
 // (rows_gemm_impl.h's chunks) and the prefetching change with n; none of
 // them changes that order, so a row's output is bit-identical

@@ -11,7 +11,10 @@
 
 #include <omp.h>
 
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "backend/cpu/reduce16.h"
 #include "backend/cpu/rows_gemm.h"
@@ -75,9 +78,23 @@ inline void reduce_all(const Vec* acc, float* sums) {
 }
 
 // Tile shapes (weight rows RB × token rows TB, RB·TB accumulators + TB x
-// vectors + 1 weight vector of the 32 zmm registers).
-constexpr int kMaxTokens = 6;
-inline int rows_for(int64_t n) { return n <= 3 ? 8 : 4; }
+// vectors + 1 weight vector of the 32 zmm registers). bf16 weights (the pair
+// order, tile_pairs below) take 4 × 4 tiles from 2 rows on: their tile
+// holds 2·RB weight vectors, and GCC kept wider ones (4 × 5 and up, 2 × 8,
+// 3 × 6) partly on the stack. Measured in-process on 1 thread, q_proj with W
+// in L2, 16 rows: 4 × 4 ran 120 GFLOP/s; 4 × 6 90, 5 × 4 92, 2 × 8 99,
+// 3 × 8 87 (the old 4 × 6 tile of the old order: 101).
+//
+// Whether dtype D's tiles take the pair order (tile_pairs: bf16, AVX-512).
+template <DType D>
+constexpr bool kPairOrder = D == DType::kBF16;
+template <DType D>
+constexpr int kMaxTokens = kPairOrder<D> ? 4 : 6;
+template <DType D>
+inline int rows_for(int64_t n) {
+  if constexpr (kPairOrder<D>) return n == 1 ? 8 : 4;
+  return n <= 3 ? 8 : 4;
+}
 #else
 // AVX2: the tree over 8 lanes (s2[i] = a[i] + a[i+4], then as above), one
 // accumulator at a time (the same sequence simd::hsum does).
@@ -91,7 +108,11 @@ inline void reduce_all(const Vec* acc, float* sums) {
   }
 }
 // 16 ymm: RB·TB + TB + 1 <= 16.
+template <DType D>
+constexpr bool kPairOrder = false;
+template <DType D>
 constexpr int kMaxTokens = 3;
+template <DType D>
 inline int rows_for(int64_t n) { return n == 1 ? 8 : 4; }
 #endif
 
@@ -114,11 +135,135 @@ struct Ahead {
 // rows gained nothing and lost up to 10% at 1–4 rows from the extra traffic).
 constexpr int64_t kAheadMaxRowBytes = 4096;
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// bf16 weights on AVX-512 take the pair order (rows_gemm.h): a block of 32
+// weights is 16 dwords, each an (even, odd) pair of bf16. The odd element is
+// the dword's high half, so a zero-masked load of the odd words is that
+// element as f32; the same masked load 2 bytes earlier puts the even element
+// in the high half. Neither takes an ALU op (the old widening took a
+// vpmovzxwd on p5 and a vpslld on p0 per 16 weights, the FMA ports; one
+// plain load with a vpslld and a vpandd measured about the same here).
+// Lane j multiplies the weights 2j and 2j + 1 of the block by x's matching
+// elements, which split_pairs puts in place once per call.
+constexpr int64_t kPairLanes = 32;
+inline int64_t pair_k(int64_t k) { return (k + kPairLanes - 1) / kPairLanes * kPairLanes; }
+
+// xs[t][pair_k(k)] for x[t][k]: per block of 32, the 16 even elements then
+// the 16 odd ones; zero past k (they meet masked-off, zero weights, so they
+// add +0 to every lane).
+inline void split_pairs(const float* x, int64_t n, int64_t k, float* xs) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const int64_t kp = pair_k(k);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xr = x + t * k;
+    float* o = xs + t * kp;
+    for (int64_t i = 0; i < kp; i += kPairLanes) {
+      const int64_t left = k - i;
+      const __mmask16 lo = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (left > 0 ? left : 0)) - 1);
+      const __mmask16 hi = left >= 32 ? 0xFFFF : static_cast<__mmask16>((1u << (left > 16 ? left - 16 : 0)) - 1);
+      const __m512 a = _mm512_maskz_loadu_ps(lo, xr + i), b = _mm512_maskz_loadu_ps(hi, xr + i + 16);
+      _mm512_storeu_ps(o + i, _mm512_permutex2var_ps(a, even, b));
+      _mm512_storeu_ps(o + i + 16, _mm512_permutex2var_ps(a, odd, b));
+    }
+  }
+}
+
+// The tile loops below, unrolled whole: GCC otherwise keeps the accumulator
+// array in memory and stores all of it back every block.
+#define SHARDLM_UNROLL _Pragma("GCC unroll 64")
+
+// One block of 32 weights of the pair order: acc[r * TB + t] += the block's
+// even weights of row r times x's even elements, then the odd ones. valid:
+// the block's words that are weights (the others load as zero).
+template <int RB, int TB>
+inline void pair_step(const uint16_t* const* wrow, const float* const* xrow, int64_t i, __mmask32 valid, Vec* acc) {
+  constexpr __mmask32 kOdd = 0xAAAAAAAAu;
+  {
+    // Word 2j + 1 of the load 2 bytes early is weight 2j; word 0 (the word
+    // before the block) is masked off, and a masked-off word is never read,
+    // even before the first row.
+    Vec wv[RB];
+    SHARDLM_UNROLL
+    for (int r = 0; r < RB; ++r)
+      wv[r] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(
+          kOdd & (valid << 1), reinterpret_cast<const char*>(wrow[r] + i) - sizeof(uint16_t)));
+    SHARDLM_UNROLL
+    for (int t = 0; t < TB; ++t) {
+      const Vec xv = loadx(xrow[t] + i);
+      SHARDLM_UNROLL
+      for (int r = 0; r < RB; ++r) acc[r * TB + t] = fmav(wv[r], xv, acc[r * TB + t]);
+    }
+  }
+  {
+    Vec wv[RB];
+    SHARDLM_UNROLL
+    for (int r = 0; r < RB; ++r) wv[r] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(kOdd & valid, wrow[r] + i));
+    SHARDLM_UNROLL
+    for (int t = 0; t < TB; ++t) {
+      const Vec xv = loadx(xrow[t] + i + 16);
+      SHARDLM_UNROLL
+      for (int r = 0; r < RB; ++r) acc[r * TB + t] = fmav(wv[r], xv, acc[r * TB + t]);
+    }
+  }
+}
+
+// The pair order's tile (tile() below, same contract): x is split_pairs'
+// rows, pair_k(k) floats apart. RB·TB accumulators + RB weight vectors + 1 x
+// vector of the 32 zmm registers.
+// Not inlined: inside chunk_group's loop GCC allocated the same tile's
+// registers worse (measured 0.8x the speed at 8 and 16 rows).
+template <int RB, int TB, bool PF, bool kTail>
+__attribute__((noinline)) void tile_pairs(const float* xs, int64_t k, const char* w, int64_t m, int64_t j0,
+                                          int64_t t0, float* y, Ahead ahead) {
+  const int64_t kp = pair_k(k);
+  const uint16_t* wrow[RB];
+  SHARDLM_UNROLL
+  for (int r = 0; r < RB; ++r) wrow[r] = reinterpret_cast<const uint16_t*>(w) + (j0 + r) * k;
+  const float* xrow[TB];
+  SHARDLM_UNROLL
+  for (int t = 0; t < TB; ++t) xrow[t] = xs + (t0 + t) * kp;
+  Vec acc[RB * TB];
+  SHARDLM_UNROLL
+  for (int o = 0; o < RB * TB; ++o) acc[o] = zerov();
+  // Bytes of `ahead` per block, whole cache lines: at most RB lines (the
+  // range is at most RB rows of k, split over the token groups).
+  const int64_t n_steps = kp / kPairLanes;
+  const int64_t pf_step = ((ahead.hi - ahead.lo + n_steps - 1) / n_steps + 63) / 64 * 64;
+  const char* pf = ahead.lo;
+  // kTail (k % 32 != 0): the last block's words past k are masked off, in
+  // this loop (a second call of pair_step after it made GCC keep acc in
+  // memory); without a tail the masks stay constants out of the loop.
+  const __mmask32 last = static_cast<__mmask32>((uint64_t{1} << (k - (kp - kPairLanes))) - 1);
+  for (int64_t i = 0; i < kp; i += kPairLanes) {
+    if constexpr (PF) {
+      SHARDLM_UNROLL
+      for (int r = 0; r < RB; ++r) prefetch(reinterpret_cast<const char*>(wrow[r] + i) + kPrefetchBytes);
+    }
+    pair_step<RB, TB>(wrow, xrow, i, !kTail || i + kPairLanes <= k ? ~__mmask32{0} : last, acc);
+    SHARDLM_UNROLL
+    for (int l = 0; l < RB; ++l)
+      if (64 * l < pf_step && pf + 64 * l < ahead.hi) _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
+    pf += pf_step;
+  }
+  float sums[RB * TB];
+  reduce_all<RB * TB>(acc, sums);
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < TB; ++t) y[(t0 + t) * m + j0 + r] = sums[r * TB + t];
+}
+#endif
+
 // y[t0 + t, j0 + r] for r < RB, t < TB. PF: prefetch each weight row's
 // stream ahead (the first token group of a block: the later ones find the
 // rows in L1/L2). `ahead` changes what is in cache, never the sum.
 template <DType D, int RB, int TB, bool PF>
 inline void tile(const float* x, int64_t k, const char* w, int64_t m, int64_t j0, int64_t t0, float* y, Ahead ahead) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (kPairOrder<D>) {
+    if (k % kPairLanes) return tile_pairs<RB, TB, PF, true>(x, k, w, m, j0, t0, y, ahead);
+    return tile_pairs<RB, TB, PF, false>(x, k, w, m, j0, t0, y, ahead);
+  }
+#endif
   constexpr int64_t es = kSize<D>;
   const char* wrow[RB];
   for (int r = 0; r < RB; ++r) wrow[r] = w + (j0 + r) * k * es;
@@ -160,30 +305,48 @@ inline void tile_pf(bool pf, const float* x, int64_t k, const char* w, int64_t m
   else tile<D, RB, TB, false>(x, k, w, m, j0, t0, y, ahead);
 }
 
-// Token rows [t0, t1) against weight rows [j0, j0 + RB): groups of at most
-// kMaxTokens rows, near-equal (16 = 6 + 5 + 5, not 6 + 6 + 4). The groups
+// How token rows split into groups, one tile each: near-equal groups of at
+// most kGroupTokens (at most 24 accumulators: rows_for never gives a wider
+// tile, and the cap keeps the unused ones from being built). The pair
+// order's 4-row tiles take up to 6 rows as one group: 4 × 5 and 4 × 6 spill
+// a little but read W once (5 rows, 1 thread, W from DRAM: 0.94-1.07x the
+// old kernel's time per shape, against 1.01-1.20x as groups of 3 + 2).
+template <DType D, int RB>
+constexpr int kGroupTokens = kMaxTokens<D> < 24 / RB ? kMaxTokens<D> : 24 / RB;
+template <DType D, int RB>
+constexpr int kTileTokens = kPairOrder<D> && RB == 4 ? 6 : kGroupTokens<D, RB>;  // the widest tile built
+template <DType D, int RB>
+inline int64_t groups_for(int64_t rows) {
+  return rows <= kTileTokens<D, RB> ? 1 : (rows + kGroupTokens<D, RB> - 1) / kGroupTokens<D, RB>;
+}
+
+// f(std::integral_constant<int, tb>{}) for the token group size tb in [1, N]:
+// one tile instantiation per size, as a switch would make.
+template <int N, class F>
+inline void with_tokens(int64_t tb, F&& f) {
+  if (tb == N) return f(std::integral_constant<int, N>{});
+  if constexpr (N > 1) with_tokens<N - 1>(tb, f);
+}
+
+// Token rows [t0, t1) against weight rows [j0, j0 + RB): groups_for's
+// near-equal groups (16 = 6 + 5 + 5, not 6 + 6 + 4). The groups
 // share the prefetch of the next row block [j0 + RB, j0 + 2 RB) (Ahead).
 template <DType D, int RB>
 void row_block(const float* x, int64_t k, const char* w, int64_t m, int64_t j0, int64_t t0, int64_t t1, float* y) {
   constexpr int64_t es = kSize<D>;
-  const int64_t n_groups = (t1 - t0 + kMaxTokens - 1) / kMaxTokens;
+  const int64_t n_groups = groups_for<D, RB>(t1 - t0);
   const char* next_lo = w + (j0 + RB) * k * es;
-  const int64_t next_bytes = k * es <= kAheadMaxRowBytes ? max64(0, min64(RB, m - j0 - RB)) * k * es : 0;
+  // Longer rows too for bf16 in several token groups: with 4-row groups the
+  // first group's wait on DRAM is a larger share (down_proj, 16 and 24 rows,
+  // 1 thread, W from DRAM: 1.13x the old kernel's time without, 0.82-0.89x
+  // with).
+  const bool next_too = k * es <= kAheadMaxRowBytes || (kPairOrder<D> && n_groups > 1);
+  const int64_t next_bytes = next_too ? max64(0, min64(RB, m - j0 - RB)) * k * es : 0;
   for (int64_t g = 0, t = t0; g < n_groups; ++g) {
     const int64_t tb = (t1 - t + (n_groups - g) - 1) / (n_groups - g);
     const bool pf = g == 0;
     const Ahead ahead{next_lo + next_bytes * g / n_groups, next_lo + next_bytes * (g + 1) / n_groups};
-    switch (tb) {
-      case 1: tile_pf<D, RB, 1>(pf, x, k, w, m, j0, t, y, ahead); break;
-      case 2: tile_pf<D, RB, 2>(pf, x, k, w, m, j0, t, y, ahead); break;
-      case 3: tile_pf<D, RB, 3>(pf, x, k, w, m, j0, t, y, ahead); break;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-      case 4: tile_pf<D, RB, 4>(pf, x, k, w, m, j0, t, y, ahead); break;
-      case 5: tile_pf<D, RB, 5>(pf, x, k, w, m, j0, t, y, ahead); break;
-      case 6: tile_pf<D, RB, 6>(pf, x, k, w, m, j0, t, y, ahead); break;
-#endif
-      default: __builtin_unreachable();  // tb <= kMaxTokens
-    }
+    with_tokens<kTileTokens<D, RB>>(tb, [&](auto tbc) { tile_pf<D, RB, tbc()>(pf, x, k, w, m, j0, t, y, ahead); });
     t += tb;
   }
 }
@@ -215,7 +378,7 @@ template <DType D, int RB>
 void chunk(const float* x, int64_t k, const char* w, int64_t m, int64_t b0, int64_t b1, int64_t t0, int64_t t1,
            float* y) {
   constexpr int64_t es = kSize<D>;
-  const int64_t n_groups = (t1 - t0 + kMaxTokens - 1) / kMaxTokens;
+  const int64_t n_groups = groups_for<D, RB>(t1 - t0);
   const char* next = w + b1 * RB * k * es;
   const int64_t n_next = max64(0, min64(m, (b1 + kChunkBlocks) * RB) - b1 * RB) * k * es;
   const int64_t n_tiles = n_groups * (b1 - b0);
@@ -223,17 +386,8 @@ void chunk(const float* x, int64_t k, const char* w, int64_t m, int64_t b0, int6
     const int64_t tb = (t1 - t + (n_groups - g) - 1) / (n_groups - g);
     const bool pf = g == 0;
     const int64_t q0 = g * (b1 - b0);
-    switch (tb) {
-      case 1: chunk_group<D, RB, 1>(x, k, w, m, b0, b1, t, y, pf, next, n_next, q0, n_tiles); break;
-      case 2: chunk_group<D, RB, 2>(x, k, w, m, b0, b1, t, y, pf, next, n_next, q0, n_tiles); break;
-      case 3: chunk_group<D, RB, 3>(x, k, w, m, b0, b1, t, y, pf, next, n_next, q0, n_tiles); break;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-      case 4: chunk_group<D, RB, 4>(x, k, w, m, b0, b1, t, y, pf, next, n_next, q0, n_tiles); break;
-      case 5: chunk_group<D, RB, 5>(x, k, w, m, b0, b1, t, y, pf, next, n_next, q0, n_tiles); break;
-      case 6: chunk_group<D, RB, 6>(x, k, w, m, b0, b1, t, y, pf, next, n_next, q0, n_tiles); break;
-#endif
-      default: __builtin_unreachable();  // tb <= kMaxTokens
-    }
+    with_tokens<kTileTokens<D, RB>>(
+        tb, [&](auto tbc) { chunk_group<D, RB, tbc()>(x, k, w, m, b0, b1, t, y, pf, next, n_next, q0, n_tiles); });
     t += tb;
   }
 }
@@ -243,12 +397,12 @@ void run_rb(const float* x, int64_t n, const void* wp, int64_t m, int64_t k, flo
   constexpr int64_t es = kSize<D>;
   const char* w = static_cast<const char*>(wp);
   const int64_t n_full = m / RB, n_blocks = n_full + (m % RB ? 1 : 0);
-  const int64_t tblock = token_block(n, k, kMaxTokens);
+  const int64_t tblock = token_block(n, k, kMaxTokens<D>);
   // Chunk order where a block sees several token groups and rows are short
   // (longer rows: x no longer fits L1 either way; not measured to gain).
   // In-process A/B, 16 rows, bf16, 2 threads: 0.86-0.92x the time of the
   // block-major order with the same prefetch.
-  const bool chunked = min64(n, tblock) > kMaxTokens && k * es <= kAheadMaxRowBytes;
+  const bool chunked = min64(n, tblock) > kMaxTokens<D> && k * es <= kAheadMaxRowBytes;
   const int64_t n_chunks = (n_full + kChunkBlocks - 1) / kChunkBlocks + (m % RB ? 1 : 0);
 #pragma omp parallel
   for (int64_t t0 = 0; t0 < n; t0 += tblock) {
@@ -280,7 +434,7 @@ void run_rb(const float* x, int64_t n, const void* wp, int64_t m, int64_t k, flo
 
 template <DType D>
 void run(const float* x, int64_t n, const void* w, int64_t m, int64_t k, float* y) {
-  if (rows_for(n) == 8) return run_rb<D, 8>(x, n, w, m, k, y);
+  if (rows_for<D>(n) == 8) return run_rb<D, 8>(x, n, w, m, k, y);
   run_rb<D, 4>(x, n, w, m, k, y);
 }
 
@@ -309,7 +463,20 @@ void rows_gemm(const float* x, int64_t n, const void* w, DType weight_dtype, int
   if (n <= 0 || m <= 0) return;
   switch (weight_dtype) {
     case DType::kF32: return run<DType::kF32>(x, n, w, m, k, y);
-    case DType::kBF16: return run<DType::kBF16>(x, n, w, m, k, y);
+    case DType::kBF16: {
+#if defined(SHARDLM_SIMD) && defined(__AVX512F__) && defined(__AVX512BW__)
+      // The pair order's x (split_pairs), in the calling thread's buffer,
+      // reused across calls; 64-byte aligned, one cache line per block.
+      static thread_local std::vector<float> xs_buf;
+      const size_t need = static_cast<size_t>(n * pair_k(k)) + 16;
+      if (xs_buf.size() < need) xs_buf.resize(need);
+      float* xs = xs_buf.data() + (16 - reinterpret_cast<uintptr_t>(xs_buf.data()) / 4 % 16) % 16;
+      split_pairs(x, n, k, xs);
+      return run<DType::kBF16>(xs, n, w, m, k, y);
+#else
+      return run<DType::kBF16>(x, n, w, m, k, y);
+#endif
+    }
     case DType::kF16: return run<DType::kF16>(x, n, w, m, k, y);
     default: return;  // backend::rows_gemm checked the dtype
   }
