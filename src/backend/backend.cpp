@@ -69,7 +69,9 @@ void Backend::embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end,
   do_embed(table, vocab_begin, vocab_end, vocab_size, meta, out);
 }
 
-void Backend::matmul(const Tensor& x, const Linear& w, Tensor& y) {
+namespace {
+// matmul's shape checks (matmul_many makes them for each of its outputs).
+void check_matmul(const Tensor& x, const Linear& w, const Tensor& y) {
   const int64_t n = rows_of(x);
   if (w.quantized()) {
     SHARDLM_CHECK(cols_of(x) == w.quant.n_in && y.numel() == n * w.quant.n_out, "matmul: x ", x.describe(), ", ",
@@ -82,7 +84,24 @@ void Backend::matmul(const Tensor& x, const Linear& w, Tensor& y) {
   }
   SHARDLM_CHECK(!w.bias.defined() || w.bias.numel() == w.out_features(), "matmul: bias ", w.bias.describe(), " for ",
                 w.out_features(), " outputs");
+}
+}  // namespace
+
+void Backend::matmul(const Tensor& x, const Linear& w, Tensor& y) {
+  check_matmul(x, w, y);
   do_matmul(x, w, y);
+}
+
+void Backend::matmul_many(const Tensor& x, std::span<const MatmulOut> outs) {
+  for (const MatmulOut& o : outs) {
+    SHARDLM_CHECK(o.w && o.y, "matmul_many: an output without its weight or tensor");
+    check_matmul(x, *o.w, *o.y);
+  }
+  do_matmul_many(x, outs);
+}
+
+void Backend::do_matmul_many(const Tensor& x, std::span<const MatmulOut> outs) {
+  for (const MatmulOut& o : outs) do_matmul(x, *o.w, *o.y);
 }
 
 void Backend::rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) {

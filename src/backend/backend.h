@@ -48,6 +48,13 @@ struct Linear {
   int64_t out_features() const { return quantized() ? quant.n_out : weight.dim(0); }
 };
 
+// One product of Backend::matmul_many: y[n, w->out_features()] = x × w->weightᵀ
+// (+ w->bias). Both point at the caller's objects for the call's duration.
+struct MatmulOut {
+  const Linear* w = nullptr;
+  Tensor* y = nullptr;
+};
+
 // A norm's weight as the op applies it: offset + weight[i] (Gemma's norms
 // store w for the factor 1 + w; every other family's offset is 0). A Tensor
 // converts to one with offset 0.
@@ -132,6 +139,12 @@ class Backend {
   // y[n, out] = x[n, in] × weightᵀ (+ bias). A quantized Linear reaches a
   // backend only when supports(OpArgs::quant_matmul(scheme, bits)) said yes at load.
   void matmul(const Tensor& x, const Linear& w, Tensor& y);
+  // matmul(x, *o.w, *o.y) for each o of outs, the products that read the
+  // same x (q, k, v; gate, up), each y exactly what its own matmul gives.
+  // A backend may run them as one launch (the CPU: one parallel region over
+  // every matrix's row blocks where they are dense); the base runs them one
+  // by one. The ys must not overlap x or each other.
+  void matmul_many(const Tensor& x, std::span<const MatmulOut> outs);
   // out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) × (weight.offset + weight.weight);
   // x, out: [rows, d] (out may be x).
   void rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out);
@@ -236,6 +249,7 @@ class Backend {
   virtual void do_embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
                         const StepMetadata& meta, Tensor& out) = 0;
   virtual void do_matmul(const Tensor& x, const Linear& w, Tensor& y) = 0;
+  virtual void do_matmul_many(const Tensor& x, std::span<const MatmulOut> outs);  // base: do_matmul per out
   virtual void do_rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) = 0;
   virtual void do_add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps,
                                Tensor& out) = 0;

@@ -39,9 +39,9 @@ void norm_in_place(const LayerContext& c, Tensor& x, const Tensor& weight, std::
 Qkv qkv(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x) {
   const int64_t n = c.n_tokens();
   Qkv a{c.ws.q(n), c.ws.k(n), c.ws.v(n)};
-  c.b.matmul(x, w.q, a.q);
-  c.b.matmul(x, w.k, a.k);
-  c.b.matmul(x, w.v, a.v);
+  // One call for the three products of x (the CPU runs their row blocks in one parallel region).
+  const backend::MatmulOut outs[] = {{&w.q, &a.q}, {&w.k, &a.k}, {&w.v, &a.v}};
+  c.b.matmul_many(x, outs);
   c.name("q", w.layer, a.q);
   c.name("k", w.layer, a.k);
   c.name("v", w.layer, a.v);
@@ -89,8 +89,8 @@ Tensor attend_and_project(const LayerContext& c, const DecoderLayerWeights& w, c
 Tensor gated_mlp(const LayerContext& c, const DecoderLayerWeights& w, const Tensor& x) {
   const int64_t n = c.n_tokens();
   Tensor gate = c.ws.gate(n), up = c.ws.up(n), proj = c.ws.proj(n);
-  c.b.matmul(x, w.gate, gate);
-  c.b.matmul(x, w.up, up);
+  const backend::MatmulOut outs[] = {{&w.gate, &gate}, {&w.up, &up}};  // one call, as qkv's
+  c.b.matmul_many(x, outs);
   c.name("ffn_gate", w.layer, gate);
   c.name("ffn_up", w.layer, up);
   if (c.dims.activation == MlpActivation::kGeluTanh) {

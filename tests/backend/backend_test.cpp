@@ -496,6 +496,28 @@ TEST(BackendShapeChecks, ThePublicOpRefusesAMismatchBeforeTheDevice) {
   EXPECT_EQ(b.calls, 3);
 }
 
+// matmul_many on a backend that does not group (the base's default, which
+// CUDA keeps): one do_matmul per output, and every output's shapes checked
+// before the first runs.
+TEST(BackendShapeChecks, MatmulManyIsOneMatmulPerOutputByDefault) {
+  CountingBackend b;
+  Tensor x = Tensor::host(DType::kF32, {3, 8}), w5 = Tensor::host(DType::kF32, {5, 8});
+  Tensor w2 = Tensor::host(DType::kF32, {2, 8}), y5 = Tensor::host(DType::kF32, {3, 5});
+  Tensor y2 = Tensor::host(DType::kF32, {3, 2}), y_bad = Tensor::host(DType::kF32, {3, 4});
+  const Linear l5{w5, {}}, l2{w2, {}};
+  const MatmulOut good[] = {{&l5, &y5}, {&l2, &y2}, {&l2, &y2}};
+  b.matmul_many(x, good);
+  EXPECT_EQ(b.calls, 3);
+  const MatmulOut bad[] = {{&l5, &y5}, {&l2, &y_bad}};
+  try {
+    b.matmul_many(x, bad);
+    ADD_FAILURE() << "matmul_many accepted y " << y_bad.describe() << " for a [2, 8] weight";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+  }
+  EXPECT_EQ(b.calls, 3) << "an output ran before a later one's shapes were checked";
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendTest, ::testing::Values(Device{}),
                          [](const auto& info) { return info.param.is_cpu() ? "cpu" : "cuda"; });
 INSTANTIATE_TEST_SUITE_P(Cuda, BackendTest, ::testing::Values(Device{DeviceKind::kCuda, 0}),

@@ -65,5 +65,32 @@ TEST(KernelReportCounts, EachMatmulOnceOnTheKernelItTook) {
   EXPECT_TRUE(kernel_report_counts().empty());
 }
 
+// A grouped call (backend::matmul_many: q, k, v in one parallel region)
+// counts as the matmuls it replaces: one per matrix, with its own shape.
+TEST(KernelReportCounts, AGroupedCallCountsEachMatrix) {
+  set_kernel_report(true);
+  reset_kernel_report();
+  const int64_t k = 64;
+  std::vector<float> x(4 * k, 0.5f), yq(4 * 48), yk(4 * 16), yv(4 * 16);
+  std::vector<uint16_t> wq(48 * k, 0x3f80), wk(16 * k, 0x3f80), wv(16 * k, 0x3f80);
+  const MatmulPart parts[] = {{MatrixView{wq.data(), DType::kBF16, 48, k}, nullptr, yq.data()},
+                              {MatrixView{wk.data(), DType::kBF16, 16, k}, nullptr, yk.data()},
+                              {MatrixView{wv.data(), DType::kBF16, 16, k}, nullptr, yv.data()}};
+  matmul_many(x.data(), 4, parts, 3);
+  const std::vector<KernelCount> counts = kernel_report_counts();
+  set_kernel_report(false);
+  ASSERT_EQ(counts.size(), 2u);  // sorted by m: 16 × 64 twice, then 48 × 64 once
+  EXPECT_EQ(counts[0].m, 16);
+  EXPECT_EQ(counts[0].calls, 2);
+  EXPECT_EQ(counts[1].m, 48);
+  EXPECT_EQ(counts[1].calls, 1);
+  for (const KernelCount& r : counts) {
+    EXPECT_EQ(r.path.substr(0, 5), expected_path(4, DType::kBF16).substr(0, 5));
+    EXPECT_EQ(r.k, k);
+    EXPECT_EQ(r.rows_lo, 3);
+    EXPECT_EQ(r.rows_hi, 4);
+  }
+}
+
 }  // namespace
 }  // namespace shardlm::backend

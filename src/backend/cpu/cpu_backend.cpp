@@ -18,6 +18,9 @@ namespace {
 constexpr size_t kAlignment = 64;              // a cache line; every SIMD load width
 constexpr size_t kMapThreshold = size_t{1} << 20;  // from here on, whole pages from mmap
 constexpr size_t kPage = 4096;
+// The most outputs do_matmul_many passes in one backend::matmul_many (q, k, v
+// are 3); more go one matmul each.
+constexpr int64_t kMaxMatmulParts = 8;
 
 const float* f32(const Tensor& t, const char* what) {
   SHARDLM_CHECK(t.dtype() == DType::kF32 && t.device().is_cpu(), what, ": expected f32 on cpu, got ",
@@ -160,6 +163,21 @@ void CpuBackend::do_matmul(const Tensor& x, const Linear& w, Tensor& y) {
   const int64_t n = rows_of(x);
   const VectorView b = w.bias.defined() ? vector(w.bias) : VectorView{};
   backend::matmul(f32(x, "matmul x"), n, m, w.bias.defined() ? &b : nullptr, f32_mut(y, "matmul y"));
+}
+
+void CpuBackend::do_matmul_many(const Tensor& x, std::span<const MatmulOut> outs) {
+  const int64_t n_parts = static_cast<int64_t>(outs.size());
+  bool dense = n_parts <= kMaxMatmulParts;
+  for (const MatmulOut& o : outs) dense = dense && !o.w->quantized();
+  if (!dense) return Backend::do_matmul_many(x, outs);
+  MatmulPart parts[kMaxMatmulParts];
+  VectorView biases[kMaxMatmulParts];
+  for (int64_t p = 0; p < n_parts; ++p) {
+    const Linear& w = *outs[p].w;
+    if (w.bias.defined()) biases[p] = vector(w.bias);
+    parts[p] = {matrix(w.weight), w.bias.defined() ? &biases[p] : nullptr, f32_mut(*outs[p].y, "matmul y")};
+  }
+  backend::matmul_many(f32(x, "matmul x"), rows_of(x), parts, n_parts);
 }
 
 void CpuBackend::do_rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) {

@@ -44,6 +44,9 @@ class CpuBackend final : public Backend {
   void do_embed(const Tensor& table, int64_t vocab_begin, int64_t vocab_end, int64_t vocab_size,
                 const StepMetadata& meta, Tensor& out) override;
   void do_matmul(const Tensor& x, const Linear& w, Tensor& y) override;
+  // Dense outputs in one backend::matmul_many (one parallel region where they
+  // take the rows kernel); any quantized one: one matmul per output.
+  void do_matmul_many(const Tensor& x, std::span<const MatmulOut> outs) override;
   void do_rms_norm(const Tensor& x, const NormWeight& weight, float eps, Tensor& out) override;
   void do_add_rms_norm(Tensor& hidden, const Tensor& delta, const NormWeight& weight, float eps, Tensor& out) override;
   void do_add(Tensor& y, const Tensor& x) override;

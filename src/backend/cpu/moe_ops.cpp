@@ -100,8 +100,9 @@ void moe_experts(const float* x, int64_t n, int64_t hidden, const int32_t* ids, 
     for (int64_t r = 0; r < cnt; ++r)
       std::memcpy(s.xs.data() + r * hidden, x + static_cast<int64_t>(s.token[r0 + r]) * hidden,
                   static_cast<size_t>(hidden) * sizeof(float));
-    matmul(s.xs.data(), cnt, m.gate, nullptr, s.gate.data());
-    matmul(s.xs.data(), cnt, m.up, nullptr, s.up.data());
+    // gate and up read the same rows: one parallel region for both (matmul_many).
+    const MatmulPart gate_up[] = {{m.gate, nullptr, s.gate.data()}, {m.up, nullptr, s.up.data()}};
+    matmul_many(s.xs.data(), cnt, gate_up, 2);
     silu_mul(s.gate.data(), s.up.data(), cnt * inter, s.gate.data());
     matmul(s.gate.data(), cnt, m.down, nullptr, s.ys.data());
     for (int64_t r = 0; r < cnt; ++r) {

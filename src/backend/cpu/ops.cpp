@@ -379,6 +379,16 @@ void check_seqs(const KvLayerView& c, const AttentionSeq* seqs, int64_t n_seqs, 
 
 }  // namespace
 
+namespace {
+// y[t, j] += bias[j] for t < n, j < m (after the product, as ref::matmul).
+void add_bias(int64_t n, int64_t m, const VectorView* bias, float* y) {
+  if (!bias) return;
+  SHARDLM_CHECK(bias->n == m, "bias has ", bias->n, " elements, matrix ", m, " rows");
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < m; ++j) y[t * m + j] += load_as_f32(bias->data, bias->dtype, static_cast<size_t>(j));
+}
+}  // namespace
+
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y) {
   const int64_t m = w.rows, k = w.cols;
   switch (matmul_path(n, w.dtype)) {
@@ -387,11 +397,23 @@ void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bi
     case MatmulPath::kAmx: packed_matmul(x, n, w.data, w.dtype, m, k, y); break;
     case MatmulPath::kBf16Dot: bf16_dot_gemm(x, n, static_cast<const uint16_t*>(w.data), m, k, y); break;
   }
-  if (bias) {
-    SHARDLM_CHECK(bias->n == m, "bias has ", bias->n, " elements, matrix ", m, " rows");
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t j = 0; j < m; ++j) y[t * m + j] += load_as_f32(bias->data, bias->dtype, static_cast<size_t>(j));
+  add_bias(n, m, bias, y);
+}
+
+void matmul_many(const float* x, int64_t n, const MatmulPart* parts, int64_t n_parts) {
+  bool grouped = n_parts > 1 && n_parts <= kRowsGemmMaxParts;
+  for (int64_t p = 0; p < n_parts && grouped; ++p) {
+    const MatrixView& w = parts[p].w;
+    grouped = w.dtype == parts[0].w.dtype && w.cols == parts[0].w.cols && matmul_path(n, w.dtype) == MatmulPath::kRows;
   }
+  if (!grouped) {
+    for (int64_t p = 0; p < n_parts; ++p) matmul(x, n, parts[p].w, parts[p].bias, parts[p].y);
+    return;
+  }
+  RowsGemmPart rows[kRowsGemmMaxParts];
+  for (int64_t p = 0; p < n_parts; ++p) rows[p] = {parts[p].w.data, parts[p].w.rows, parts[p].y};
+  rows_gemm_many(active_cpu_isa(), x, n, parts[0].w.cols, parts[0].w.dtype, rows, n_parts);
+  for (int64_t p = 0; p < n_parts; ++p) add_bias(n, parts[p].w.rows, parts[p].bias, parts[p].y);
 }
 
 void rms_norm(const float* x, int64_t n_rows, const VectorView& weight, float eps, float* out, float weight_offset) {

@@ -34,6 +34,20 @@ struct VectorView {
 // Which kernel runs is matmul_path(n, W.dtype).
 void matmul(const float* x, int64_t n, const MatrixView& w, const VectorView* bias, float* y);
 
+// One matrix of matmul_many: y[n, w.rows] = x[n, k] × wᵀ (+ bias[w.rows]).
+struct MatmulPart {
+  MatrixView w;
+  const VectorView* bias = nullptr;
+  float* y = nullptr;
+};
+// matmul of the same x[n, k] against each part (q, k, v; gate, up), each
+// part's y bit-identical to matmul(x, n, part.w, part.bias, part.y). Where
+// every part takes MatmulPath::kRows with one weight dtype (and there are
+// at most kRowsGemmMaxParts of them), their row blocks share one parallel
+// region (backend/cpu/rows_gemm.h: rows_gemm_many); otherwise one matmul
+// per part. The ys must not overlap x or each other.
+void matmul_many(const float* x, int64_t n, const MatmulPart* parts, int64_t n_parts);
+
 // The kernels a dense matmul can take:
 //   kRows:   backend/cpu/rows_gemm.h, built per ISA and chosen by CPUID
 //            (active_cpu_isa()): batch 1 and small batches; its reduction

@@ -36,15 +36,40 @@ bool rows_gemm_supports(DType weight_dtype);
 void rows_gemm(CpuIsa isa, const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k,
                float* y);
 
-// One build per ISA, each in its own namespace (same contract as rows_gemm).
+// One matrix of rows_gemm_many: w [m, k] in the call's weight dtype,
+// y [n, m] f32 (overwritten).
+struct RowsGemmPart {
+  const void* w = nullptr;
+  int64_t m = 0;
+  float* y = nullptr;
+};
+// The most parts one rows_gemm_many call takes (q, k, v are 3; the work
+// list's offsets live on the stack).
+constexpr int64_t kRowsGemmMaxParts = 8;
+
+// rows_gemm of the same x [n, k] against parts[0, n_parts), every matrix in
+// weight_dtype (q, k, v; gate, up): one parallel region whose one dynamic
+// work list holds every part's row blocks, so the small matrices share one
+// ramp-up and one end barrier instead of paying one each. Each part's y is
+// bit-identical to rows_gemm on that matrix alone (the same tiles over the
+// same token groups; only which thread runs a block and when changes).
+// Counted in the kernel report as n_parts matmuls, each with its own shape.
+void rows_gemm_many(CpuIsa isa, const float* x, int64_t n, int64_t k, DType weight_dtype, const RowsGemmPart* parts,
+                    int64_t n_parts);
+
+// One build per ISA, each in its own namespace (same contracts as rows_gemm
+// and rows_gemm_many; rows_gemm is rows_gemm_many of one part).
 namespace rows_avx512 {
-void rows_gemm(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);
+void rows_gemm_many(const float* x, int64_t n, int64_t k, DType weight_dtype, const RowsGemmPart* parts,
+                    int64_t n_parts);
 }
 namespace rows_avx2 {
-void rows_gemm(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);
+void rows_gemm_many(const float* x, int64_t n, int64_t k, DType weight_dtype, const RowsGemmPart* parts,
+                    int64_t n_parts);
 }
 namespace rows_scalar {
-void rows_gemm(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y);
+void rows_gemm_many(const float* x, int64_t n, int64_t k, DType weight_dtype, const RowsGemmPart* parts,
+                    int64_t n_parts);
 }
 
 }  // namespace shardlm::backend

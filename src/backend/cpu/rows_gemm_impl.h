@@ -392,65 +392,105 @@ void chunk(const float* x, int64_t k, const char* w, int64_t m, int64_t b0, int6
   }
 }
 
-template <DType D, int RB>
-void run_rb(const float* x, int64_t n, const void* wp, int64_t m, int64_t k, float* y) {
-  constexpr int64_t es = kSize<D>;
-  const char* w = static_cast<const char*>(wp);
+// Row blocks per work item where a block sees one token group (the
+// block-major order): the dynamic chunk of the loop before the grouping.
+constexpr int64_t kItemBlocks = 8;
+
+// The work items of one part (a matrix [m, k]) with RB-row blocks:
+// chunked, its chunks of kChunkBlocks full blocks plus one for the m % RB
+// tail rows; else its blocks (the tail rows one more) kItemBlocks at a time.
+template <int RB>
+int64_t n_items(int64_t m, bool chunked) {
   const int64_t n_full = m / RB, n_blocks = n_full + (m % RB ? 1 : 0);
+  if (chunked) return (n_full + kChunkBlocks - 1) / kChunkBlocks + (m % RB ? 1 : 0);
+  return (n_blocks + kItemBlocks - 1) / kItemBlocks;
+}
+
+// Work item c of one part against token rows [t0, t1).
+template <DType D, int RB>
+void run_item(const float* x, int64_t k, const RowsGemmPart& part, bool chunked, int64_t c, int64_t t0, int64_t t1) {
+  const char* w = static_cast<const char*>(part.w);
+  const int64_t m = part.m, n_full = m / RB;
+  float* y = part.y;
+  if (chunked) {
+    const int64_t b0 = c * kChunkBlocks;
+    if (b0 < n_full) {
+      chunk<D, RB>(x, k, w, m, b0, min64(n_full, b0 + kChunkBlocks), t0, t1, y);
+    } else {
+      for (int64_t j = n_full * RB; j < m; ++j) row_block<D, 1>(x, k, w, m, j, t0, t1, y);
+    }
+    return;
+  }
+  const int64_t n_blocks = n_full + (m % RB ? 1 : 0);
+  for (int64_t b = c * kItemBlocks, e = min64(n_blocks, b + kItemBlocks); b < e; ++b) {
+    if (b < n_full) {
+      row_block<D, RB>(x, k, w, m, b * RB, t0, t1, y);
+    } else {
+      for (int64_t j = n_full * RB; j < m; ++j) row_block<D, 1>(x, k, w, m, j, t0, t1, y);
+    }
+  }
+}
+
+// Every part's row blocks in one parallel region: one dynamic list of work
+// items, part after part, per token block. An output element is computed by
+// the same tile over the same token group as with its part alone (the
+// token blocking, the tile shape and the chunked choice depend on n, k and
+// the dtype, which the parts share), so each y is bit-identical to a call of
+// its own; what changes is one ramp-up and one barrier per token block for
+// all the parts, and the last item's imbalance spread over all of them.
+template <DType D, int RB>
+void run_rb(const float* x, int64_t n, int64_t k, const RowsGemmPart* parts, int64_t n_parts) {
+  constexpr int64_t es = kSize<D>;
   const int64_t tblock = token_block(n, k, kMaxTokens<D>);
   // Chunk order where a block sees several token groups and rows are short
   // (longer rows: x no longer fits L1 either way; not measured to gain).
   // In-process A/B, 16 rows, bf16, 2 threads: 0.86-0.92x the time of the
   // block-major order with the same prefetch.
   const bool chunked = min64(n, tblock) > kMaxTokens<D> && k * es <= kAheadMaxRowBytes;
-  const int64_t n_chunks = (n_full + kChunkBlocks - 1) / kChunkBlocks + (m % RB ? 1 : 0);
+  // first[p]: the index of part p's first item; first[n_parts]: all items.
+  int64_t first[kRowsGemmMaxParts + 1] = {0};
+  for (int64_t p = 0; p < n_parts; ++p) first[p + 1] = first[p] + n_items<RB>(parts[p].m, chunked);
+  const int64_t n_all = first[n_parts];
+  if (n_all == 0) return;
 #pragma omp parallel
   for (int64_t t0 = 0; t0 < n; t0 += tblock) {
     const int64_t t1 = min64(n, t0 + tblock);
-    // Dynamic chunks of row blocks: on a shared machine one thread often
-    // runs slower than the other, and a static split would make the other wait.
-    if (chunked) {
+    // Dynamic items: on a shared machine one thread often runs slower than
+    // the other, and a static split would make the other wait.
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t c = 0; c < n_chunks; ++c) {
-        const int64_t b0 = c * kChunkBlocks;
-        if (b0 < n_full) {
-          chunk<D, RB>(x, k, w, m, b0, min64(n_full, b0 + kChunkBlocks), t0, t1, y);
-        } else {
-          for (int64_t j = n_full * RB; j < m; ++j) row_block<D, 1>(x, k, w, m, j, t0, t1, y);
-        }
-      }
-    } else {
-#pragma omp for schedule(dynamic, 8)
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        if (b < n_full) {
-          row_block<D, RB>(x, k, w, m, b * RB, t0, t1, y);
-        } else {
-          for (int64_t j = n_full * RB; j < m; ++j) row_block<D, 1>(x, k, w, m, j, t0, t1, y);
-        }
-      }
+    for (int64_t i = 0; i < n_all; ++i) {
+      int64_t p = 0;
+      while (i >= first[p + 1]) ++p;
+      run_item<D, RB>(x, k, parts[p], chunked, i - first[p], t0, t1);
     }
   }
 }
 
 template <DType D>
-void run(const float* x, int64_t n, const void* w, int64_t m, int64_t k, float* y) {
-  if (rows_for<D>(n) == 8) return run_rb<D, 8>(x, n, w, m, k, y);
-  run_rb<D, 4>(x, n, w, m, k, y);
+void run(const float* x, int64_t n, int64_t k, const RowsGemmPart* parts, int64_t n_parts) {
+  if (rows_for<D>(n) == 8) return run_rb<D, 8>(x, n, k, parts, n_parts);
+  run_rb<D, 4>(x, n, k, parts, n_parts);
 }
 
 #else  // scalar: one sequential sum per element
 
+// The parts one after the other, each its own parallel loop (the scalar
+// kernel is the oracle and the fallback, not a speed path).
 template <DType D>
-void run(const float* x, int64_t n, const void* wp, int64_t m, int64_t k, float* y) {
-  const char* w = static_cast<const char*>(wp);
+void run(const float* x, int64_t n, int64_t k, const RowsGemmPart* parts, int64_t n_parts) {
+  for (int64_t p = 0; p < n_parts; ++p) {
+    const char* w = static_cast<const char*>(parts[p].w);
+    const int64_t m = parts[p].m;
+    float* y = parts[p].y;
 #pragma omp parallel for schedule(dynamic, 16)
-  for (int64_t j = 0; j < m; ++j) {
-    const char* row = w + j * k * kSize<D>;
-    for (int64_t t = 0; t < n; ++t) {
-      const float* xr = x + t * k;
-      float s = 0.0f;
-      for (int64_t i = 0; i < k; ++i) s += elem<D>(row, i) * xr[i];
-      y[t * m + j] = s;
+    for (int64_t j = 0; j < m; ++j) {
+      const char* row = w + j * k * kSize<D>;
+      for (int64_t t = 0; t < n; ++t) {
+        const float* xr = x + t * k;
+        float s = 0.0f;
+        for (int64_t i = 0; i < k; ++i) s += elem<D>(row, i) * xr[i];
+        y[t * m + j] = s;
+      }
     }
   }
 }
@@ -459,10 +499,11 @@ void run(const float* x, int64_t n, const void* wp, int64_t m, int64_t k, float*
 
 }  // namespace
 
-void rows_gemm(const float* x, int64_t n, const void* w, DType weight_dtype, int64_t m, int64_t k, float* y) {
-  if (n <= 0 || m <= 0) return;
+void rows_gemm_many(const float* x, int64_t n, int64_t k, DType weight_dtype, const RowsGemmPart* parts,
+                    int64_t n_parts) {
+  if (n <= 0 || n_parts <= 0) return;
   switch (weight_dtype) {
-    case DType::kF32: return run<DType::kF32>(x, n, w, m, k, y);
+    case DType::kF32: return run<DType::kF32>(x, n, k, parts, n_parts);
     case DType::kBF16: {
 #if defined(SHARDLM_SIMD) && defined(__AVX512F__) && defined(__AVX512BW__)
       // The pair order's x (split_pairs), in the calling thread's buffer,
@@ -472,13 +513,13 @@ void rows_gemm(const float* x, int64_t n, const void* w, DType weight_dtype, int
       if (xs_buf.size() < need) xs_buf.resize(need);
       float* xs = xs_buf.data() + (16 - reinterpret_cast<uintptr_t>(xs_buf.data()) / 4 % 16) % 16;
       split_pairs(x, n, k, xs);
-      return run<DType::kBF16>(xs, n, w, m, k, y);
+      return run<DType::kBF16>(xs, n, k, parts, n_parts);
 #else
-      return run<DType::kBF16>(x, n, w, m, k, y);
+      return run<DType::kBF16>(x, n, k, parts, n_parts);
 #endif
     }
-    case DType::kF16: return run<DType::kF16>(x, n, w, m, k, y);
-    default: return;  // backend::rows_gemm checked the dtype
+    case DType::kF16: return run<DType::kF16>(x, n, k, parts, n_parts);
+    default: return;  // backend::rows_gemm_many checked the dtype and the part count
   }
 }
 
