@@ -1,0 +1,197 @@
+// sampling/vocab_kernels.h, AVX-512 path (F, BW, DQ, VL; flags:
+// src/sampling/CMakeLists.txt): 16 floats a vector, which are exactly the
+// kVocabLanes lanes of the sums, held as two vectors of 8 doubles (lanes
+// 0-7 and 8-15). Tails go through the scalar element operations.
+// GCC 12 reports its own _mm512_undefined_* inside the intrinsics headers as
+// "used uninitialized" (GCC bug 105593, as backend/cpu/quant_ops.cpp notes):
+// not this code's.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <limits>
+
+#include "sampling/isa/vocab_scalar_ops.h"
+
+namespace shardlm {
+
+namespace {
+
+// fast_exp_scalar, 16 at a time: the same operations in the same order.
+inline __m512 exp16(__m512 x) {
+  __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));  // NaN -> kExpMin (MAXPS returns the second operand)
+  xc = _mm512_min_ps(xc, _mm512_set1_ps(kExpMax));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int k = 1; k < 8; ++k) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[k]));
+  const __m512i ni = _mm512_cvtps_epi32(n);  // exact: n is integral
+  const __m512i h = _mm512_srai_epi32(ni, 1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, bias), 23));
+  const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, h), bias), 23));
+  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+// Adds the 16 floats of v into the lanes (lo: 0-7, hi: 8-15) in double.
+inline void add_lanes(__m512d& lo, __m512d& hi, __m512 v) {
+  lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+  hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+// lane_tree over (lo, hi): j + j+8, then j + j+4, j + j+2, j + j+1.
+inline double lane_tree16(__m512d lo, __m512d hi) {
+  const __m512d t = _mm512_add_pd(lo, hi);
+  const __m256d u = _mm256_add_pd(_mm512_castpd512_pd256(t), _mm512_extractf64x4_pd(t, 1));
+  const __m128d v = _mm_add_pd(_mm256_castpd256_pd128(u), _mm256_extractf128_pd(u, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(v, _mm_unpackhi_pd(v, v)));
+}
+
+void exp_avx512(const float* x, float* y, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+  for (; i < n; ++i) y[i] = fast_exp_scalar(x[i]);
+}
+
+float max_avx512(const float* z, size_t n) {
+  __m512 m0 = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), m1 = m0;
+  size_t i = 0;
+  // max(z, m) keeps m when z is NaN: MAXPS returns its second operand then.
+  for (; i + 32 <= n; i += 32) {
+    m0 = _mm512_max_ps(_mm512_loadu_ps(z + i), m0);
+    m1 = _mm512_max_ps(_mm512_loadu_ps(z + i + 16), m1);
+  }
+  for (; i + 16 <= n; i += 16) m0 = _mm512_max_ps(_mm512_loadu_ps(z + i), m0);
+  float m = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+  for (; i < n; ++i)
+    if (z[i] > m) m = z[i];
+  return m == 0.0f ? 0.0f : m;
+}
+
+size_t find_equal_avx512(const float* z, size_t n, float v) {
+  const __m512 vv = _mm512_set1_ps(v);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(z + i), vv, _CMP_EQ_OQ);
+    if (m) return i + static_cast<size_t>(__builtin_ctz(m));
+  }
+  for (; i < n; ++i)
+    if (z[i] == v) return i;
+  return n;
+}
+
+size_t find_greater_avx512(const float* z, size_t n, float v) {
+  const __m512 vv = _mm512_set1_ps(v);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(z + i), vv, _CMP_GT_OQ);
+    if (m) return i + static_cast<size_t>(__builtin_ctz(m));
+  }
+  for (; i < n; ++i)
+    if (z[i] > v) return i;
+  return n;
+}
+
+ExpWeights weights_avx512(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w) {
+  const __m512 vmax = _mm512_set1_ps(max_l), vinv = _mm512_set1_ps(inv_t), vmin = _mm512_set1_ps(min_w);
+  __m512d lo = _mm512_setzero_pd(), hi = lo;
+  ExpWeights out;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(z + i), vmax), vinv);
+    const __m512 e = exp16(x);
+    const __m512 wi = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, vmin, _CMP_GE_OQ), e);  // NaN -> 0
+    _mm512_storeu_ps(w + i, wi);
+    out.n_positive += static_cast<size_t>(
+        __builtin_popcount(_mm512_cmp_ps_mask(wi, _mm512_setzero_ps(), _CMP_GT_OQ)));
+    add_lanes(lo, hi, wi);
+  }
+  out.mass = lane_tree16(lo, hi);
+  for (; i < n; ++i) {
+    w[i] = weight_scalar(z[i], max_l, inv_t, min_w);
+    out.n_positive += w[i] > 0.0f;
+    out.mass += w[i];
+  }
+  return out;
+}
+
+double sum_exp_avx512(const float* z, size_t n, float max_l) {
+  const __m512 vmax = _mm512_set1_ps(max_l);
+  __m512d lo = _mm512_setzero_pd(), hi = lo;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(z + i);
+    const __m512 e = exp16(_mm512_sub_ps(v, vmax));
+    add_lanes(lo, hi, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), e));
+  }
+  double sum = lane_tree16(lo, hi);
+  for (; i < n; ++i) sum += std::isnan(z[i]) ? 0.0f : fast_exp_scalar(z[i] - max_l);
+  return sum;
+}
+
+// Packs the ids (and weights) of the set bits of m to out + k with full
+// 16-wide stores: the entries past the packed ones are overwritten later or
+// lie within [k, i + 16), already read.
+size_t collect_at_least_avx512(const float* w, size_t n, float min_w, int32_t* ids) {
+  const __m512 vmin = _mm512_set1_ps(min_w);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  size_t k = 0, i = 0;
+  for (; i + 16 <= n; i += 16, idx = _mm512_add_epi32(idx, step)) {
+    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(w + i), vmin, _CMP_GE_OQ);
+    if (!m) continue;
+    _mm512_storeu_si512(ids + k, _mm512_maskz_compress_epi32(m, idx));
+    k += static_cast<size_t>(__builtin_popcount(m));
+  }
+  for (; i < n; ++i)
+    if (w[i] >= min_w) ids[k++] = static_cast<int32_t>(i);
+  return k;
+}
+
+size_t compact_avx512(const float* w, const float* z, size_t n, float z_b, int32_t b, int32_t* ids, float* w_out) {
+  const __m512 vzb = _mm512_set1_ps(z_b), zero = _mm512_setzero_ps();
+  const __m512i vb = _mm512_set1_epi32(b);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  size_t k = 0, i = 0;
+  for (; i + 16 <= n; i += 16, idx = _mm512_add_epi32(idx, step)) {
+    const __m512 wv = _mm512_loadu_ps(w + i), zv = _mm512_loadu_ps(z + i);
+    const __mmask16 tie = _mm512_mask_cmple_epi32_mask(_mm512_cmp_ps_mask(zv, vzb, _CMP_EQ_OQ), idx, vb);
+    const __mmask16 m =
+        _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(zv, vzb, _CMP_GT_OQ) | tie, wv, zero, _CMP_GT_OQ);
+    if (!m) continue;
+    _mm512_storeu_si512(ids + k, _mm512_maskz_compress_epi32(m, idx));
+    _mm512_storeu_ps(w_out + k, _mm512_maskz_compress_ps(m, wv));
+    k += static_cast<size_t>(__builtin_popcount(m));
+  }
+  for (; i < n; ++i) {
+    if (!kept_scalar(w[i], z[i], i, z_b, b)) continue;
+    const float wi = w[i];
+    ids[k] = static_cast<int32_t>(i);
+    w_out[k++] = wi;
+  }
+  return k;
+}
+
+void block_sums_avx512(const float* w, size_t n, double* sums) {
+  for (size_t blk = 0; blk < n / 16; ++blk) {
+    const __m512 v = _mm512_loadu_ps(w + blk * 16);
+    __m512d lo = _mm512_setzero_pd(), hi = lo;
+    add_lanes(lo, hi, v);  // 0 + w is w: the lanes are the block's elements
+    sums[blk] = lane_tree16(lo, hi);
+  }
+}
+
+}  // namespace
+
+const VocabKernels& vocab_kernels_avx512() {
+  static const VocabKernels k{exp_avx512,     max_avx512,         find_equal_avx512,       find_greater_avx512,
+                              weights_avx512, sum_exp_avx512,     collect_at_least_avx512, compact_avx512,
+                              block_sums_avx512};
+  return k;
+}
+
+}  // namespace shardlm
