@@ -223,13 +223,18 @@ TEST(VocabKernels, ScalarCompactionKeepsWhatTheRankingSays) {
 TEST(VocabKernels, ArgmaxTakesTheLowestTiedIdAndSkipsNaN) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (size_t n : {size_t{5}, size_t{40}, size_t{151936}, size_t{151939}}) {
-    for (size_t at : {size_t{1}, n / 3, n - 2}) {
+    for (size_t at : {size_t{1}, n / 3, n / 3 + 16, n - 2}) {  // n / 3 and n / 3 + 16: both accumulators
+      if (at + 1 >= n) continue;
       SCOPED_TRACE("n = " + std::to_string(n) + ", at = " + std::to_string(at));
       std::vector<float> z(n, 1.0f);
       z[at] = 7.0f;
       z[at + 1] = 7.0f;  // a tie: the lower id wins
       z[0] = nan;        // NaN first: never the answer
       if (at > 2) z[at - 1] = nan;
+      // After the maximum, in its lane of each path's accumulators (two of 8
+      // or two of 16 floats): must not displace it.
+      for (size_t d : {16, 17, 32, 33})
+        if (at + d < n) z[at + d] = nan;
       EXPECT_EQ(argmax(z), static_cast<int32_t>(at));
       for (VocabIsa isa : paths()) {
         const VocabKernels& k = vocab_kernels(isa);
@@ -271,6 +276,18 @@ TEST(VocabKernels, BlockedInverseCdfDrawsTheTokenWhoseIntervalHoldsU) {
       EXPECT_GT(cum[j + 1], target - slack) << "n = " << n << ", u = " << u << ", j = " << j;
     }
   }
+}
+
+// Where rounding keeps the running sum inside the chosen block from passing
+// u * total, the block's last positive weight is drawn. Block 1's 16 weights
+// of 64 vanish one by one into 2^60 (half an ulp is 128) but their block
+// sum, 1024, does not; u = 1 - 2^-52 puts u * total = 2^60 + 768 inside it.
+TEST(VocabKernels, BlockedInverseCdfFallsBackToTheBlocksLastPositiveWeight) {
+  std::vector<float> w(48, 0.0f);
+  w[0] = 0x1p60f;
+  for (size_t i = 16; i < 32; ++i) w[i] = 64.0f;
+  EXPECT_EQ(inverse_cdf_index(w, 1.0 - 0x1p-52), 31u);
+  EXPECT_EQ(inverse_cdf_index(w, 0.5), 0u);
 }
 
 }  // namespace
