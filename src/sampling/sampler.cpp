@@ -207,36 +207,34 @@ size_t filter_tokens(const SamplingParams& p, std::span<const float> z, Sampling
     // tokens are candidates, which for a peaked distribution is a few
     // percent of the vocabulary.
     const double floor_w = (1.0 - p.top_p) * kept_mass / static_cast<double>(n_positive);
-    n_order = vk.collect_at_least(s.weight.data(), vocab,
-                                  std::max(least_float_at_least(floor_w), std::numeric_limits<float>::denorm_min()),
-                                  s.order.data());
+    const float min_cand = std::max(least_float_at_least(floor_w), std::numeric_limits<float>::denorm_min());
     // Keep a token while the mass of the more likely ones is below target
-    // (the most likely always stays). Quickselect on mass: after
-    // nth_element at mid, [lo, mid) holds the sorted positions lo..mid-1;
-    // if the mass before mid is still under target, mid is kept and the
-    // boundary lies above it, else it lies below.
+    // (the most likely always stays). Mass by logit bucket
+    // (VocabKernels::bucket_mass: a lower bucket holds only more likely
+    // tokens, ties share one): the buckets before the one where the mass
+    // reaches target are kept whole; only that one is sorted and walked.
+    // The scale spreads the candidates' logits, max down to about
+    // max + t ln(floor_w), over the buckets (lower ones, from rounding,
+    // join the last).
     const double target = p.top_p * kept_mass;
-    size_t lo = 0, hi = n_order;
-    double before = 0.0;  // mass of the sorted positions [0, lo)
-    while (hi - lo > 64) {
-      const size_t mid = lo + (hi - lo) / 2;
-      std::nth_element(s.order.begin() + lo, s.order.begin() + mid, s.order.begin() + hi, order_less);
-      double m = 0.0;
-      for (size_t j = lo; j < mid; ++j) m += s.weight[s.order[j]];
-      if (before + m < target) {
-        before += m;
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    std::sort(s.order.begin() + lo, s.order.begin() + hi, order_less);
-    size_t n_keep = lo;
-    for (size_t j = lo; j < hi; ++j) {
+    const float scale = static_cast<float>(std::min(kMassBuckets / (-std::log(floor_w) / inv_t), 1e30));
+    s.bucket_mass.assign(kMassBuckets, 0.0);
+    const size_t last = vk.bucket_mass(z.data(), s.weight.data(), vocab, min_cand, max_l, scale, s.bucket_mass.data());
+    double before = 0.0;  // mass of the buckets [0, cut)
+    size_t cut = 0;
+    while (cut < last && !(before + s.bucket_mass[cut] >= target)) before += s.bucket_mass[cut++];
+    n_order = vk.collect_bucket(z.data(), s.weight.data(), vocab, min_cand, max_l, scale, cut, s.order.data());
+    std::sort(s.order.begin(), s.order.begin() + n_order, order_less);
+    // The cut bucket is not empty (the loop stops where its mass takes
+    // before, < target, to target; or at the last bucket with a candidate),
+    // and its first token is kept: before < target there.
+    size_t n_keep = 0;
+    for (size_t j = 0; j < n_order; ++j) {
       if (n_keep > 0 && before >= target) break;
       before += s.weight[s.order[j]];
       ++n_keep;
     }
+    SHARDLM_CHECK(n_keep > 0, "filter_tokens: top_p kept nothing of bucket ", cut, " (", n_order, " tokens)");
     boundary = s.order[n_keep - 1];
   }
   // The positive weights ranked at or above the boundary, compacted in place.

@@ -43,6 +43,7 @@ struct SamplingScratch {
   std::vector<int32_t> kept;     // [vocab] capacity
   std::vector<int32_t> order;    // [vocab] capacity: candidates being selected
   std::vector<std::pair<float, int32_t>> heap;  // [k]: (logit, id), least likely on top
+  std::vector<double> bucket_mass;              // top_p: mass per logit bucket
 };
 
 // Sampling state of one sequence: its parameters, the tokens penalties look
@@ -96,11 +97,12 @@ std::vector<double> sampling_distribution(const SamplingParams& params, std::spa
 // return value). 0 when no token has a finite positive weight (all -inf or
 // NaN, or a +inf logit): the caller falls back to argmax.
 //
-// Cost: O(vocab) passes and no full-vocabulary sort. With top_k, a heap of
-// the k most likely tokens (exp only over those); without, one exp pass and,
-// for top_p, a mass-guided quickselect (nth_element halvings) that sorts
-// only the last small window. Ties between equal logits go to the lower id,
-// as everywhere in the sampler. Not for greedy params.
+// Cost: O(vocab) passes (vectorised: sampling/vocab_kernels.h) and no
+// full-vocabulary sort. With top_k, a heap of the k most likely tokens (exp
+// only over those); without, one exp pass and, for top_p, the mass of 4,096
+// logit buckets, of which only the one where the kept mass reaches top_p is
+// sorted. Ties between equal logits go to the lower id, as everywhere in the
+// sampler. Not for greedy params.
 size_t filter_tokens(const SamplingParams& params, std::span<const float> logits, SamplingScratch& scratch);
 
 // The n most likely of logits (NaN counts as -inf), most likely first,

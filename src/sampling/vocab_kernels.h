@@ -43,6 +43,11 @@ VocabIsa active_vocab_isa();
 // by one, in order. Each path reproduces exactly this order.
 inline constexpr size_t kVocabLanes = 16;
 
+// Buckets of the top_p selection (VocabKernels::bucket_mass): enough that
+// the one filter_tokens sorts holds a few hundred tokens of a flat
+// 151,936-token row.
+inline constexpr size_t kMassBuckets = 4096;
+
 struct ExpWeights {
   double mass = 0.0;      // sum of the weights, in the lane order above
   size_t n_positive = 0;  // weights > 0
@@ -66,15 +71,23 @@ struct VocabKernels {
   // Sum of fast_exp(z[i] - max_l) over the non-NaN z, in double, in the lane
   // order above (NaN when max_l is infinite, as exp(inf - inf) is).
   double (*sum_exp)(const float* z, size_t n, float max_l);
-  // Writes the ids i with w[i] >= min_w (false for NaN) into ids, in
-  // increasing order; returns how many. min_w > 0.
-  size_t (*collect_at_least)(const float* w, size_t n, float min_w, int32_t* ids);
   // Compaction of the kept tokens: i with w[i] > 0 that rank at or above
   // the boundary token b by logit (z[i] > z_b, or z[i] == z_b and i <= b;
   // z_b = -inf and b = -1 keep every positive weight). Writes their ids to
   // ids and their weights to w_out (which may be w: it writes index k <= i
   // after reading i); returns how many.
   size_t (*compact)(const float* w, const float* z, size_t n, float z_b, int32_t b, int32_t* ids, float* w_out);
+  // top_p's mass by logit bucket. The bucket of logit l is
+  // min((max_l - l) * scale, kMassBuckets - 1) truncated (f32 steps, so a
+  // lower bucket holds only larger logits and ties share one). For each i
+  // with w[i] >= min_w, in id order, mass[bucket(z[i])] += w[i] (mass:
+  // [kMassBuckets], not cleared here). Returns the largest bucket seen, 0
+  // if none.
+  size_t (*bucket_mass)(const float* z, const float* w, size_t n, float min_w, float max_l, float scale, double* mass);
+  // Writes the ids i with w[i] >= min_w in bucket k into ids, in increasing
+  // order; returns how many.
+  size_t (*collect_bucket)(const float* z, const float* w, size_t n, float min_w, float max_l, float scale, size_t k,
+                           int32_t* ids);
   // sums[k] = the sum of w[16k .. 16k + 16) in double (the fixed tree of the
   // lanes above, over one block), for the n / 16 whole blocks.
   void (*block_sums)(const float* w, size_t n, double* sums);

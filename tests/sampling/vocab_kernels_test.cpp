@@ -172,11 +172,20 @@ TEST(VocabKernels, EveryKernelGivesTheScalarPathsBits) {
         EXPECT_EQ(got.n_positive, want.n_positive);
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits(w[i]), bits(w_ref[i])) << i;
 
+        // top_p's buckets, with a candidate floor and a scale that sends
+        // some logits past the last bucket.
         std::vector<int32_t> ids(n), ids_ref(n);
-        const float floor_w = 1e-3f;
-        const size_t c = k.collect_at_least(w.data(), n, floor_w, ids.data());
-        ASSERT_EQ(c, ref.collect_at_least(w.data(), n, floor_w, ids_ref.data()));
-        for (size_t j = 0; j < c; ++j) ASSERT_EQ(ids[j], ids_ref[j]);
+        for (auto [min_cand, scale] : {std::pair{1e-3f, 300.0f}, std::pair{std::numeric_limits<float>::denorm_min(), 30.0f}}) {
+          std::vector<double> mass(kMassBuckets, 0.0), mass_ref(kMassBuckets, 0.0);
+          const size_t last = k.bucket_mass(z.data(), w.data(), n, min_cand, max_l, scale, mass.data());
+          ASSERT_EQ(last, ref.bucket_mass(z.data(), w.data(), n, min_cand, max_l, scale, mass_ref.data()));
+          for (size_t b = 0; b < kMassBuckets; ++b) ASSERT_EQ(bits(mass[b]), bits(mass_ref[b])) << b;
+          for (size_t b : {size_t{0}, last / 2, last, kMassBuckets - 1}) {
+            const size_t c = k.collect_bucket(z.data(), w.data(), n, min_cand, max_l, scale, b, ids.data());
+            ASSERT_EQ(c, ref.collect_bucket(z.data(), w.data(), n, min_cand, max_l, scale, b, ids_ref.data())) << b;
+            for (size_t j = 0; j < c; ++j) ASSERT_EQ(ids[j], ids_ref[j]);
+          }
+        }
 
         std::vector<double> sums(n / kVocabLanes), sums_ref(n / kVocabLanes);
         k.block_sums(w.data(), n, sums.data());

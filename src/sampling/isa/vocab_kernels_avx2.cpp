@@ -141,18 +141,6 @@ double sum_exp_avx2(const float* z, size_t n, float max_l) {
 }
 
 // AVX2 has no compress: the set bits of each 8-wide mask are walked.
-size_t collect_at_least_avx2(const float* w, size_t n, float min_w, int32_t* ids) {
-  const __m256 vmin = _mm256_set1_ps(min_w);
-  size_t k = 0, i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (unsigned m = mask8(_mm256_cmp_ps(_mm256_loadu_ps(w + i), vmin, _CMP_GE_OQ)); m; m &= m - 1)
-      ids[k++] = static_cast<int32_t>(i + static_cast<size_t>(__builtin_ctz(m)));
-  }
-  for (; i < n; ++i)
-    if (w[i] >= min_w) ids[k++] = static_cast<int32_t>(i);
-  return k;
-}
-
 size_t compact_avx2(const float* w, const float* z, size_t n, float z_b, int32_t b, int32_t* ids, float* w_out) {
   const __m256 vzb = _mm256_set1_ps(z_b), zero = _mm256_setzero_ps();
   size_t k = 0, i = 0;
@@ -188,6 +176,53 @@ size_t compact_avx2(const float* w, const float* z, size_t n, float z_b, int32_t
   return k;
 }
 
+// The buckets of 8 logits, as bucket_scalar computes them (lanes whose
+// bucket is meaningless, NaN or -inf logits, are masked out by the caller).
+inline __m256i bucket8(__m256 z, __m256 vmax, __m256 vscale) {
+  const __m256 b = _mm256_mul_ps(_mm256_sub_ps(vmax, z), vscale);
+  return _mm256_cvttps_epi32(_mm256_min_ps(b, _mm256_set1_ps(static_cast<float>(kMassBuckets - 1))));
+}
+
+size_t bucket_mass_avx2(const float* z, const float* w, size_t n, float min_w, float max_l, float scale,
+                        double* mass) {
+  const __m256 vmin = _mm256_set1_ps(min_w), vmax = _mm256_set1_ps(max_l), vscale = _mm256_set1_ps(scale);
+  size_t last = 0, i = 0;
+  alignas(32) int32_t k[8];
+  for (; i + 8 <= n; i += 8) {
+    unsigned m = mask8(_mm256_cmp_ps(_mm256_loadu_ps(w + i), vmin, _CMP_GE_OQ));
+    if (!m) continue;
+    _mm256_store_si256(reinterpret_cast<__m256i*>(k), bucket8(_mm256_loadu_ps(z + i), vmax, vscale));
+    for (; m; m &= m - 1) {  // in id order
+      const int j = __builtin_ctz(m);
+      const size_t kj = static_cast<size_t>(k[j]);
+      mass[kj] += w[i + static_cast<size_t>(j)];
+      last = kj > last ? kj : last;
+    }
+  }
+  for (; i < n; ++i) {
+    if (!(w[i] >= min_w)) continue;
+    const size_t kj = bucket_scalar(z[i], max_l, scale);
+    mass[kj] += w[i];
+    last = kj > last ? kj : last;
+  }
+  return last;
+}
+
+size_t collect_bucket_avx2(const float* z, const float* w, size_t n, float min_w, float max_l, float scale, size_t k,
+                           int32_t* ids) {
+  const __m256 vmin = _mm256_set1_ps(min_w), vmax = _mm256_set1_ps(max_l), vscale = _mm256_set1_ps(scale);
+  const __m256i vk = _mm256_set1_epi32(static_cast<int32_t>(k));
+  size_t c = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 in = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(w + i), vmin, _CMP_GE_OQ),
+                                    _mm256_castsi256_ps(_mm256_cmpeq_epi32(bucket8(_mm256_loadu_ps(z + i), vmax, vscale), vk)));
+    for (unsigned m = mask8(in); m; m &= m - 1) ids[c++] = static_cast<int32_t>(i + static_cast<size_t>(__builtin_ctz(m)));
+  }
+  for (; i < n; ++i)
+    if (w[i] >= min_w && bucket_scalar(z[i], max_l, scale) == k) ids[c++] = static_cast<int32_t>(i);
+  return c;
+}
+
 void block_sums_avx2(const float* w, size_t n, double* sums) {
   for (size_t blk = 0; blk < n / 16; ++blk) {
     Lanes lanes;
@@ -200,8 +235,8 @@ void block_sums_avx2(const float* w, size_t n, double* sums) {
 
 const VocabKernels& vocab_kernels_avx2() {
   static const VocabKernels k{exp_avx2,     max_avx2,         find_equal_avx2,       find_greater_avx2,
-                              weights_avx2, sum_exp_avx2,     collect_at_least_avx2, compact_avx2,
-                              block_sums_avx2};
+                              weights_avx2, sum_exp_avx2,     compact_avx2,
+                              bucket_mass_avx2, collect_bucket_avx2, block_sums_avx2};
   return k;
 }
 

@@ -132,25 +132,10 @@ double sum_exp_avx512(const float* z, size_t n, float max_l) {
   return sum;
 }
 
-// Packs the ids (and weights) of the set bits of m to out + k with full
-// 16-wide stores: the entries past the packed ones are overwritten later or
-// lie within [k, i + 16), already read.
-size_t collect_at_least_avx512(const float* w, size_t n, float min_w, int32_t* ids) {
-  const __m512 vmin = _mm512_set1_ps(min_w);
-  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i step = _mm512_set1_epi32(16);
-  size_t k = 0, i = 0;
-  for (; i + 16 <= n; i += 16, idx = _mm512_add_epi32(idx, step)) {
-    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(w + i), vmin, _CMP_GE_OQ);
-    if (!m) continue;
-    _mm512_storeu_si512(ids + k, _mm512_maskz_compress_epi32(m, idx));
-    k += static_cast<size_t>(__builtin_popcount(m));
-  }
-  for (; i < n; ++i)
-    if (w[i] >= min_w) ids[k++] = static_cast<int32_t>(i);
-  return k;
-}
-
+// Packs the ids and weights of the kept lanes to out + k with full 16-wide
+// stores (a register compress: compress-to-memory is slow on Zen 4): the
+// entries past the packed ones lie in [k, i + 16), already read, and are
+// overwritten later or left past the end of the result.
 size_t compact_avx512(const float* w, const float* z, size_t n, float z_b, int32_t b, int32_t* ids, float* w_out) {
   const __m512 vzb = _mm512_set1_ps(z_b), zero = _mm512_setzero_ps();
   const __m512i vb = _mm512_set1_epi32(b);
@@ -176,6 +161,58 @@ size_t compact_avx512(const float* w, const float* z, size_t n, float z_b, int32
   return k;
 }
 
+// The buckets of 16 logits, as bucket_scalar computes them (lanes whose
+// bucket is meaningless, NaN or -inf logits, are masked out by the caller).
+inline __m512i bucket16(__m512 z, __m512 vmax, __m512 vscale) {
+  const __m512 b = _mm512_mul_ps(_mm512_sub_ps(vmax, z), vscale);
+  return _mm512_cvttps_epi32(_mm512_min_ps(b, _mm512_set1_ps(static_cast<float>(kMassBuckets - 1))));
+}
+
+size_t bucket_mass_avx512(const float* z, const float* w, size_t n, float min_w, float max_l, float scale,
+                          double* mass) {
+  const __m512 vmin = _mm512_set1_ps(min_w), vmax = _mm512_set1_ps(max_l), vscale = _mm512_set1_ps(scale);
+  size_t last = 0, i = 0;
+  alignas(64) int32_t k[16];
+  for (; i + 16 <= n; i += 16) {
+    const __m512 wv = _mm512_loadu_ps(w + i);
+    __mmask16 m = _mm512_cmp_ps_mask(wv, vmin, _CMP_GE_OQ);
+    if (!m) continue;
+    _mm512_store_si512(k, bucket16(_mm512_loadu_ps(z + i), vmax, vscale));
+    for (; m; m &= static_cast<__mmask16>(m - 1)) {  // in id order
+      const int j = __builtin_ctz(m);
+      const size_t kj = static_cast<size_t>(k[j]);
+      mass[kj] += w[i + static_cast<size_t>(j)];
+      last = kj > last ? kj : last;
+    }
+  }
+  for (; i < n; ++i) {
+    if (!(w[i] >= min_w)) continue;
+    const size_t kj = bucket_scalar(z[i], max_l, scale);
+    mass[kj] += w[i];
+    last = kj > last ? kj : last;
+  }
+  return last;
+}
+
+size_t collect_bucket_avx512(const float* z, const float* w, size_t n, float min_w, float max_l, float scale,
+                             size_t k, int32_t* ids) {
+  const __m512 vmin = _mm512_set1_ps(min_w), vmax = _mm512_set1_ps(max_l), vscale = _mm512_set1_ps(scale);
+  const __m512i vk = _mm512_set1_epi32(static_cast<int32_t>(k));
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  size_t c = 0, i = 0;
+  for (; i + 16 <= n; i += 16, idx = _mm512_add_epi32(idx, step)) {
+    const __mmask16 m = _mm512_mask_cmpeq_epi32_mask(_mm512_cmp_ps_mask(_mm512_loadu_ps(w + i), vmin, _CMP_GE_OQ),
+                                                     bucket16(_mm512_loadu_ps(z + i), vmax, vscale), vk);
+    if (!m) continue;
+    _mm512_storeu_si512(ids + c, _mm512_maskz_compress_epi32(m, idx));  // c + 16 <= i + 16 <= n
+    c += static_cast<size_t>(__builtin_popcount(m));
+  }
+  for (; i < n; ++i)
+    if (w[i] >= min_w && bucket_scalar(z[i], max_l, scale) == k) ids[c++] = static_cast<int32_t>(i);
+  return c;
+}
+
 void block_sums_avx512(const float* w, size_t n, double* sums) {
   for (size_t blk = 0; blk < n / 16; ++blk) {
     const __m512 v = _mm512_loadu_ps(w + blk * 16);
@@ -189,8 +226,8 @@ void block_sums_avx512(const float* w, size_t n, double* sums) {
 
 const VocabKernels& vocab_kernels_avx512() {
   static const VocabKernels k{exp_avx512,     max_avx512,         find_equal_avx512,       find_greater_avx512,
-                              weights_avx512, sum_exp_avx512,     collect_at_least_avx512, compact_avx512,
-                              block_sums_avx512};
+                              weights_avx512, sum_exp_avx512,     compact_avx512,
+                              bucket_mass_avx512, collect_bucket_avx512, block_sums_avx512};
   return k;
 }
 

@@ -57,13 +57,6 @@ double sum_exp_scalar(const float* z, size_t n, float max_l) {
   return sum;
 }
 
-size_t collect_at_least_scalar(const float* w, size_t n, float min_w, int32_t* ids) {
-  size_t k = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (w[i] >= min_w) ids[k++] = static_cast<int32_t>(i);
-  return k;
-}
-
 size_t compact_scalar(const float* w, const float* z, size_t n, float z_b, int32_t b, int32_t* ids, float* w_out) {
   size_t k = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -73,6 +66,26 @@ size_t compact_scalar(const float* w, const float* z, size_t n, float z_b, int32
     w_out[k++] = wi;
   }
   return k;
+}
+
+size_t bucket_mass_scalar(const float* z, const float* w, size_t n, float min_w, float max_l, float scale,
+                          double* mass) {
+  size_t last = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!(w[i] >= min_w)) continue;
+    const size_t k = bucket_scalar(z[i], max_l, scale);
+    mass[k] += w[i];
+    last = k > last ? k : last;
+  }
+  return last;
+}
+
+size_t collect_bucket_scalar(const float* z, const float* w, size_t n, float min_w, float max_l, float scale, size_t k,
+                             int32_t* ids) {
+  size_t c = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (w[i] >= min_w && bucket_scalar(z[i], max_l, scale) == k) ids[c++] = static_cast<int32_t>(i);
+  return c;
 }
 
 void block_sums_scalar(const float* w, size_t n, double* sums) {
@@ -89,8 +102,8 @@ float fast_exp(float x) { return fast_exp_scalar(x); }
 
 const VocabKernels& vocab_kernels_scalar() {
   static const VocabKernels k{exp_scalar,     max_scalar,         find_equal_scalar,       find_greater_scalar,
-                              weights_scalar, sum_exp_scalar,     collect_at_least_scalar, compact_scalar,
-                              block_sums_scalar};
+                              weights_scalar, sum_exp_scalar,     compact_scalar,
+                              bucket_mass_scalar, collect_bucket_scalar, block_sums_scalar};
   return k;
 }
 

@@ -68,6 +68,12 @@ inline double lane_tree(double* lane) {
   return lane[0];
 }
 
+// A logit's top_p bucket (VocabKernels::bucket_mass).
+inline size_t bucket_scalar(float z, float max_l, float scale) {
+  const float b = (max_l - z) * scale;
+  return b < static_cast<float>(kMassBuckets - 1) ? static_cast<size_t>(b) : kMassBuckets - 1;
+}
+
 // The scalar version of the kernel's ranking test (VocabKernels::compact).
 inline bool kept_scalar(float w, float z, size_t i, float z_b, int32_t b) {
   return w > 0.0f && (z > z_b || (z == z_b && static_cast<int64_t>(i) <= b));
