@@ -122,20 +122,47 @@ float least_float_at_least(double d) {
   return static_cast<double>(f) < d ? std::nextafter(f, INFINITY) : f;
 }
 
+// What the weights of a row need: its largest logit, 1 / temperature and
+// the least f32 weight min_p keeps. ok is false when no token has a finite
+// positive weight (all -inf or NaN, or a +inf logit).
+struct Tempering {
+  bool ok = false;
+  float max_l = 0.0f, inv_t = 1.0f, min_w = 0.0f;
+};
+
+Tempering tempering(const SamplingParams& p, std::span<const float> z) {
+  Tempering t;
+  t.max_l = vocab_kernels().max(z.data(), z.size());  // NaN skipped
+  t.ok = t.max_l > -INFINITY && !std::isinf(t.max_l);
+  t.inv_t = static_cast<float>(1.0 / std::max(p.temperature, kGreedyTemperature));
+  t.min_w = least_float_at_least(p.min_p);  // w < min_p exactly when w < min_w
+  return t;
+}
+
 }  // namespace
+
+int32_t draw_unfiltered(const SamplingParams& p, std::span<const float> z, SamplingScratch& s, double u) {
+  const VocabKernels& vk = vocab_kernels();
+  const Tempering t = tempering(p, z);
+  if (!t.ok) return -1;
+  s.weight.resize(z.size());
+  s.block_sum.resize(z.size() / kVocabLanes);
+  const ExpWeights ew = vk.weights(z.data(), z.size(), t.max_l, t.inv_t, t.min_w, s.weight.data(), s.block_sum.data());
+  if (!(ew.mass > 0.0)) return -1;
+  return static_cast<int32_t>(inverse_cdf_index(s.weight, s.block_sum, u));
+}
 
 size_t filter_tokens(const SamplingParams& p, std::span<const float> z, SamplingScratch& s) {
   const VocabKernels& vk = vocab_kernels();
   const size_t vocab = z.size();
-  const float max_l = vk.max(z.data(), vocab);  // NaN skipped
-  if (!(max_l > -INFINITY) || std::isinf(max_l)) return 0;  // all -inf / NaN, or a +inf logit
-  const float inv_t = static_cast<float>(1.0 / std::max(p.temperature, kGreedyTemperature));
+  const Tempering t = tempering(p, z);
+  if (!t.ok) return 0;
+  const float max_l = t.max_l, inv_t = t.inv_t, min_w = t.min_w;
   // Unnormalised probability of logit l: exp((l - max) / t) in (0, 1], in
   // f32 the way vk.weights computes it (the same bits): 1 for the most
   // likely, 0 for -inf and for tokens under ~1e-45 of the most likely.
   auto weight = [&](float l) { return fast_exp((l - max_l) * inv_t); };
   auto order_less = [&](int32_t a, int32_t b) { return z[a] != z[b] ? z[a] > z[b] : a < b; };
-  const float min_w = least_float_at_least(p.min_p);  // w < min_p exactly when w < min_w
   s.weight.resize(vocab);
   s.kept.resize(vocab);
   s.order.resize(vocab);
@@ -195,7 +222,7 @@ size_t filter_tokens(const SamplingParams& p, std::span<const float> z, Sampling
 
   // No top_k: one exp pass over the vocabulary, weights by token id, with
   // their mass and count.
-  const ExpWeights ew = vk.weights(z.data(), vocab, max_l, inv_t, min_w, s.weight.data());
+  const ExpWeights ew = vk.weights(z.data(), vocab, max_l, inv_t, min_w, s.weight.data(), nullptr);
   const double kept_mass = ew.mass;
   const size_t n_positive = ew.n_positive;
   if (!(kept_mass > 0.0)) return 0;
@@ -313,6 +340,10 @@ SampleResult Sampler::sample(std::span<const float> logits) {
   }
   if (params_.greedy()) {
     result.token = argmax(z);
+  } else if (params_.top_p >= 1.0 && !(params_.top_k > 0 && params_.top_k < vocab_size_)) {
+    // Temperature (and min_p) alone: every positive weight is kept.
+    const int32_t t = draw_unfiltered(params_, z, ts.filter, uniform_from_draw(rng_()));
+    result.token = t >= 0 ? t : argmax(z);
   } else {
     const size_t n = filter_tokens(params_, z, ts.filter);
     const double u = uniform_from_draw(rng_());

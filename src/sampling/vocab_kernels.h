@@ -66,8 +66,11 @@ struct VocabKernels {
   size_t (*find_greater)(const float* z, size_t n, float v);
   // The sampler's weights: w[i] = fast_exp((z[i] - max_l) * inv_t), each
   // step rounded to f32; 0 for NaN z and for weights below min_w (min_w: the
-  // least f32 weight kept, 0 keeps every non-NaN one). Their mass and count.
-  ExpWeights (*weights)(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w);
+  // least f32 weight kept, 0 keeps every non-NaN one). Their mass and count;
+  // when block_sums is not null, also block_sums(w) (below) into it
+  // [n / 16], from the registers, so a draw over w needs no pass of its own.
+  ExpWeights (*weights)(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w,
+                        double* block_sums);
   // Sum of fast_exp(z[i] - max_l) over the non-NaN z, in double, in the lane
   // order above (NaN when max_l is infinite, as exp(inf - inf) is).
   double (*sum_exp)(const float* z, size_t n, float max_l);

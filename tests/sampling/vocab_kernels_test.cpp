@@ -165,12 +165,16 @@ TEST(VocabKernels, EveryKernelGivesTheScalarPathsBits) {
       EXPECT_EQ(bits(k.sum_exp(z.data(), n, max_l)), bits(ref.sum_exp(z.data(), n, max_l)));
 
       for (auto [inv_t, min_w] : {std::pair{1.0f, 0.0f}, std::pair{1.0f / 0.7f, 0.0f}, std::pair{1.0f / 1.5f, 0.05f}}) {
-        std::vector<float> w(n), w_ref(n);
-        const ExpWeights got = k.weights(z.data(), n, max_l, inv_t, min_w, w.data());
-        const ExpWeights want = ref.weights(z.data(), n, max_l, inv_t, min_w, w_ref.data());
+        std::vector<float> w(n), w_ref(n), w_plain(n);
+        std::vector<double> exp_sums(n / kVocabLanes);
+        const ExpWeights got = k.weights(z.data(), n, max_l, inv_t, min_w, w.data(), exp_sums.data());
+        const ExpWeights want = ref.weights(z.data(), n, max_l, inv_t, min_w, w_ref.data(), nullptr);
+        const ExpWeights plain = k.weights(z.data(), n, max_l, inv_t, min_w, w_plain.data(), nullptr);
         EXPECT_EQ(bits(got.mass), bits(want.mass));
+        EXPECT_EQ(bits(plain.mass), bits(want.mass));
         EXPECT_EQ(got.n_positive, want.n_positive);
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits(w[i]), bits(w_ref[i])) << i;
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits(w_plain[i]), bits(w_ref[i])) << i;
 
         // top_p's buckets, with a candidate floor and a scale that sends
         // some logits past the last bucket.
@@ -191,6 +195,7 @@ TEST(VocabKernels, EveryKernelGivesTheScalarPathsBits) {
         k.block_sums(w.data(), n, sums.data());
         ref.block_sums(w.data(), n, sums_ref.data());
         for (size_t j = 0; j < sums.size(); ++j) ASSERT_EQ(bits(sums[j]), bits(sums_ref[j])) << j;
+        for (size_t j = 0; j < sums.size(); ++j) ASSERT_EQ(bits(exp_sums[j]), bits(sums_ref[j])) << j;
 
         // The boundary at a tied logit (12) keeps the ties up to its id;
         // none (-inf, -1) keeps every positive weight. In place, as the

@@ -99,7 +99,8 @@ size_t find_greater_avx2(const float* z, size_t n, float v) {
   return n;
 }
 
-ExpWeights weights_avx2(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w) {
+ExpWeights weights_avx2(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w,
+                        double* block_sums) {
   const __m256 vmax = _mm256_set1_ps(max_l), vinv = _mm256_set1_ps(inv_t), vmin = _mm256_set1_ps(min_w);
   const __m256 zero = _mm256_setzero_ps();
   Lanes lanes;
@@ -116,6 +117,11 @@ ExpWeights weights_avx2(const float* z, size_t n, float max_l, float inv_t, floa
     const __m256 w0 = weight8(z + i, w + i);
     const __m256 w1 = weight8(z + i + 8, w + i + 8);
     lanes.add(w0, w1);
+    if (block_sums) {
+      Lanes block;
+      block.add(w0, w1);  // 0 + w is w: the lanes are the block's elements
+      block_sums[i / 16] = block.tree();
+    }
   }
   out.mass = lanes.tree();
   for (; i < n; ++i) {

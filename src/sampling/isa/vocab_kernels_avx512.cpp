@@ -95,7 +95,8 @@ size_t find_greater_avx512(const float* z, size_t n, float v) {
   return n;
 }
 
-ExpWeights weights_avx512(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w) {
+ExpWeights weights_avx512(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w,
+                          double* block_sums) {
   const __m512 vmax = _mm512_set1_ps(max_l), vinv = _mm512_set1_ps(inv_t), vmin = _mm512_set1_ps(min_w);
   __m512d lo = _mm512_setzero_pd(), hi = lo;
   ExpWeights out;
@@ -108,6 +109,11 @@ ExpWeights weights_avx512(const float* z, size_t n, float max_l, float inv_t, fl
     out.n_positive += static_cast<size_t>(
         __builtin_popcount(_mm512_cmp_ps_mask(wi, _mm512_setzero_ps(), _CMP_GT_OQ)));
     add_lanes(lo, hi, wi);
+    if (block_sums) {
+      __m512d blo = _mm512_setzero_pd(), bhi = blo;
+      add_lanes(blo, bhi, wi);  // 0 + w is w: the lanes are the block's elements
+      block_sums[i / 16] = lane_tree16(blo, bhi);
+    }
   }
   out.mass = lane_tree16(lo, hi);
   for (; i < n; ++i) {

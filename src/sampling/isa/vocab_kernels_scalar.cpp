@@ -32,7 +32,16 @@ size_t find_greater_scalar(const float* z, size_t n, float v) {
   return n;
 }
 
-ExpWeights weights_scalar(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w) {
+void block_sums_scalar(const float* w, size_t n, double* sums) {
+  for (size_t blk = 0; blk < n / kVocabLanes; ++blk) {
+    double lane[kVocabLanes];
+    for (size_t j = 0; j < kVocabLanes; ++j) lane[j] = w[blk * kVocabLanes + j];
+    sums[blk] = lane_tree(lane);
+  }
+}
+
+ExpWeights weights_scalar(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w,
+                          double* block_sums) {
   double lane[kVocabLanes] = {};
   ExpWeights out;
   const size_t body = n - n % kVocabLanes;
@@ -44,6 +53,7 @@ ExpWeights weights_scalar(const float* z, size_t n, float max_l, float inv_t, fl
   }
   out.mass = lane_tree(lane);
   for (size_t i = body; i < n; ++i) out.mass += w[i];
+  if (block_sums) block_sums_scalar(w, n, block_sums);
   return out;
 }
 
@@ -86,14 +96,6 @@ size_t collect_bucket_scalar(const float* z, const float* w, size_t n, float min
   for (size_t i = 0; i < n; ++i)
     if (w[i] >= min_w && bucket_scalar(z[i], max_l, scale) == k) ids[c++] = static_cast<int32_t>(i);
   return c;
-}
-
-void block_sums_scalar(const float* w, size_t n, double* sums) {
-  for (size_t blk = 0; blk < n / kVocabLanes; ++blk) {
-    double lane[kVocabLanes];
-    for (size_t j = 0; j < kVocabLanes; ++j) lane[j] = w[blk * kVocabLanes + j];
-    sums[blk] = lane_tree(lane);
-  }
 }
 
 }  // namespace
