@@ -172,6 +172,10 @@ TEST(VocabKernels, EveryKernelGivesTheScalarPathsBits) {
         const ExpWeights plain = k.weights(z.data(), n, max_l, inv_t, min_w, w_plain.data(), nullptr);
         EXPECT_EQ(bits(got.mass), bits(want.mass));
         EXPECT_EQ(bits(plain.mass), bits(want.mass));
+        std::vector<double> unstored_sums(n / kVocabLanes);  // weights not stored: the sums and mass alone
+        const ExpWeights unstored = k.weights(z.data(), n, max_l, inv_t, min_w, nullptr, unstored_sums.data());
+        EXPECT_EQ(bits(unstored.mass), bits(want.mass));
+        EXPECT_EQ(unstored.n_positive, want.n_positive);
         EXPECT_EQ(got.n_positive, want.n_positive);
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits(w[i]), bits(w_ref[i])) << i;
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits(w_plain[i]), bits(w_ref[i])) << i;
@@ -196,6 +200,7 @@ TEST(VocabKernels, EveryKernelGivesTheScalarPathsBits) {
         ref.block_sums(w.data(), n, sums_ref.data());
         for (size_t j = 0; j < sums.size(); ++j) ASSERT_EQ(bits(sums[j]), bits(sums_ref[j])) << j;
         for (size_t j = 0; j < sums.size(); ++j) ASSERT_EQ(bits(exp_sums[j]), bits(sums_ref[j])) << j;
+        for (size_t j = 0; j < sums.size(); ++j) ASSERT_EQ(bits(unstored_sums[j]), bits(sums_ref[j])) << j;
 
         // The boundary at a tied logit (12) keeps the ties up to its id;
         // none (-inf, -1) keeps every positive weight. In place, as the
@@ -302,6 +307,33 @@ TEST(VocabKernels, BlockedInverseCdfFallsBackToTheBlocksLastPositiveWeight) {
   for (size_t i = 16; i < 32; ++i) w[i] = 64.0f;
   EXPECT_EQ(inverse_cdf_index(w, 1.0 - 0x1p-52), 31u);
   EXPECT_EQ(inverse_cdf_index(w, 0.5), 0u);
+  EXPECT_EQ(inverse_cdf_index(std::vector<float>(40, 0.0f), 0.5), 39u);  // all zero: the last
+}
+
+// Temperature alone: draw_unfiltered (block sums from the exp pass, the
+// chosen block recomputed) draws the same token as the general path (the
+// kept weights compacted, then inverse_cdf_index), to within rounding of a
+// boundary, which these draws do not come near.
+TEST(VocabKernels, DrawUnfilteredMatchesTheCompactedDraw) {
+  std::mt19937_64 rng(11);
+  for (size_t vocab : {size_t{7}, size_t{100}, size_t{151936}}) {
+    for (double min_p : {0.0, 0.02}) {
+      const SamplingParams p{.temperature = 0.8, .min_p = min_p};
+      SamplingScratch a, b;
+      const std::vector<float> z = test_row(vocab, vocab + 1);
+      for (int d = 0; d < 50; ++d) {
+        const double u = uniform_from_draw(rng());
+        const int32_t got = draw_unfiltered(p, z, a, u);
+        const size_t n = filter_tokens(p, z, b);
+        ASSERT_GT(n, 0u);
+        const int32_t want = b.kept[inverse_cdf_index(std::span<const float>(b.weight.data(), n), u)];
+        EXPECT_EQ(got, want) << "vocab " << vocab << ", min_p " << min_p << ", u " << u;
+      }
+    }
+  }
+  SamplingScratch s;
+  const std::vector<float> none(50, -kInf);
+  EXPECT_EQ(draw_unfiltered(SamplingParams{}, none, s, 0.5), -1);
 }
 
 }  // namespace
