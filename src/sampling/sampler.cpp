@@ -145,19 +145,11 @@ int32_t draw_unfiltered(const SamplingParams& p, std::span<const float> z, Sampl
   const VocabKernels& vk = vocab_kernels();
   const Tempering t = tempering(p, z);
   if (!t.ok) return -1;
-  // The exp pass keeps only the block sums; the draw recomputes the one
-  // block it lands in (the same bits), and the tail.
-  const size_t n_blocks = z.size() / kVocabLanes, body = n_blocks * kVocabLanes;
-  s.block_sum.resize(n_blocks);
-  const ExpWeights ew = vk.weights(z.data(), z.size(), t.max_l, t.inv_t, t.min_w, nullptr, s.block_sum.data());
+  s.weight.resize(z.size());
+  s.block_sum.resize(z.size() / kVocabLanes);
+  const ExpWeights ew = vk.weights(z.data(), z.size(), t.max_l, t.inv_t, t.min_w, s.weight.data(), s.block_sum.data());
   if (!(ew.mass > 0.0)) return -1;
-  float tail[kVocabLanes];
-  vk.weights(z.data() + body, z.size() - body, t.max_l, t.inv_t, t.min_w, tail, nullptr);
-  auto block = [&](size_t b, float* out) {
-    vk.weights(z.data() + b * kVocabLanes, kVocabLanes, t.max_l, t.inv_t, t.min_w, out, nullptr);
-  };
-  return static_cast<int32_t>(
-      inverse_cdf_index(s.block_sum, std::span<const float>(tail, z.size() - body), block, u));
+  return static_cast<int32_t>(inverse_cdf_index(s.weight, s.block_sum, u));
 }
 
 size_t filter_tokens(const SamplingParams& p, std::span<const float> z, SamplingScratch& s) {

@@ -44,7 +44,7 @@ struct SamplingScratch {
   std::vector<int32_t> order;    // [vocab] capacity: candidates being selected
   std::vector<std::pair<float, int32_t>> heap;  // [k]: (logit, id), least likely on top
   std::vector<double> bucket_mass;              // top_p: mass per logit bucket
-  std::vector<double> block_sum;                // [vocab / 16] draw_unfiltered's block sums of the weights
+  std::vector<double> block_sum;                // [vocab / 16] draw_unfiltered's block sums
 };
 
 // Sampling state of one sequence: its parameters, the tokens penalties look
@@ -107,12 +107,11 @@ std::vector<double> sampling_distribution(const SamplingParams& params, std::spa
 size_t filter_tokens(const SamplingParams& params, std::span<const float> logits, SamplingScratch& scratch);
 
 // The draw of sample() when only temperature and min_p filter (top_k off,
-// top_p = 1): the token inverse_cdf_index draws with u over the weights
-// filter_tokens would keep, taken by token id (zeros for the dropped). The
-// exp pass keeps only their block sums (scratch.block_sum), and the draw
-// recomputes the one block it lands in: the common case (OpenAI's
-// defaults) reads the row twice and writes nothing of its size. -1 where
-// filter_tokens returns 0.
+// top_p = 1): the weights filter_tokens would keep, left by token id in
+// scratch.weight (zeros for the dropped) with their block sums from the exp
+// pass, and the token inverse_cdf_index draws over them with u. No
+// compaction and no pass of the draw's own: the common case (OpenAI's
+// defaults) reads the row twice. -1 where filter_tokens returns 0.
 int32_t draw_unfiltered(const SamplingParams& params, std::span<const float> logits, SamplingScratch& scratch,
                         double u);
 

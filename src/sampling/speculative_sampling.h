@@ -17,7 +17,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <span>
 
 namespace shardlm {
@@ -39,13 +38,10 @@ inline double uniform_from_draw(uint64_t x) { return static_cast<double>(x >> 11
 // zero weight is drawn only if all are zero.
 size_t inverse_cdf_index(std::span<const float> weight, double u);
 
-// The same draw over weights known by their blocks: block_sum[k] = the sum
-// of weights [16k, 16k + 16) as VocabKernels::block_sums computes it, for
-// the whole blocks; tail = the weights after them; block(k, out) writes
-// block k's 16 weights (called for at most one block: the sampler
-// recomputes them from the logits rather than store the whole row).
-size_t inverse_cdf_index(std::span<const double> block_sum, std::span<const float> tail,
-                         const std::function<void(size_t, float*)>& block, double u);
+// The same draw with the block sums given: block_sums[k] = the sum of
+// weight[16k .. 16k + 16) as VocabKernels::block_sums computes it, k <
+// weight.size() / 16 (the sampler has them from its exp pass).
+size_t inverse_cdf_index(std::span<const float> weight, std::span<const double> block_sums, double u);
 
 struct DraftVerdict {
   int32_t token = 0;      // what the target emits at this position

@@ -69,8 +69,6 @@ struct VocabKernels {
   // least f32 weight kept, 0 keeps every non-NaN one). Their mass and count;
   // when block_sums is not null, also block_sums(w) (below) into it
   // [n / 16], from the registers, so a draw over w needs no pass of its own.
-  // w may be null: the weights are then not stored (a draw recomputes the
-  // one block it needs, to the same bits).
   ExpWeights (*weights)(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w,
                         double* block_sums);
   // Sum of fast_exp(z[i] - max_l) over the non-NaN z, in double, in the lane

@@ -108,14 +108,14 @@ ExpWeights weights_avx2(const float* z, size_t n, float max_l, float inv_t, floa
   auto weight8 = [&](const float* src, float* dst) {
     const __m256 e = exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(src), vmax), vinv));
     const __m256 wi = _mm256_and_ps(e, _mm256_cmp_ps(e, vmin, _CMP_GE_OQ));  // NaN -> 0
-    if (dst) _mm256_storeu_ps(dst, wi);
+    _mm256_storeu_ps(dst, wi);
     out.n_positive += static_cast<size_t>(__builtin_popcount(mask8(_mm256_cmp_ps(wi, zero, _CMP_GT_OQ))));
     return wi;
   };
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256 w0 = weight8(z + i, w ? w + i : nullptr);
-    const __m256 w1 = weight8(z + i + 8, w ? w + i + 8 : nullptr);
+    const __m256 w0 = weight8(z + i, w + i);
+    const __m256 w1 = weight8(z + i + 8, w + i + 8);
     lanes.add(w0, w1);
     if (block_sums) {
       Lanes block;
@@ -125,10 +125,9 @@ ExpWeights weights_avx2(const float* z, size_t n, float max_l, float inv_t, floa
   }
   out.mass = lanes.tree();
   for (; i < n; ++i) {
-    const float wi = weight_scalar(z[i], max_l, inv_t, min_w);
-    if (w) w[i] = wi;
-    out.n_positive += wi > 0.0f;
-    out.mass += wi;
+    w[i] = weight_scalar(z[i], max_l, inv_t, min_w);
+    out.n_positive += w[i] > 0.0f;
+    out.mass += w[i];
   }
   return out;
 }

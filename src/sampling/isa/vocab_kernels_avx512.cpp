@@ -105,7 +105,7 @@ ExpWeights weights_avx512(const float* z, size_t n, float max_l, float inv_t, fl
     const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(z + i), vmax), vinv);
     const __m512 e = exp16(x);
     const __m512 wi = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, vmin, _CMP_GE_OQ), e);  // NaN -> 0
-    if (w) _mm512_storeu_ps(w + i, wi);
+    _mm512_storeu_ps(w + i, wi);
     out.n_positive += static_cast<size_t>(
         __builtin_popcount(_mm512_cmp_ps_mask(wi, _mm512_setzero_ps(), _CMP_GT_OQ)));
     add_lanes(lo, hi, wi);
@@ -117,10 +117,9 @@ ExpWeights weights_avx512(const float* z, size_t n, float max_l, float inv_t, fl
   }
   out.mass = lane_tree16(lo, hi);
   for (; i < n; ++i) {
-    const float wi = weight_scalar(z[i], max_l, inv_t, min_w);
-    if (w) w[i] = wi;
-    out.n_positive += wi > 0.0f;
-    out.mass += wi;
+    w[i] = weight_scalar(z[i], max_l, inv_t, min_w);
+    out.n_positive += w[i] > 0.0f;
+    out.mass += w[i];
   }
   return out;
 }

@@ -45,24 +45,15 @@ ExpWeights weights_scalar(const float* z, size_t n, float max_l, float inv_t, fl
   double lane[kVocabLanes] = {};
   ExpWeights out;
   const size_t body = n - n % kVocabLanes;
-  for (size_t i = 0; i < body; i += kVocabLanes) {
-    double block[kVocabLanes];
-    for (size_t j = 0; j < kVocabLanes; ++j) {
-      const float wi = weight_scalar(z[i + j], max_l, inv_t, min_w);
-      if (w) w[i + j] = wi;
-      out.n_positive += wi > 0.0f;
-      lane[j] += wi;
-      block[j] = wi;
-    }
-    if (block_sums) block_sums[i / kVocabLanes] = lane_tree(block);
+  for (size_t i = 0; i < n; ++i) {
+    const float wi = weight_scalar(z[i], max_l, inv_t, min_w);
+    w[i] = wi;
+    out.n_positive += wi > 0.0f;
+    if (i < body) lane[i % kVocabLanes] += wi;
   }
   out.mass = lane_tree(lane);
-  for (size_t i = body; i < n; ++i) {
-    const float wi = weight_scalar(z[i], max_l, inv_t, min_w);
-    if (w) w[i] = wi;
-    out.n_positive += wi > 0.0f;
-    out.mass += wi;
-  }
+  for (size_t i = body; i < n; ++i) out.mass += w[i];
+  if (block_sums) block_sums_scalar(w, n, block_sums);
   return out;
 }
 
