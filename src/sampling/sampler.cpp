@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <utility>
@@ -57,8 +58,17 @@ void apply_penalties(const SamplingParams& p, std::span<float> logits, std::span
   if (p.repetition_penalty != 1.0) {
     const float rp = static_cast<float>(p.repetition_penalty);
     auto penalise = [&](int64_t t) { logits[t] = logits[t] > 0 ? logits[t] / rp : logits[t] * rp; };
-    for (int64_t t = 0; t < vocab && t < static_cast<int64_t>(in_prompt.size()); ++t) {
-      if (in_prompt[t]) penalise(t);
+    // The flags are mostly 0: eight at a time are skipped while all are.
+    const size_t n_flags = std::min(in_prompt.size(), static_cast<size_t>(vocab));
+    for (size_t t = 0; t < n_flags;) {
+      uint64_t eight = 0;
+      if (t + 8 <= n_flags) std::memcpy(&eight, in_prompt.data() + t, sizeof eight);
+      if (t + 8 <= n_flags && eight == 0) {
+        t += 8;
+        continue;
+      }
+      if (in_prompt[t]) penalise(static_cast<int64_t>(t));
+      ++t;
     }
     for (const auto& [t, n] : output_count) {
       if (t >= 0 && t < vocab && !(t < static_cast<int64_t>(in_prompt.size()) && in_prompt[t])) penalise(t);
