@@ -12,8 +12,11 @@
 // RNG: std::mt19937_64 seeded with params.seed (or from std::random_device
 // when unset); each non-greedy token consumes exactly one 64-bit draw, turned
 // into u in [0, 1) as (x >> 11) * 2^-53, and the token is the first (in
-// token-id order) whose cumulative kept probability exceeds u * total. The
-// state belongs to the sequence, so batching never changes a seeded result.
+// token-id order) whose cumulative kept probability exceeds u * total (the
+// sums taken by blocks of 16: sampling/speculative_sampling.h). The state
+// belongs to the sequence, so batching never changes a seeded result; and
+// the vocabulary passes (sampling/vocab_kernels.h) give the same bits on
+// every instruction set, so the same logits give the same tokens on any CPU.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +40,8 @@ struct SampleResult {
   std::vector<TokenLogprob> top_logprobs; // [params.logprobs], most likely first, lowest id on ties
 };
 
-// Reusable buffers of filter_tokens (below).
+// Reusable buffers of filter_tokens and draw_unfiltered (below). The
+// vocab-sized ones are written by 16-wide stores: keep them [vocab] long.
 struct SamplingScratch {
   std::vector<float> weight;     // [vocab] capacity
   std::vector<int32_t> kept;     // [vocab] capacity
