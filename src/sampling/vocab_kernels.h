@@ -104,11 +104,12 @@ const VocabKernels& vocab_kernels();              // the active path's (active_v
 // a degree-7 polynomial for exp(r) on [-ln2/2, ln2/2] by Horner with FMAs,
 // and the scale 2^n applied as two exact powers of two (so results in the
 // subnormal range round once, as a correctly rounded exp would, and large
-// ones overflow to +inf). Relative error at most 2 ulp against exp in
-// double over the normal range (tested; measured in the test's log),
-// exp(0) = 1 exactly, exp(-inf) = 0, exp(+inf) = +inf, exp(NaN) = NaN,
-// results below half the least subnormal (x < ~-103.97) are 0. Monotone
-// only to within that error.
+// ones overflow to +inf). Error against exp in double: 0.894 ulp at most
+// over the normal results and 0.843 ulp of 2^-149 over the subnormal ones,
+// measured over all 2^32 inputs (the test checks <= 2 and <= 1 on every
+// 127th input and prints its maximum). exp(0) = 1 exactly, exp(-inf) = 0,
+// exp(+inf) = +inf, exp(NaN) = NaN, results below half the least subnormal
+// (x < ~-103.97) are 0. Monotone only to within that error.
 float fast_exp(float x);
 
 }  // namespace shardlm
