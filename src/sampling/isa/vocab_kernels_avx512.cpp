@@ -50,6 +50,57 @@ inline double lane_tree16(__m512d lo, __m512d hi) {
   return _mm_cvtsd_f64(_mm_add_sd(v, _mm_unpackhi_pd(v, v)));
 }
 
+// A block's first tree level: lane j of the result is w[j] + w[j + 8].
+inline __m512d block_pairs(__m512 v) {
+  return _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
+                       _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+// Block sums eight blocks at a time: the rest of each block's tree (j + j+4,
+// j + j+2, j + j+1) done for eight blocks by shuffles across their vectors
+// instead of one horizontal reduction each (a third of the exp pass).
+// Each sum adds the same pairs as lane_tree16, so the bits are the same.
+class BlockSums {
+ public:
+  explicit BlockSums(double* out) : out_(out) {}
+  void push(__m512d pairs) {
+    t_[count_++] = pairs;
+    if (count_ == 8) flush8();
+  }
+  // The blocks short of eight, one by one.
+  void finish() {
+    for (size_t b = 0; b < count_; ++b) *out_++ = tree8(t_[b]);
+    count_ = 0;
+  }
+
+ private:
+  static double tree8(__m512d t) {
+    const __m256d u = _mm256_add_pd(_mm512_castpd512_pd256(t), _mm512_extractf64x4_pd(t, 1));
+    const __m128d v = _mm_add_pd(_mm256_castpd256_pd128(u), _mm256_extractf128_pd(u, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(v, _mm_unpackhi_pd(v, v)));
+  }
+  void flush8() {
+    // j + j+4: u[i] holds blocks 2i (lanes 0-3) and 2i+1 (lanes 4-7).
+    __m512d u[4];
+    for (int i = 0; i < 4; ++i)
+      u[i] = _mm512_add_pd(_mm512_shuffle_f64x2(t_[2 * i], t_[2 * i + 1], 0x44),
+                           _mm512_shuffle_f64x2(t_[2 * i], t_[2 * i + 1], 0xee));
+    // j + j+2: v[k]'s 128-bit chunk c holds block 4k + c (lanes j = 0, 1).
+    __m512d v[2];
+    for (int k = 0; k < 2; ++k)
+      v[k] = _mm512_add_pd(_mm512_shuffle_f64x2(u[2 * k], u[2 * k + 1], 0x88),
+                           _mm512_shuffle_f64x2(u[2 * k], u[2 * k + 1], 0xdd));
+    // j + j+1: lanes hold blocks 0, 4, 1, 5, 2, 6, 3, 7; put them in order.
+    const __m512d s = _mm512_add_pd(_mm512_unpacklo_pd(v[0], v[1]), _mm512_unpackhi_pd(v[0], v[1]));
+    _mm512_storeu_pd(out_, _mm512_permutexvar_pd(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), s));
+    out_ += 8;
+    count_ = 0;
+  }
+  __m512d t_[8];
+  size_t count_ = 0;
+  double* out_;
+};
+
 void exp_avx512(const float* x, float* y, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
@@ -99,6 +150,7 @@ ExpWeights weights_avx512(const float* z, size_t n, float max_l, float inv_t, fl
                           double* block_sums) {
   const __m512 vmax = _mm512_set1_ps(max_l), vinv = _mm512_set1_ps(inv_t), vmin = _mm512_set1_ps(min_w);
   __m512d lo = _mm512_setzero_pd(), hi = lo;
+  BlockSums sums(block_sums);
   ExpWeights out;
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -109,12 +161,9 @@ ExpWeights weights_avx512(const float* z, size_t n, float max_l, float inv_t, fl
     out.n_positive += static_cast<size_t>(
         __builtin_popcount(_mm512_cmp_ps_mask(wi, _mm512_setzero_ps(), _CMP_GT_OQ)));
     add_lanes(lo, hi, wi);
-    if (block_sums) {
-      __m512d blo = _mm512_setzero_pd(), bhi = blo;
-      add_lanes(blo, bhi, wi);  // 0 + w is w: the lanes are the block's elements
-      block_sums[i / 16] = lane_tree16(blo, bhi);
-    }
+    if (block_sums) sums.push(block_pairs(wi));
   }
+  sums.finish();
   out.mass = lane_tree16(lo, hi);
   for (; i < n; ++i) {
     w[i] = weight_scalar(z[i], max_l, inv_t, min_w);
@@ -220,12 +269,9 @@ size_t collect_bucket_avx512(const float* z, const float* w, size_t n, float min
 }
 
 void block_sums_avx512(const float* w, size_t n, double* sums) {
-  for (size_t blk = 0; blk < n / 16; ++blk) {
-    const __m512 v = _mm512_loadu_ps(w + blk * 16);
-    __m512d lo = _mm512_setzero_pd(), hi = lo;
-    add_lanes(lo, hi, v);  // 0 + w is w: the lanes are the block's elements
-    sums[blk] = lane_tree16(lo, hi);
-  }
+  BlockSums out(sums);
+  for (size_t blk = 0; blk < n / 16; ++blk) out.push(block_pairs(_mm512_loadu_ps(w + blk * 16)));
+  out.finish();
 }
 
 }  // namespace
