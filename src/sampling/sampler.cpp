@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <utility>
 
 #include "core/error.h"
 #include "sampling/speculative_sampling.h"
+#include "sampling/vocab_kernels.h"
 
 namespace shardlm {
 
@@ -43,12 +45,11 @@ void SamplingParams::validate() const {
 }
 
 int32_t argmax(std::span<const float> logits) {
-  int32_t best = -1;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if (std::isnan(logits[i])) continue;
-    if (best < 0 || logits[i] > logits[best]) best = static_cast<int32_t>(i);
-  }
-  return best < 0 ? 0 : best;
+  // Two vector passes: the largest non-NaN value, then its first index (the
+  // first non-NaN one when that is -inf; none when all are NaN).
+  const VocabKernels& vk = vocab_kernels();
+  const size_t i = vk.find_equal(logits.data(), logits.size(), vk.max(logits.data(), logits.size()));
+  return i < logits.size() ? static_cast<int32_t>(i) : 0;
 }
 
 void apply_penalties(const SamplingParams& p, std::span<float> logits, std::span<const uint8_t> in_prompt,
@@ -57,8 +58,17 @@ void apply_penalties(const SamplingParams& p, std::span<float> logits, std::span
   if (p.repetition_penalty != 1.0) {
     const float rp = static_cast<float>(p.repetition_penalty);
     auto penalise = [&](int64_t t) { logits[t] = logits[t] > 0 ? logits[t] / rp : logits[t] * rp; };
-    for (int64_t t = 0; t < vocab && t < static_cast<int64_t>(in_prompt.size()); ++t) {
-      if (in_prompt[t]) penalise(t);
+    // The flags are mostly 0: eight at a time are skipped while all are.
+    const size_t n_flags = std::min(in_prompt.size(), static_cast<size_t>(vocab));
+    for (size_t t = 0; t < n_flags;) {
+      uint64_t eight = 0;
+      if (t + 8 <= n_flags) std::memcpy(&eight, in_prompt.data() + t, sizeof eight);
+      if (t + 8 <= n_flags && eight == 0) {
+        t += 8;
+        continue;
+      }
+      if (in_prompt[t]) penalise(static_cast<int64_t>(t));
+      ++t;
     }
     for (const auto& [t, n] : output_count) {
       if (t >= 0 && t < vocab && !(t < static_cast<int64_t>(in_prompt.size()) && in_prompt[t])) penalise(t);
@@ -100,7 +110,13 @@ void top_n(std::span<const float> logits, size_t n, std::vector<std::pair<float,
   out.clear();
   n = std::min(n, logits.size());
   if (n == 0) return;
+  const VocabKernels& vk = vocab_kernels();
   for (size_t i = 0; i < logits.size(); ++i) {
+    if (heap.size() == n) {
+      // A full heap takes only keys above its least: skip to the next one.
+      i += vk.find_greater(logits.data() + i, logits.size() - i, heap.front().first);
+      if (i >= logits.size()) break;
+    }
     const float key = std::isnan(logits[i]) ? -INFINITY : logits[i];
     heap_offer(heap, n, key, static_cast<int32_t>(i));
   }
@@ -108,20 +124,55 @@ void top_n(std::span<const float> logits, size_t n, std::vector<std::pair<float,
   for (const Scored& e : heap) out.push_back(e.second);
 }
 
+namespace {
+
+// The least f32 at or above d >= 0: for an f32 w, w < d exactly when w < it.
+float least_float_at_least(double d) {
+  const float f = static_cast<float>(d);
+  return static_cast<double>(f) < d ? std::nextafter(f, INFINITY) : f;
+}
+
+// What the weights of a row need: its largest logit, 1 / temperature and
+// the least f32 weight min_p keeps. ok is false when no token has a finite
+// positive weight (all -inf or NaN, or a +inf logit).
+struct Tempering {
+  bool ok = false;
+  float max_l = 0.0f, inv_t = 1.0f, min_w = 0.0f;
+};
+
+Tempering tempering(const SamplingParams& p, std::span<const float> z) {
+  Tempering t;
+  t.max_l = vocab_kernels().max(z.data(), z.size());  // NaN skipped
+  t.ok = t.max_l > -INFINITY && !std::isinf(t.max_l);
+  t.inv_t = static_cast<float>(1.0 / std::max(p.temperature, kGreedyTemperature));
+  t.min_w = least_float_at_least(p.min_p);  // w < min_p exactly when w < min_w
+  return t;
+}
+
+}  // namespace
+
+int32_t draw_unfiltered(const SamplingParams& p, std::span<const float> z, SamplingScratch& s, double u) {
+  const VocabKernels& vk = vocab_kernels();
+  const Tempering t = tempering(p, z);
+  if (!t.ok) return -1;
+  s.weight.resize(z.size());
+  s.block_sum.resize(z.size() / kVocabLanes);
+  const ExpWeights ew = vk.weights(z.data(), z.size(), t.max_l, t.inv_t, t.min_w, s.weight.data(), s.block_sum.data());
+  if (!(ew.mass > 0.0)) return -1;
+  return static_cast<int32_t>(inverse_cdf_index(s.weight, s.block_sum, u));
+}
+
 size_t filter_tokens(const SamplingParams& p, std::span<const float> z, SamplingScratch& s) {
+  const VocabKernels& vk = vocab_kernels();
   const size_t vocab = z.size();
-  float max_l = -INFINITY;
-  for (size_t i = 0; i < vocab; ++i)
-    if (z[i] > max_l) max_l = z[i];  // NaN compares false
-  if (!(max_l > -INFINITY) || std::isinf(max_l)) return 0;  // all -inf / NaN, or a +inf logit
-  const double inv_t = 1.0 / std::max(p.temperature, kGreedyTemperature);
-  const double max_z = max_l * inv_t;
-  // Unnormalised probability of logit l: exp(l / t - max / t) in (0, 1];
-  // 0 for -inf and for tokens too unlikely for an f32 (under 1e-38 of the
-  // most likely, which no 53-bit draw can reach).
-  auto weight = [&](float l) { return std::exp(static_cast<float>(l * inv_t - max_z)); };
+  const Tempering t = tempering(p, z);
+  if (!t.ok) return 0;
+  const float max_l = t.max_l, inv_t = t.inv_t, min_w = t.min_w;
+  // Unnormalised probability of logit l: exp((l - max) / t) in (0, 1], in
+  // f32 the way vk.weights computes it (the same bits): 1 for the most
+  // likely, 0 for -inf and for tokens under ~1e-45 of the most likely.
+  auto weight = [&](float l) { return fast_exp((l - max_l) * inv_t); };
   auto order_less = [&](int32_t a, int32_t b) { return z[a] != z[b] ? z[a] > z[b] : a < b; };
-  const double min_p = p.min_p;
   s.weight.resize(vocab);
   s.kept.resize(vocab);
   s.order.resize(vocab);
@@ -133,9 +184,14 @@ size_t filter_tokens(const SamplingParams& p, std::span<const float> z, Sampling
     // the same order, so it commutes with top_k and is applied after.
     const size_t k = static_cast<size_t>(p.top_k);
     if (k * 16 <= vocab) {
+      // Only a logit above the heap's least (above -inf until it is full)
+      // enters: the vector scan skips to the next such one.
       s.heap.clear();
-      for (size_t i = 0; i < vocab; ++i)
-        if (z[i] > -INFINITY) heap_offer(s.heap, k, z[i], static_cast<int32_t>(i));
+      for (size_t i = 0; i < vocab; ++i) {
+        i += vk.find_greater(z.data() + i, vocab - i, s.heap.size() < k ? -INFINITY : s.heap.front().first);
+        if (i >= vocab) break;
+        heap_offer(s.heap, k, z[i], static_cast<int32_t>(i));
+      }
       for (const Scored& e : s.heap) s.order[n_order++] = e.second;
     } else {
       for (size_t i = 0; i < vocab; ++i)
@@ -148,7 +204,7 @@ size_t filter_tokens(const SamplingParams& p, std::span<const float> z, Sampling
     size_t m = 0;
     for (size_t j = 0; j < n_order; ++j) {
       const float w = weight(z[s.order[j]]);
-      if (w > 0.0f && !(w < min_p)) s.order[m++] = s.order[j];
+      if (w > 0.0f && w >= min_w) s.order[m++] = s.order[j];
     }
     n_order = m;
     if (n_order == 0) return 0;
@@ -174,16 +230,11 @@ size_t filter_tokens(const SamplingParams& p, std::span<const float> z, Sampling
     return n_keep;
   }
 
-  // No top_k: one exp pass over the vocabulary, weights by token id.
-  double kept_mass = 0.0;
-  size_t n_positive = 0;
-  for (size_t i = 0; i < vocab; ++i) {
-    float w = std::isnan(z[i]) ? 0.0f : weight(z[i]);
-    if (w < min_p) w = 0.0f;
-    s.weight[i] = w;
-    kept_mass += w;
-    n_positive += w > 0.0f;
-  }
+  // No top_k: one exp pass over the vocabulary, weights by token id, with
+  // their mass and count.
+  const ExpWeights ew = vk.weights(z.data(), vocab, max_l, inv_t, min_w, s.weight.data(), nullptr);
+  const double kept_mass = ew.mass;
+  const size_t n_positive = ew.n_positive;
   if (!(kept_mass > 0.0)) return 0;
   int32_t boundary = -1;  // the least likely token top_p keeps; -1: top_p off
   if (p.top_p < 1.0) {
@@ -193,48 +244,39 @@ size_t filter_tokens(const SamplingParams& p, std::span<const float> z, Sampling
     // tokens are candidates, which for a peaked distribution is a few
     // percent of the vocabulary.
     const double floor_w = (1.0 - p.top_p) * kept_mass / static_cast<double>(n_positive);
-    for (size_t i = 0; i < vocab; ++i)
-      if (s.weight[i] > 0.0f && s.weight[i] >= floor_w) s.order[n_order++] = static_cast<int32_t>(i);
+    const float min_cand = std::max(least_float_at_least(floor_w), std::numeric_limits<float>::denorm_min());
     // Keep a token while the mass of the more likely ones is below target
-    // (the most likely always stays). Quickselect on mass: after
-    // nth_element at mid, [lo, mid) holds the sorted positions lo..mid-1;
-    // if the mass before mid is still under target, mid is kept and the
-    // boundary lies above it, else it lies below.
+    // (the most likely always stays). Mass by logit bucket
+    // (VocabKernels::bucket_mass: a lower bucket holds only more likely
+    // tokens, ties share one): the buckets before the one where the mass
+    // reaches target are kept whole; only that one is sorted and walked.
+    // The scale spreads the candidates' logits, max down to about
+    // max + t ln(floor_w), over the buckets (lower ones, from rounding,
+    // join the last).
     const double target = p.top_p * kept_mass;
-    size_t lo = 0, hi = n_order;
-    double before = 0.0;  // mass of the sorted positions [0, lo)
-    while (hi - lo > 64) {
-      const size_t mid = lo + (hi - lo) / 2;
-      std::nth_element(s.order.begin() + lo, s.order.begin() + mid, s.order.begin() + hi, order_less);
-      double m = 0.0;
-      for (size_t j = lo; j < mid; ++j) m += s.weight[s.order[j]];
-      if (before + m < target) {
-        before += m;
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    std::sort(s.order.begin() + lo, s.order.begin() + hi, order_less);
-    size_t n_keep = lo;
-    for (size_t j = lo; j < hi; ++j) {
+    const float scale = static_cast<float>(std::min(kMassBuckets / (-std::log(floor_w) / inv_t), 1e30));
+    s.bucket_mass.assign(kMassBuckets, 0.0);
+    const size_t last = vk.bucket_mass(z.data(), s.weight.data(), vocab, min_cand, max_l, scale, s.bucket_mass.data());
+    double before = 0.0;  // mass of the buckets [0, cut)
+    size_t cut = 0;
+    while (cut < last && !(before + s.bucket_mass[cut] >= target)) before += s.bucket_mass[cut++];
+    n_order = vk.collect_bucket(z.data(), s.weight.data(), vocab, min_cand, max_l, scale, cut, s.order.data());
+    std::sort(s.order.begin(), s.order.begin() + n_order, order_less);
+    // The cut bucket is not empty (the loop stops where its mass takes
+    // before, < target, to target; or at the last bucket with a candidate),
+    // and its first token is kept: before < target there.
+    size_t n_keep = 0;
+    for (size_t j = 0; j < n_order; ++j) {
       if (n_keep > 0 && before >= target) break;
       before += s.weight[s.order[j]];
       ++n_keep;
     }
+    SHARDLM_CHECK(n_keep > 0, "filter_tokens: top_p kept nothing of bucket ", cut, " (", n_order, " tokens)");
     boundary = s.order[n_keep - 1];
   }
-  size_t n = 0;
-  for (size_t i = 0; i < vocab; ++i) {
-    const float w = s.weight[i];
-    if (w <= 0.0f) continue;
-    if (boundary >= 0 && !(static_cast<int32_t>(i) == boundary || order_less(static_cast<int32_t>(i), boundary)))
-      continue;
-    s.kept[n] = static_cast<int32_t>(i);
-    s.weight[n] = w;  // n <= i: compacts in place
-    ++n;
-  }
-  return n;
+  // The positive weights ranked at or above the boundary, compacted in place.
+  return vk.compact(s.weight.data(), z.data(), vocab, boundary >= 0 ? z[boundary] : -INFINITY, boundary,
+                    s.kept.data(), s.weight.data());
 }
 
 std::vector<double> sampling_distribution(const SamplingParams& p, std::span<const float> logits) {
@@ -286,14 +328,11 @@ void Sampler::accept(int32_t token) {
 }
 
 // log(sum(exp(logits))), NaN entries left out: the logprobs' denominator.
+// f32 exps (fast_exp) summed in double in the kernels' lane order.
 static double log_partition(std::span<const float> logits) {
-  float max_l = -INFINITY;
-  for (float x : logits)
-    if (x > max_l) max_l = x;
-  double sum = 0.0;
-  for (float x : logits)
-    if (!std::isnan(x)) sum += std::exp(x - max_l);
-  return max_l + std::log(sum);
+  const VocabKernels& vk = vocab_kernels();
+  const float max_l = vk.max(logits.data(), logits.size());
+  return max_l + std::log(vk.sum_exp(logits.data(), logits.size(), max_l));
 }
 
 SampleResult Sampler::sample(std::span<const float> logits) {
@@ -311,6 +350,10 @@ SampleResult Sampler::sample(std::span<const float> logits) {
   }
   if (params_.greedy()) {
     result.token = argmax(z);
+  } else if (params_.top_p >= 1.0 && !(params_.top_k > 0 && params_.top_k < vocab_size_)) {
+    // Temperature (and min_p) alone: every positive weight is kept.
+    const int32_t t = draw_unfiltered(params_, z, ts.filter, uniform_from_draw(rng_()));
+    result.token = t >= 0 ? t : argmax(z);
   } else {
     const size_t n = filter_tokens(params_, z, ts.filter);
     const double u = uniform_from_draw(rng_());

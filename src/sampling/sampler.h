@@ -12,8 +12,11 @@
 // RNG: std::mt19937_64 seeded with params.seed (or from std::random_device
 // when unset); each non-greedy token consumes exactly one 64-bit draw, turned
 // into u in [0, 1) as (x >> 11) * 2^-53, and the token is the first (in
-// token-id order) whose cumulative kept probability exceeds u * total. The
-// state belongs to the sequence, so batching never changes a seeded result.
+// token-id order) whose cumulative kept probability exceeds u * total (the
+// sums taken by blocks of 16: sampling/speculative_sampling.h). The state
+// belongs to the sequence, so batching never changes a seeded result; and
+// the vocabulary passes (sampling/vocab_kernels.h) give the same bits on
+// every instruction set, so the same logits give the same tokens on any CPU.
 #pragma once
 
 #include <cstdint>
@@ -37,12 +40,15 @@ struct SampleResult {
   std::vector<TokenLogprob> top_logprobs; // [params.logprobs], most likely first, lowest id on ties
 };
 
-// Reusable buffers of filter_tokens (below).
+// Reusable buffers of filter_tokens and draw_unfiltered (below). The
+// vocab-sized ones are written by 16-wide stores: keep them [vocab] long.
 struct SamplingScratch {
   std::vector<float> weight;     // [vocab] capacity
   std::vector<int32_t> kept;     // [vocab] capacity
   std::vector<int32_t> order;    // [vocab] capacity: candidates being selected
   std::vector<std::pair<float, int32_t>> heap;  // [k]: (logit, id), least likely on top
+  std::vector<double> bucket_mass;              // top_p: mass per logit bucket
+  std::vector<double> block_sum;                // [vocab / 16] draw_unfiltered's block sums
 };
 
 // Sampling state of one sequence: its parameters, the tokens penalties look
@@ -96,12 +102,22 @@ std::vector<double> sampling_distribution(const SamplingParams& params, std::spa
 // return value). 0 when no token has a finite positive weight (all -inf or
 // NaN, or a +inf logit): the caller falls back to argmax.
 //
-// Cost: O(vocab) passes and no full-vocabulary sort. With top_k, a heap of
-// the k most likely tokens (exp only over those); without, one exp pass and,
-// for top_p, a mass-guided quickselect (nth_element halvings) that sorts
-// only the last small window. Ties between equal logits go to the lower id,
-// as everywhere in the sampler. Not for greedy params.
+// Cost: O(vocab) passes (vectorised: sampling/vocab_kernels.h) and no
+// full-vocabulary sort. With top_k, a heap of the k most likely tokens (exp
+// only over those); without, one exp pass and, for top_p, the mass of 4,096
+// logit buckets, of which only the one where the kept mass reaches top_p is
+// sorted. Ties between equal logits go to the lower id, as everywhere in the
+// sampler. Not for greedy params.
 size_t filter_tokens(const SamplingParams& params, std::span<const float> logits, SamplingScratch& scratch);
+
+// The draw of sample() when only temperature and min_p filter (top_k off,
+// top_p = 1): the weights filter_tokens would keep, left by token id in
+// scratch.weight (zeros for the dropped) with their block sums from the exp
+// pass, and the token inverse_cdf_index draws over them with u. No
+// compaction and no pass of the draw's own: the common case (OpenAI's
+// defaults) reads the row twice. -1 where filter_tokens returns 0.
+int32_t draw_unfiltered(const SamplingParams& params, std::span<const float> logits, SamplingScratch& scratch,
+                        double u);
 
 // The n most likely of logits (NaN counts as -inf), most likely first,
 // lowest id on ties, into out (cleared first). O(vocab log n).

@@ -24,10 +24,24 @@ namespace shardlm {
 // u in [0, 1) from one 64-bit draw: its top 53 bits (Sampler's rule).
 inline double uniform_from_draw(uint64_t x) { return static_cast<double>(x >> 11) * 0x1.0p-53; }
 
-// Inverse CDF over unnormalised weights [n] (> 0): the first index whose
-// running sum (in double) exceeds u * total; the last one when u is within
-// rounding of 1. The draw behind every non-greedy token of Sampler::sample.
+// Inverse CDF over unnormalised weights [n] (>= 0): the first index whose
+// running sum (in double) exceeds u * total; the last positive one when u
+// is within rounding of 1. The draw behind every non-greedy token of
+// Sampler::sample. The sums are taken by blocks of 16 so they vectorise (a
+// running sum of a 151,936-token row is a chain of as many dependent adds):
+// each block's sum by the fixed tree of sampling/vocab_kernels.h, the total
+// and the running sum as the in-order sum of the block sums (then the
+// elements after the last block, one by one), and inside the block where
+// the running sum passes u * total, element by element from the sum before
+// it. If rounding keeps that inner sum from passing, the block's last
+// positive weight is drawn. The same index on every path (SHARDLM_ISA); a
+// zero weight is drawn only if all are zero.
 size_t inverse_cdf_index(std::span<const float> weight, double u);
+
+// The same draw with the block sums given: block_sums[k] = the sum of
+// weight[16k .. 16k + 16) as VocabKernels::block_sums computes it, k <
+// weight.size() / 16 (the sampler has them from its exp pass).
+size_t inverse_cdf_index(std::span<const float> weight, std::span<const double> block_sums, double u);
 
 struct DraftVerdict {
   int32_t token = 0;      // what the target emits at this position
