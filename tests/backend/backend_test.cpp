@@ -15,16 +15,12 @@
 #include "backend/backend.h"
 #include "backend/cpu/moe_ops.h"
 #include "core/error.h"
+#include "random_inputs.h"
 
 namespace shardlm::backend {
 namespace {
 
-std::vector<float> random_f32(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test_inputs::random_f32;
 
 // A host tensor of dtype holding `values` (rounded to dtype).
 Tensor host_tensor(DType dtype, TensorShape shape, const std::vector<float>& values) {

@@ -18,23 +18,13 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/packed_gemm.h"
 #include "backend/cpu/rows_gemm.h"
+#include "random_inputs.h"
 
 namespace shardlm::backend {
 namespace {
 
-std::vector<float> random_f32(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<uint8_t> random_weights(DType dtype, int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<uint8_t> buf(static_cast<size_t>(n) * dtype_size(dtype));
-  for (int64_t i = 0; i < n; ++i) store_from_f32(buf.data(), dtype, static_cast<size_t>(i), dist(rng));
-  return buf;
-}
+using test_inputs::random_f32;
+using test_inputs::random_weights;
 
 std::vector<CpuIsa> isas_here() {
   std::vector<CpuIsa> out;

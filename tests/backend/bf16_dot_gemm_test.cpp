@@ -25,16 +25,12 @@
 #include "backend/cpu/cpu_isa.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "random_inputs.h"
 
 namespace shardlm::backend {
 namespace {
 
-std::vector<float> random_f32(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test_inputs::random_f32;
 
 float bf16_bits_to_f32(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
