@@ -507,13 +507,25 @@ void rows_gemm_many(const float* x, int64_t n, int64_t k, DType weight_dtype, co
     case DType::kBF16: {
 #if defined(SHARDLM_SIMD) && defined(__AVX512F__) && defined(__AVX512BW__)
       // The pair order's x (split_pairs), in the calling thread's buffer,
-      // reused across calls; 64-byte aligned, one cache line per block.
+      // reused across calls; 64-byte aligned, one cache line per block. The
+      // buffer holds at most kSplitFloats: a longer call (a batch-invariant
+      // prefill chunk: thousands of rows × intermediate_size) runs in token
+      // chunks, each row's sums the same either way (batch invariance), so
+      // this memory, which the allocator does not count, stays bounded.
+      constexpr int64_t kSplitFloats = int64_t{1} << 18;  // 1 MiB
+      const int64_t kp = pair_k(k), chunk = max64(1, kSplitFloats / kp);
       static thread_local std::vector<float> xs_buf;
-      const size_t need = static_cast<size_t>(n * pair_k(k)) + 16;
+      const size_t need = static_cast<size_t>(min64(n, chunk) * kp) + 16;
       if (xs_buf.size() < need) xs_buf.resize(need);
       float* xs = xs_buf.data() + (16 - reinterpret_cast<uintptr_t>(xs_buf.data()) / 4 % 16) % 16;
-      split_pairs(x, n, k, xs);
-      return run<DType::kBF16>(xs, n, k, parts, n_parts);
+      RowsGemmPart at[kRowsGemmMaxParts];
+      for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+        const int64_t nt = min64(chunk, n - t0);
+        for (int64_t p = 0; p < n_parts; ++p) at[p] = {parts[p].w, parts[p].m, parts[p].y + t0 * parts[p].m};
+        split_pairs(x + t0 * k, nt, k, xs);
+        run<DType::kBF16>(xs, nt, k, at, n_parts);
+      }
+      return;
 #else
       return run<DType::kBF16>(x, n, k, parts, n_parts);
 #endif
