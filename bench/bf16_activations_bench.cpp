@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/bf16_dot_gemm.h"
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "model/decode_bench.h"
@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("CPU: %s (kernels: %s)\n", backend::cpu_model_name().c_str(),
-              backend::cpu_isa_name(backend::active_cpu_isa()));
+  std::printf("CPU: %s (kernels: %s)\n", cpu_model_name().c_str(),
+              cpu_isa_name(active_cpu_isa()));
   if (!backend::bf16_dot_gemm_runs()) {
     std::printf("bf16 activations cannot run here: %s\n", backend::bf16_dot_gemm_missing());
     return 0;

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "backend/cpu/bf16_dot_gemm.h"
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/ops.h"
 #include "bandwidth.h"
 
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   }
   const bench::Bandwidth bw = bench::measure_bandwidth();
   std::printf("cpu %s (kernels: %s), threads %d, %s weights; bandwidth: read %.2f GB/s, triad %.2f GB/s\n",
-              backend::cpu_model_name().c_str(), backend::cpu_isa_name(backend::active_cpu_isa()),
+              cpu_model_name().c_str(), cpu_isa_name(active_cpu_isa()),
               omp_get_max_threads(), dtype_safetensors_name(dtype), bw.read / 1e9, bw.triad / 1e9);
   std::printf("%-14s %7s %6s %5s %-12s %10s %9s %9s %8s %8s %9s\n", "shape", "m", "k", "n", "path", "us/call", "GB/s",
               "GFLOP/s", "read%", "inv/def", "bf16/def");
@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
       const double gbs = static_cast<double>(wbytes) / t / 1e9;
       const double gflops = 2.0 * n * s.m * s.k / t / 1e9;
       std::string path_name = backend::matmul_path_name(path);
-      if (path == backend::MatmulPath::kRows) path_name += std::string("/") + backend::cpu_isa_name(backend::active_cpu_isa());
+      if (path == backend::MatmulPath::kRows) path_name += std::string("/") + cpu_isa_name(active_cpu_isa());
       char inv[16] = "-";
       if (inv_differs) std::snprintf(inv, sizeof inv, "%.2f", t_inv / t);
       char bf16[16] = "-";

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/ops.h"
 #include "bandwidth.h"
 
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   }
   const bench::Bandwidth bw = bench::measure_bandwidth();
   std::printf("cpu %s (kernels: %s), threads %d, %s weights; bandwidth: read %.2f GB/s\n",
-              backend::cpu_model_name().c_str(), backend::cpu_isa_name(backend::active_cpu_isa()),
+              cpu_model_name().c_str(), cpu_isa_name(active_cpu_isa()),
               omp_get_max_threads(), dtype_safetensors_name(dtype), bw.read / 1e9);
   std::printf("%-8s %4s %-6s %10s %10s %10s %10s %8s %7s %7s\n", "group", "n", "path", "sep_med", "grp_med",
               "sep_best", "grp_best", "grp/sep", "sep%", "grp%");

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/quant_ops.h"
 #include "backend/cpu/quant_ops_isa.h"
 #include "loader/quant_config.h"
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
       {"gptq4 int8-x", 2, QuantActivations::kInt8},    {"gptq4 f32-x", 2, QuantActivations::kF32},
       {"gptq8 int8-x", 3, QuantActivations::kInt8},    {"gptq8 f32-x", 3, QuantActivations::kF32},
       {"fp8", 4, QuantActivations::kF32}};
-  if (backend::detected_cpu_isa() >= backend::CpuIsa::kAvx2)
+  if (detected_cpu_isa() >= CpuIsa::kAvx2)
     for (auto [label, stored] : {std::pair{"awq avx2", 1}, std::pair{"gptq4 avx2", 2}, std::pair{"gptq8 avx2", 3}})
       variants.push_back({label, stored, QuantActivations::kF32, true});
   std::printf("threads %d; Qwen2.5-7B layer Linears; best of %d interleaved rounds, 512 MiB of copies each\n",

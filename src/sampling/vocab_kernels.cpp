@@ -1,9 +1,6 @@
 #include "sampling/vocab_kernels.h"
 
-#include <cstdlib>
-#include <string_view>
-
-#include "core/error.h"
+#include "core/cpu_isa.h"
 
 namespace shardlm {
 
@@ -21,42 +18,24 @@ const char* vocab_isa_name(VocabIsa isa) {
   return "scalar";
 }
 
-bool vocab_isa_supported(VocabIsa isa) {
-  static const bool avx2 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+namespace {
+VocabIsa vocab_isa_of(CpuIsa isa) {
   switch (isa) {
-    case VocabIsa::kScalar: return true;
-    case VocabIsa::kAvx2: return avx2;
-    case VocabIsa::kAvx512: return avx512;
+    case CpuIsa::kAvx512Bf16:
+    case CpuIsa::kAvx512: return VocabIsa::kAvx512;
+    case CpuIsa::kAvx2: return VocabIsa::kAvx2;
+    case CpuIsa::kScalar: break;
   }
-  return false;
+  return VocabIsa::kScalar;
+}
+}  // namespace
+
+bool vocab_isa_supported(VocabIsa isa) {
+  return static_cast<int>(isa) <= static_cast<int>(vocab_isa_of(detected_cpu_isa()));
 }
 
 VocabIsa active_vocab_isa() {
-  static const VocabIsa isa = [] {
-    VocabIsa best = VocabIsa::kScalar;
-    for (VocabIsa i : {VocabIsa::kAvx2, VocabIsa::kAvx512})
-      if (vocab_isa_supported(i)) best = i;
-    const char* env = std::getenv("SHARDLM_ISA");
-    if (!env || !*env) return best;
-    const std::string_view want(env);
-    // The backend's names (backend/cpu/cpu_isa.h); avx512bf16 adds nothing here.
-    const VocabIsa cap = want == "avx512bf16" || want == "avx512" ? VocabIsa::kAvx512
-                         : want == "avx2"                         ? VocabIsa::kAvx2
-                         : want == "scalar"                       ? VocabIsa::kScalar
-                                                                  : static_cast<VocabIsa>(-1);
-    if (static_cast<int>(cap) < 0)
-      fail(ErrorCode::kInvalidArgument, "SHARDLM_ISA=", want,
-           ": expected one of avx512bf16, avx512, avx2, scalar (or unset it for the best this CPU runs)");
-    if (!vocab_isa_supported(cap))
-      fail(ErrorCode::kInvalidArgument, "SHARDLM_ISA=", want, ": this CPU runs the sampler's kernels at most as ",
-           vocab_isa_name(best), " (unset SHARDLM_ISA, or choose a lower path)");
-    return cap;
-  }();
+  static const VocabIsa isa = vocab_isa_of(active_cpu_isa());
   return isa;
 }
 

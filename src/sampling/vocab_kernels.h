@@ -28,13 +28,11 @@ enum class VocabIsa { kScalar, kAvx2, kAvx512 };
 
 const char* vocab_isa_name(VocabIsa isa);  // "scalar", "avx2", "avx512"
 
-// Whether this CPU runs the path (AVX2 also needs FMA; AVX-512 needs F, BW,
-// DQ and VL).
+// Whether this CPU runs the path (core/cpu_isa.h's detected_cpu_isa()).
 bool vocab_isa_supported(VocabIsa isa);
 
-// The best supported path, capped by SHARDLM_ISA when set (read once).
-// Throws Error(kInvalidArgument) naming the variable for a value that is not
-// one of avx512bf16, avx512, avx2, scalar, or one the CPU does not run.
+// core/cpu_isa.h's active_cpu_isa() (CPUID capped by SHARDLM_ISA, whose bad
+// values it refuses), avx512bf16 taken as avx512: it adds nothing here.
 VocabIsa active_vocab_isa();
 
 // Lanes of every vectorised sum: element i of a 16-aligned body adds into

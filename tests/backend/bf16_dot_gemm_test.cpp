@@ -22,7 +22,7 @@
 
 #include "backend/cpu/bf16_dot_gemm.h"
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "random_inputs.h"

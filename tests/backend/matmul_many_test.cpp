@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/rows_gemm.h"
 #include "core/error.h"

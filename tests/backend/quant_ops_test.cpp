@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/quant_ops.h"
 #include "backend/cpu/quant_ops_isa.h"
 #include "core/error.h"

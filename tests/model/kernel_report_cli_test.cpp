@@ -18,14 +18,14 @@
 
 #include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/bf16_dot_gemm.h"
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/packed_gemm.h"
 #include "backend/cpu/quant_ops_int8.h"
 #include "support/process.h"
 
 namespace {
 
-using shardlm::backend::CpuIsa;
+using shardlm::CpuIsa;
 using shardlm::testing::run_command;
 using Proc = shardlm::testing::CommandResult;
 
@@ -152,7 +152,7 @@ TEST_F(KernelReport, RowsKernelOfEveryIsaTheCpuRuns) {
   const std::map<CpuIsa, std::string> names = {
       {CpuIsa::kScalar, "scalar"}, {CpuIsa::kAvx2, "avx2"}, {CpuIsa::kAvx512, "avx512"}};
   for (const auto& [isa, name] : names) {
-    if (static_cast<int>(isa) > static_cast<int>(shardlm::backend::detected_cpu_isa())) {
+    if (static_cast<int>(isa) > static_cast<int>(shardlm::detected_cpu_isa())) {
       std::cout << "this CPU lacks " << name << ": not run\n";
       continue;
     }
@@ -222,11 +222,11 @@ TEST_F(KernelReport, Bf16ActivationsTakeTheBf16DotKernel) {
 // SHARDLM_ISA=avx2; the (unquantized, tied) lm_head stays on rows.
 TEST_F(KernelReport, QuantizedCheckpointsTakeTheirKernels) {
   const bool int8 = shardlm::backend::int8_activation_kernels_built() &&
-                    shardlm::backend::detected_cpu_isa() >= CpuIsa::kAvx512;
+                    shardlm::detected_cpu_isa() >= CpuIsa::kAvx512;
   // The AVX-512 quantized kernels are compiled in only when the build targets AVX-512 (the
   // library's files and this one share the build's flags); the AVX2 ones always are.
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-  const bool avx512 = shardlm::backend::detected_cpu_isa() >= CpuIsa::kAvx512;
+  const bool avx512 = shardlm::detected_cpu_isa() >= CpuIsa::kAvx512;
 #else
   const bool avx512 = false;
 #endif
@@ -239,7 +239,7 @@ TEST_F(KernelReport, QuantizedCheckpointsTakeTheirKernels) {
         << describe(def);
     const auto f32 = report(model, "", 5, 3, "--quant-activations f32");
     EXPECT_EQ(calls(f32, avx512 ? "quant/avx512" : "quant/avx2", weights), 3 * kPerPass) << describe(f32);
-    if (shardlm::backend::detected_cpu_isa() >= CpuIsa::kAvx2) {
+    if (shardlm::detected_cpu_isa() >= CpuIsa::kAvx2) {
       const auto avx2 = report(model, "SHARDLM_ISA=avx2", 5, 3);
       EXPECT_EQ(calls(avx2, "quant/avx2", weights), 3 * kPerPass) << describe(avx2);
       EXPECT_EQ(calls(avx2, "rows/avx2", "bf16"), 3) << describe(avx2);  // the lm_head
@@ -252,7 +252,7 @@ TEST_F(KernelReport, QuantizedCheckpointsTakeTheirKernels) {
 // FP8 (blocks 128×128): the prefill of 40 rows through the packed GEMM
 // (panels widened and scaled as they are packed), decode on the FP8 rows kernel.
 TEST_F(KernelReport, Fp8PrefillPackedDecodeRows) {
-  if (shardlm::backend::detected_cpu_isa() < CpuIsa::kAvx2) GTEST_SKIP() << "no SIMD FP8 kernels on this CPU";
+  if (shardlm::detected_cpu_isa() < CpuIsa::kAvx2) GTEST_SKIP() << "no SIMD FP8 kernels on this CPU";
   if (!shardlm::backend::packed_matmul_available(shardlm::DType::kF8E4M3))
     GTEST_SKIP() << "this build has no packed FP8 GEMM (built for a baseline CPU: -DSHARDLM_NATIVE=OFF)";
   const auto rows = report(fp8_, "", 40, 3);

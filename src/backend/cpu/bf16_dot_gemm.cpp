@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/kernel_report.h"
 #include "backend/cpu/reduce16.h"
 #include "backend/cpu/ops.h"

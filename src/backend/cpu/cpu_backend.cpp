@@ -7,7 +7,7 @@
 #include <cstring>
 #include <functional>
 
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/rows_gemm.h"
 #include "core/error.h"
 

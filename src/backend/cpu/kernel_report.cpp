@@ -13,7 +13,7 @@
 #include <tuple>
 
 #include "backend/cpu/amx_gemm.h"
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 
 namespace shardlm::backend {
 

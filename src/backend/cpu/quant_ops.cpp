@@ -18,7 +18,7 @@
 #include "backend/cpu/packed_gemm.h"
 #include "backend/cpu/quant_ops_int8.h"
 #include "backend/cpu/quant_ops_isa.h"
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/quant_simd.h"
 #include "backend/cpu/simd.h"
 #include "core/error.h"

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "backend/cpu/kernel_report.h"
 #include "backend/cpu/quant_simd.h"
 #include "core/error.h"

@@ -22,7 +22,7 @@
 
 #include <cstdint>
 
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 #include "core/dtype.h"
 
 namespace shardlm::backend {

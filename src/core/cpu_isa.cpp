@@ -1,4 +1,4 @@
-#include "backend/cpu/cpu_isa.h"
+#include "core/cpu_isa.h"
 
 #include <cpuid.h>
 
@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 
-namespace shardlm::backend {
+namespace shardlm {
 
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
@@ -25,7 +25,9 @@ CpuIsa detected_cpu_isa() {
     __builtin_cpu_init();
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
       return CpuIsa::kScalar;
-    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))) return CpuIsa::kAvx2;
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")))
+      return CpuIsa::kAvx2;
     // AVX512_BF16: CPUID leaf 7 sub-leaf 1, EAX bit 5.
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5))) return CpuIsa::kAvx512Bf16;
@@ -66,4 +68,4 @@ std::string cpu_model_name() {
   return b == std::string::npos ? "unknown CPU" : s.substr(b, e - b + 1);
 }
 
-}  // namespace shardlm::backend
+}  // namespace shardlm

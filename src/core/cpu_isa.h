@@ -1,22 +1,22 @@
-// Which instruction set the CPU kernels that are built for several run on,
+// Which instruction set the CPU kernels built for several run on (the
+// backend's matmul kernels, the sampler's vocabulary passes),
 // chosen at run time from CPUID, so one binary takes the best path on an
 // Intel Xeon (AMX, AVX-512), an AMD EPYC Zen 4/5 (AVX-512, AVX-512-BF16,
 // no AMX) or an AVX2-only machine. The variable SHARDLM_ISA caps the choice
 // (avx512bf16, avx512, avx2 or scalar: a path the CPU lacks is refused, not
 // faked), so a test can run every path this machine has.
-// Internal to the backend layer.
 #pragma once
 
 #include <string>
 
-namespace shardlm::backend {
+namespace shardlm {
 
 enum class CpuIsa { kScalar, kAvx2, kAvx512, kAvx512Bf16 };
 
 const char* cpu_isa_name(CpuIsa isa);  // "scalar", "avx2", "avx512", "avx512bf16"
 
-// What CPUID says (AVX2 needs FMA and F16C too; AVX-512 needs F and BW) and
-// what this build compiled a kernel for.
+// What CPUID says (AVX2 needs FMA and F16C too; AVX-512 needs F, BW, VL and
+// DQ: the flags the AVX-512 translation units are compiled with).
 CpuIsa detected_cpu_isa();
 
 // detected_cpu_isa(), capped by SHARDLM_ISA when set (read once). Throws
@@ -27,4 +27,4 @@ CpuIsa active_cpu_isa();
 // The CPU's brand string from CPUID ("AMD EPYC 9B45", ...), for reports.
 std::string cpu_model_name();
 
-}  // namespace shardlm::backend
+}  // namespace shardlm
