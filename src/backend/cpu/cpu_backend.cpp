@@ -18,9 +18,6 @@ namespace {
 constexpr size_t kAlignment = 64;              // a cache line; every SIMD load width
 constexpr size_t kMapThreshold = size_t{1} << 20;  // from here on, whole pages from mmap
 constexpr size_t kPage = 4096;
-// The most outputs do_matmul_many passes in one backend::matmul_many (q, k, v
-// are 3); more go one matmul each.
-constexpr int64_t kMaxMatmulParts = 8;
 
 const float* f32(const Tensor& t, const char* what) {
   SHARDLM_CHECK(t.dtype() == DType::kF32 && t.device().is_cpu(), what, ": expected f32 on cpu, got ",
@@ -167,11 +164,12 @@ void CpuBackend::do_matmul(const Tensor& x, const Linear& w, Tensor& y) {
 
 void CpuBackend::do_matmul_many(const Tensor& x, std::span<const MatmulOut> outs) {
   const int64_t n_parts = static_cast<int64_t>(outs.size());
-  bool dense = n_parts <= kMaxMatmulParts;
+  // The most one rows_gemm_many takes (rows_gemm.h); more go one matmul each.
+  bool dense = n_parts <= kRowsGemmMaxParts;
   for (const MatmulOut& o : outs) dense = dense && !o.w->quantized();
   if (!dense) return Backend::do_matmul_many(x, outs);
-  MatmulPart parts[kMaxMatmulParts];
-  VectorView biases[kMaxMatmulParts];
+  MatmulPart parts[kRowsGemmMaxParts];
+  VectorView biases[kRowsGemmMaxParts];
   for (int64_t p = 0; p < n_parts; ++p) {
     const Linear& w = *outs[p].w;
     if (w.bias.defined()) biases[p] = vector(w.bias);
