@@ -11,6 +11,7 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -331,17 +332,23 @@ inline void with_tokens(int64_t tb, F&& f) {
 // Token rows [t0, t1) against weight rows [j0, j0 + RB): groups_for's
 // near-equal groups (16 = 6 + 5 + 5, not 6 + 6 + 4). The groups
 // share the prefetch of the next row block [j0 + RB, j0 + 2 RB) (Ahead).
+// `after`: the block this thread runs next when it is not [j0 + RB, j0 + 2 RB)
+// (the last block of a work item: the next item's first rows).
 template <DType D, int RB>
-void row_block(const float* x, int64_t k, const char* w, int64_t m, int64_t j0, int64_t t0, int64_t t1, float* y) {
+void row_block(const float* x, int64_t k, const char* w, int64_t m, int64_t j0, int64_t t0, int64_t t1, float* y,
+               const Ahead* after = nullptr) {
   constexpr int64_t es = kSize<D>;
   const int64_t n_groups = groups_for<D, RB>(t1 - t0);
-  const char* next_lo = w + (j0 + RB) * k * es;
+  const char* next_lo = after ? after->lo : w + (j0 + RB) * k * es;
   // Longer rows too for bf16 in several token groups: with 4-row groups the
   // first group's wait on DRAM is a larger share (down_proj, 16 and 24 rows,
   // 1 thread, W from DRAM: 1.13x the old kernel's time without, 0.82-0.89x
   // with).
   const bool next_too = k * es <= kAheadMaxRowBytes || (kPairOrder<D> && n_groups > 1);
-  const int64_t next_bytes = next_too ? max64(0, min64(RB, m - j0 - RB)) * k * es : 0;
+  const int64_t next_bytes =
+      !next_too ? 0
+      : after   ? min64(RB * k * es, after->hi - after->lo)
+                : max64(0, min64(RB, m - j0 - RB)) * k * es;
   for (int64_t g = 0, t = t0; g < n_groups; ++g) {
     const int64_t tb = (t1 - t + (n_groups - g) - 1) / (n_groups - g);
     const bool pf = g == 0;
@@ -373,21 +380,20 @@ void chunk_group(const float* x, int64_t k, const char* w, int64_t m, int64_t b0
 // [b0, b1), token group by token group: each group's x stays in L1 across
 // the chunk (block by block, a 16-row x of 56 KiB cycled through a 48 KiB
 // L1 once per block), and the chunk's W is read from DRAM by the first group
-// and from L2 by the others. The tiles spread the prefetch of the next chunk.
+// and from L2 by the others. The tiles spread the prefetch of `next` (the
+// weights of the work item this thread runs after this one) over the chunk.
 template <DType D, int RB>
 void chunk(const float* x, int64_t k, const char* w, int64_t m, int64_t b0, int64_t b1, int64_t t0, int64_t t1,
-           float* y) {
-  constexpr int64_t es = kSize<D>;
+           float* y, Ahead next) {
   const int64_t n_groups = groups_for<D, RB>(t1 - t0);
-  const char* next = w + b1 * RB * k * es;
-  const int64_t n_next = max64(0, min64(m, (b1 + kChunkBlocks) * RB) - b1 * RB) * k * es;
+  const int64_t n_next = next.hi - next.lo;
   const int64_t n_tiles = n_groups * (b1 - b0);
   for (int64_t g = 0, t = t0; g < n_groups; ++g) {
     const int64_t tb = (t1 - t + (n_groups - g) - 1) / (n_groups - g);
     const bool pf = g == 0;
     const int64_t q0 = g * (b1 - b0);
     with_tokens<kTileTokens<D, RB>>(
-        tb, [&](auto tbc) { chunk_group<D, RB, tbc()>(x, k, w, m, b0, b1, t, y, pf, next, n_next, q0, n_tiles); });
+        tb, [&](auto tbc) { chunk_group<D, RB, tbc()>(x, k, w, m, b0, b1, t, y, pf, next.lo, n_next, q0, n_tiles); });
     t += tb;
   }
 }
@@ -406,16 +412,30 @@ int64_t n_items(int64_t m, bool chunked) {
   return (n_blocks + kItemBlocks - 1) / kItemBlocks;
 }
 
-// Work item c of one part against token rows [t0, t1).
+// The bytes of W that work item c of `part` reads: its rows, whole.
 template <DType D, int RB>
-void run_item(const float* x, int64_t k, const RowsGemmPart& part, bool chunked, int64_t c, int64_t t0, int64_t t1) {
+Ahead item_bytes(int64_t k, const RowsGemmPart& part, bool chunked, int64_t c) {
+  const char* w = static_cast<const char*>(part.w);
+  const int64_t row = k * kSize<D>, n_full = part.m / RB;
+  const int64_t per = chunked ? kChunkBlocks : kItemBlocks;
+  int64_t j0 = c * per * RB, j1 = min64(part.m, (c + 1) * per * RB);
+  if (chunked && c * kChunkBlocks >= n_full) j0 = n_full * RB, j1 = part.m;  // the tail item
+  else if (chunked) j1 = min64(j1, n_full * RB);
+  return {w + j0 * row, w + j1 * row};
+}
+
+// Work item c of one part against token rows [t0, t1); `next`: the bytes
+// of the item this thread runs next (prefetched into L2 by chunked items).
+template <DType D, int RB>
+void run_item(const float* x, int64_t k, const RowsGemmPart& part, bool chunked, int64_t c, int64_t t0, int64_t t1,
+              Ahead next) {
   const char* w = static_cast<const char*>(part.w);
   const int64_t m = part.m, n_full = m / RB;
   float* y = part.y;
   if (chunked) {
     const int64_t b0 = c * kChunkBlocks;
     if (b0 < n_full) {
-      chunk<D, RB>(x, k, w, m, b0, min64(n_full, b0 + kChunkBlocks), t0, t1, y);
+      chunk<D, RB>(x, k, w, m, b0, min64(n_full, b0 + kChunkBlocks), t0, t1, y, next);
     } else {
       for (int64_t j = n_full * RB; j < m; ++j) row_block<D, 1>(x, k, w, m, j, t0, t1, y);
     }
@@ -424,7 +444,7 @@ void run_item(const float* x, int64_t k, const RowsGemmPart& part, bool chunked,
   const int64_t n_blocks = n_full + (m % RB ? 1 : 0);
   for (int64_t b = c * kItemBlocks, e = min64(n_blocks, b + kItemBlocks); b < e; ++b) {
     if (b < n_full) {
-      row_block<D, RB>(x, k, w, m, b * RB, t0, t1, y);
+      row_block<D, RB>(x, k, w, m, b * RB, t0, t1, y, b + 1 == e ? &next : nullptr);
     } else {
       for (int64_t j = n_full * RB; j < m; ++j) row_block<D, 1>(x, k, w, m, j, t0, t1, y);
     }
@@ -436,8 +456,8 @@ void run_item(const float* x, int64_t k, const RowsGemmPart& part, bool chunked,
 // the same tile over the same token group as with its part alone (the
 // token blocking, the tile shape and the chunked choice depend on n, k and
 // the dtype, which the parts share), so each y is bit-identical to a call of
-// its own; what changes is one ramp-up and one barrier per token block for
-// all the parts, and the last item's imbalance spread over all of them.
+// its own; what changes is one ramp-up and one barrier for all the parts,
+// and the last item's imbalance spread over all of them.
 template <DType D, int RB>
 void run_rb(const float* x, int64_t n, int64_t k, const RowsGemmPart* parts, int64_t n_parts) {
   constexpr int64_t es = kSize<D>;
@@ -452,16 +472,38 @@ void run_rb(const float* x, int64_t n, int64_t k, const RowsGemmPart* parts, int
   for (int64_t p = 0; p < n_parts; ++p) first[p + 1] = first[p] + n_items<RB>(parts[p].m, chunked);
   const int64_t n_all = first[n_parts];
   if (n_all == 0) return;
+  // Work item g is item g % n_all of token block g / n_all. Each thread
+  // claims its next item before it runs the current one (a dynamic
+  // schedule one item ahead), so the current one prefetches the weights
+  // that this thread reads next. With `omp for schedule(dynamic)` a thread
+  // could only guess, and "the item after mine" is the one the other
+  // thread has just taken: its L2 got a copy nobody read, and every first
+  // token group of a chunk waited on DRAM (perf, 16 rows on 2 threads: the
+  // first group took 2.1x each later group's time). Dynamic, not static: on
+  // a shared machine one thread often runs slower than the other.
+  const int64_t n_tblocks = (n + tblock - 1) / tblock, total = n_tblocks * n_all;
+  std::atomic<int64_t> claimed{0};
+  const auto item_at = [&](int64_t g, int64_t* p, int64_t* c) {
+    const int64_t i = g % n_all;
+    *p = 0;
+    while (i >= first[*p + 1]) ++*p;
+    *c = i - first[*p];
+  };
 #pragma omp parallel
-  for (int64_t t0 = 0; t0 < n; t0 += tblock) {
-    const int64_t t1 = min64(n, t0 + tblock);
-    // Dynamic items: on a shared machine one thread often runs slower than
-    // the other, and a static split would make the other wait.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_all; ++i) {
-      int64_t p = 0;
-      while (i >= first[p + 1]) ++p;
-      run_item<D, RB>(x, k, parts[p], chunked, i - first[p], t0, t1);
+  {
+    int64_t cur = claimed.fetch_add(1, std::memory_order_relaxed);
+    while (cur < total) {
+      const int64_t nxt = claimed.fetch_add(1, std::memory_order_relaxed);
+      int64_t p, c;
+      Ahead ahead;
+      if (nxt < total) {
+        item_at(nxt, &p, &c);
+        ahead = item_bytes<D, RB>(k, parts[p], chunked, c);
+      }
+      item_at(cur, &p, &c);
+      const int64_t t0 = cur / n_all * tblock;
+      run_item<D, RB>(x, k, parts[p], chunked, c, t0, min64(n, t0 + tblock), ahead);
+      cur = nxt;
     }
   }
 }
