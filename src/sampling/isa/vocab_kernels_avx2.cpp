@@ -13,25 +13,6 @@ namespace shardlm {
 
 namespace {
 
-// fast_exp_scalar, 8 at a time: the same operations in the same order.
-inline __m256 exp8(__m256 x) {
-  __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));  // NaN -> kExpMin (MAXPS returns the second operand)
-  xc = _mm256_min_ps(xc, _mm256_set1_ps(kExpMax));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), xc);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kExpPoly[0]);
-  for (int k = 1; k < 8; ++k) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[k]));
-  const __m256i ni = _mm256_cvtps_epi32(n);  // exact: n is integral
-  const __m256i h = _mm256_srai_epi32(ni, 1);
-  const __m256i bias = _mm256_set1_epi32(127);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
-  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), bias), 23));
-  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-}
-
 // The kVocabLanes lanes in double: a 0-3, b 4-7, c 8-11, d 12-15.
 struct Lanes {
   __m256d a = _mm256_setzero_pd(), b = a, c = a, d = a;

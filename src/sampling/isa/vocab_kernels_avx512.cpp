@@ -17,25 +17,6 @@ namespace shardlm {
 
 namespace {
 
-// fast_exp_scalar, 16 at a time: the same operations in the same order.
-inline __m512 exp16(__m512 x) {
-  __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));  // NaN -> kExpMin (MAXPS returns the second operand)
-  xc = _mm512_min_ps(xc, _mm512_set1_ps(kExpMax));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), xc);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kExpPoly[0]);
-  for (int k = 1; k < 8; ++k) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[k]));
-  const __m512i ni = _mm512_cvtps_epi32(n);  // exact: n is integral
-  const __m512i h = _mm512_srai_epi32(ni, 1);
-  const __m512i bias = _mm512_set1_epi32(127);
-  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, bias), 23));
-  const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, h), bias), 23));
-  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
-  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
-}
-
 // Adds the 16 floats of v into the lanes (lo: 0-7, hi: 8-15) in double.
 inline void add_lanes(__m512d& lo, __m512d& hi, __m512 v) {
   lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
