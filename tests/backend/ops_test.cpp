@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 #include <random>
@@ -10,6 +11,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "core/fast_exp_ops.h"
 
 namespace shardlm::backend {
 namespace {
@@ -444,6 +446,46 @@ TEST(Ops, Llama3RopeScalingBands) {
     } else {
       EXPECT_LT(inv[i], plain[i]);
       EXPECT_GT(inv[i], plain[i] / 8.0f);
+    }
+  }
+}
+
+// Bit equality, NaN with NaN.
+bool same_bits(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, 4);
+  std::memcpy(&ub, &b, 4);
+  return ua == ub;
+}
+
+// silu_mul and softmax take exp from core/fast_exp_ops.h in whole vectors
+// and then element by element: every element, in the vector body or in the
+// tail, has the scalar formula's bits (so a row's values never depend on
+// where it starts or how long it is), edge inputs included.
+TEST(Ops, SiluMulAndSoftmaxGiveTheScalarFastExpBitsInVectorsAndTail) {
+  std::mt19937 rng(11);
+  for (int64_t n : {1, 7, 16, 37, 1000, 70001}) {  // 70001: split across threads
+    auto g = random_f32(n, rng, 12.0f), u = random_f32(n, rng);
+    const float edges[] = {0.0f, -0.0f, 88.0f, -88.0f, 104.5f, -104.5f, 1e-40f, INFINITY, -INFINITY, NAN};
+    for (size_t e = 0; e < std::size(edges); ++e) g[(e * 5) % n] = edges[e];
+    std::vector<float> got(n);
+    silu_mul(g.data(), u.data(), n, got.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = g[i] / (1.0f + fast_exp_scalar(-g[i])) * u[i];
+      ASSERT_TRUE(same_bits(got[i], want)) << "n " << n << " i " << i << " g " << g[i] << ": " << got[i] << " vs " << want;
+    }
+    auto row = random_f32(n, rng, 30.0f);
+    auto soft = row;
+    softmax(soft.data(), 1, n);
+    float mx = -INFINITY;
+    for (float v : row) mx = std::max(mx, v);
+    std::vector<float> want(n);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sum += (want[i] = fast_exp_scalar(row[i] - mx));
+    for (int64_t i = 0; i < n; ++i) {
+      want[i] *= 1.0f / sum;
+      ASSERT_TRUE(same_bits(soft[i], want[i])) << "softmax n " << n << " i " << i;
     }
   }
 }

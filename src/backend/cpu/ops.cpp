@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fast_exp_ops.h"
 
 #include "backend/cpu/bf16_dot_gemm.h"
 #include "backend/cpu/packed_gemm.h"
@@ -193,6 +194,21 @@ void all_values(const float* p, int64_t nh, int64_t len, int64_t j0, const VRow&
 }
 #endif
 
+// x[i] = fast_exp(x[i] - sub) (core/fast_exp_ops.h): whole vectors of the
+// widest kind this file is built for, then the same operations one element
+// at a time, so every element gets the same bits wherever it falls.
+inline void exp_shifted_inplace(float* x, int64_t n, float sub) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 s = _mm512_set1_ps(sub);
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), s)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 s = _mm256_set1_ps(sub);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
+#endif
+  for (; i < n; ++i) x[i] = fast_exp_scalar(x[i] - sub);
+}
+
 // One unit of attention work: the Q heads [h0, h1) that share local KV head
 // kvh, for one batch row, over context positions [j0, j1).
 struct AttentionItem {
@@ -298,8 +314,9 @@ void attention_typed(const float* q, const KvLayerView& c, const AttentionSeq* s
         float* ph = p.data() + h * len;
         float mx = -INFINITY;
         for (int64_t j = 0; j < len; ++j) mx = std::max(mx, ph[j]);
+        exp_shifted_inplace(ph, len, mx);
         float sum = 0.0f;
-        for (int64_t j = 0; j < len; ++j) sum += (ph[j] = std::exp(ph[j] - mx));
+        for (int64_t j = 0; j < len; ++j) sum += ph[j];  // in order: the sum depends on len alone
         maxes[h] = mx;
         sums[h] = sum;
       }
@@ -350,7 +367,7 @@ void attention_typed(const float* q, const KvLayerView& c, const AttentionSeq* s
         float denom = 0.0f;
         for (int64_t c2 = it; c2 <= last; ++c2) {
           const float* part = partials.data() + items[c2].partial * partial_stride + h * (hd + 2);
-          const float w = std::exp(part[0] - mx);
+          const float w = fast_exp_scalar(part[0] - mx);
           denom += w * part[1];
           for (int64_t i = 0; i < hd; ++i) o[i] += w * part[2 + i];
         }
@@ -491,11 +508,37 @@ void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const i
   }
 }
 
+// out = g / (1 + fast_exp(-g)) * u: vectors of the widest kind this file is
+// built for and then the same operations one element at a time (the same
+// bits either way), in blocks that the threads split when there are many.
 void silu_mul(const float* gate, const float* up, int64_t count, float* out) {
-#pragma omp parallel for simd schedule(static) if (count > 65536)
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  constexpr int64_t kBlock = 4096;
+  const int64_t n_blocks = (count + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (count > 65536)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    int64_t i = b * kBlock;
+    const int64_t end = std::min(count, i + kBlock);
+#if defined(__AVX512F__)
+    const __m512i sign = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
+    for (; i + 16 <= end; i += 16) {
+      const __m512 g = _mm512_loadu_ps(gate + i);
+      const __m512 e = exp16(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), sign)));
+      _mm512_storeu_ps(out + i,
+                       _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), _mm512_loadu_ps(up + i)));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= end; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      const __m256 e = exp8(_mm256_xor_ps(g, sign));
+      _mm256_storeu_ps(out + i,
+                       _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < end; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + fast_exp_scalar(-g)) * up[i];
+    }
   }
 }
 
@@ -519,8 +562,9 @@ void softmax(float* x, int64_t n_rows, int64_t dim) {
     float* row = x + r * dim;
     float mx = -INFINITY;
     for (int64_t i = 0; i < dim; ++i) mx = std::max(mx, row[i]);
+    exp_shifted_inplace(row, dim, mx);
     float sum = 0.0f;
-    for (int64_t i = 0; i < dim; ++i) sum += (row[i] = std::exp(row[i] - mx));
+    for (int64_t i = 0; i < dim; ++i) sum += row[i];
     const float inv = 1.0f / sum;
     for (int64_t i = 0; i < dim; ++i) row[i] *= inv;
   }
