@@ -44,8 +44,11 @@ if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   # it must succeed and leave out only the NCCL communicator.
   cmake -S . -B build-cuda-nonccl -G Ninja -DSHARDLM_CUDA=ON -DSHARDLM_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DSHARDLM_BENCH=OFF -DSHARDLM_TESTS=ON >/dev/null
-  if ninja -C build-cuda-nonccl -t targets all | grep -q '^shardlm_comm_nccl\b' ||
-     ! ninja -C build-cuda-nonccl -t targets all | grep -q '^device_local_comm_test\b'; then
+  # The target list in a variable first: with pipefail, `ninja | grep -q` fails
+  # when grep's early exit kills ninja by SIGPIPE, target found or not.
+  nonccl_targets=$(ninja -C build-cuda-nonccl -t targets all)
+  if grep -q '^shardlm_comm_nccl\b' <<<"$nonccl_targets" ||
+     ! grep -q '^device_local_comm_test\b' <<<"$nonccl_targets"; then
     echo "-DSHARDLM_NCCL=OFF: expected device_local_comm_test and no shardlm_comm_nccl target" >&2
     exit 1
   fi
