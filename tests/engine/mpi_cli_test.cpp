@@ -419,8 +419,18 @@ void serve_matches_tp1(const std::string& cli, const std::string& root, const st
     gone = kill(pid, 0) != 0 || state == "Z";  // a zombie nobody reaps has exited too
     if (!gone) usleep(100000);
   }
-  EXPECT_TRUE(gone) << "mpirun still running 30 s after SIGTERM";
-  if (!gone) kill(pid, SIGKILL);
+  if (!gone) {
+    // What is still alive, and where each of its threads waits, with the
+    // job's log: a stuck shutdown names the process and the call it sits in.
+    Proc tree = run_command("ps -eo pid,ppid,stat,wchan:32,etime,args --forest | grep -v ' grep ' | grep -A8 -- '" +
+                            std::to_string(pid) + "'");
+    Proc stacks = run_command(
+        "for p in $(pgrep -f -- '" + cli + " serve'); do echo \"== $p\"; "
+        "gdb -p $p -batch -ex 'thread apply all bt 8' 2>/dev/null | grep -E '^(Thread|#)' | head -80; done");
+    ADD_FAILURE() << "mpirun still running 30 s after SIGTERM\n" << tree.out << "\n" << stacks.out << "\nlog:\n"
+                  << log_text();
+    kill(pid, SIGKILL);
+  }
   const std::string text = log_text();
   std::string router = "shardlm router";
   for (int d = 0; d < dp; ++d) router += " --backend http://127.0.0.1:" + std::to_string(port + d);
