@@ -48,7 +48,8 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
             masks_done_ = true;
             cv_.notify_one();
           },
-          config.before_mask_job) {
+          config.before_mask_job),
+      host_workers_(std::max(0, config.host_workers)) {
   if (vocab_size_ < 1) fail(ErrorCode::kInvalidArgument, "engine: model vocab_size must be >= 1, got ", vocab_size_);
   const auto& sc = config.scheduler;
   if ((executor.n_kv_blocks() > 0 && executor.n_kv_blocks() != sc.n_blocks) ||
@@ -624,8 +625,7 @@ bool Engine::step_inner() {
     const int64_t n_sample = static_cast<int64_t>(sample_jobs_.size());
     // Only batches of real work go parallel (EngineConfig).
     const bool parallel = n_sample > 1 && n_sample * vocab_size_ >= config_.parallel_sampling_min_work;
-#pragma omp parallel for schedule(dynamic) if (parallel)
-    for (int64_t i = 0; i < n_sample; ++i) {
+    auto sample_one = [&](int64_t i) {
       SampleJob& job = sample_jobs_[size_t(i)];
       const size_t k = job.k;
       try {
@@ -634,7 +634,7 @@ bool Engine::step_inner() {
                                            job.seq->request->request.logprobs);
           sampled[k] = verified_[k].token;
           n_accepted_[k] = verified_[k].n_accepted;
-          continue;
+          return;
         }
         SampleResult res = job.seq->sampler->sample(std::span<const float>(job.logits, size_t(vocab_size_)));
         sampled[k] = res.token;
@@ -649,6 +649,13 @@ bool Engine::step_inner() {
       } catch (...) {
         job.error = std::current_exception();
       }
+    };
+    if (parallel && host_workers_.n_threads() > 1) {
+      host_workers_.parallel_for(
+          n_sample, [](void* f, int64_t i) { (*static_cast<decltype(sample_one)*>(f))(i); }, &sample_one);
+    } else {
+#pragma omp parallel for schedule(dynamic) if (parallel)
+      for (int64_t i = 0; i < n_sample; ++i) sample_one(i);
     }
     for (const SampleJob& job : sample_jobs_)
       if (job.error) std::rethrow_exception(job.error);  // the first failing row, in batch order

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/detokenizer.h"
+#include "engine/host_workers.h"
 #include "engine/mask_worker.h"
 #include "engine/metrics.h"
 #include "engine/model_executor.h"
@@ -61,6 +62,11 @@ struct EngineConfig {
   // every spin-wait of the forward's team to 100 turns (its "throttled" spin),
   // so each of a decode step's few hundred barriers sleeps in the kernel.
   int32_t host_threads = 0;
+  // Plain threads (engine/host_workers.h) beside the engine thread that
+  // sample a step's rows with it, where host_threads = 1 keeps OpenMP out:
+  // serve on the CPU with PP = 1 sets the cores less one, since the ranks'
+  // cores are idle while the engine samples. 0: the OpenMP loop.
+  int32_t host_workers = 0;
   // > 0: SchedulerConfig::max_prompt_logit_rows becomes this many bytes of
   // f32 logit rows (at least 1 row, at most max_num_batched_tokens): 64 MiB
   // is 110 positions of a 152K vocabulary per step. 0: the scheduler's value.
@@ -269,6 +275,7 @@ class Engine {
   bool masks_done_ = false;
   // Last: destroyed first, so its thread's on_done never outlives mutex_.
   MaskWorker mask_worker_;
+  HostWorkers host_workers_;  // EngineConfig::host_workers threads (none by default)
 };
 
 }  // namespace shardlm

@@ -347,6 +347,11 @@ void EngineBackend::load() {
   // The ranks' OpenMP teams own this process's cores: sampling beside them
   // in a team of its own would throttle their spin-waits (EngineConfig).
   if (options_.device.is_cpu()) ec.host_threads = 1;
+  // With PP = 1 and one replica the ranks' cores are idle while the engine
+  // samples: its rows go to plain threads on them (engine/host_workers.h),
+  // not to one core. (Pipelined stages and other replicas keep computing.)
+  if (options_.device.is_cpu() && options_.layout.pp == 1 && options_.layout.dp <= 1)
+    ec.host_workers = static_cast<int32_t>(std::min(3u, std::max(1u, std::thread::hardware_concurrency()) - 1));
   if (options_.speculative.disable_by_batch_size > 0) ec.speculative_max_decodes = options_.speculative.disable_by_batch_size;
   if (ec.speculative.enabled() && !options_.batch_invariant)
     fail(ErrorCode::kInvalidArgument, "speculative decoding needs the batch-invariant kernels (batch_invariant)");

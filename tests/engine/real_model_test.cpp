@@ -601,8 +601,8 @@ TEST(EngineRealModel, ExecutorRejectsBadLayout) {
   EXPECT_THROW({ LocalGroupExecutor e(spec, w, gopt); }, Error);
 }
 
-// serve's engine on CPU (EngineConfig::host_threads = 1) samples without an
-// OpenMP team of its own: a second team makes libgomp throttle the rank
+// serve's engine on CPU (EngineConfig::host_threads = 1, host_workers = 1)
+// samples without an OpenMP team of its own: a second team makes libgomp throttle the rank
 // team's spin-waits for the life of the process (engine.h). Counted as the
 // threads a fresh host thread adds while it runs sampled steps: itself only,
 // where a team of its own would add a pooled OpenMP worker that outlives the
@@ -622,6 +622,7 @@ TEST(EngineRealModel, CpuHostWorkStartsNoOpenMpTeamOfItsOwn) {
   cfg.scheduler.max_model_len = 64;
   cfg.parallel_sampling_min_work = 0;  // every step's rows take the parallel sampling loop
   cfg.host_threads = 1;
+  cfg.host_workers = 1;  // as serve sets it: plain threads, started with the engine, no team either
   Engine engine(cfg, executor);
   auto n_threads = [] {
     return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{});
@@ -647,6 +648,50 @@ TEST(EngineRealModel, CpuHostWorkStartsNoOpenMpTeamOfItsOwn) {
   host.join();
   EXPECT_EQ(sampled, 16);
   EXPECT_EQ(during, before + 1) << "the host thread's sampling started threads of its own (an OpenMP team?)";
+}
+
+// The rows a step samples on the engine's host workers (serve on the CPU)
+// give the tokens the single-threaded loop gives: each row's sampler is its
+// sequence's own, seeded, whichever thread runs it.
+TEST(EngineRealModel, HostWorkersSampleTheTokensOfOneThread) {
+  ModelSpec spec = testing::qwen25_7b_like(256, 2, 512, 384);
+  auto weights = testing::random_weights(spec, 5);
+  auto run = [&](int32_t workers) {
+    LocalGroupOptions gopt;
+    gopt.n_blocks = 64;
+    gopt.block_size = 4;
+    gopt.kv_dtype = DType::kF32;
+    LocalGroupExecutor executor(spec, weights, gopt);
+    EngineConfig cfg;
+    cfg.scheduler.n_blocks = 64;
+    cfg.scheduler.block_size = 4;
+    cfg.scheduler.max_model_len = 64;
+    cfg.parallel_sampling_min_work = 0;
+    cfg.host_threads = 1;
+    cfg.host_workers = workers;
+    Engine engine(cfg, executor);
+    std::vector<std::vector<int32_t>> out(6);
+    for (int i = 0; i < 6; ++i) {
+      EngineRequest r;
+      r.request_id = "s" + std::to_string(i);
+      r.prompt_token_ids = prompt_for(i, spec.vocab_size);
+      r.sampling.temperature = 1.0;
+      r.sampling.top_p = i % 2 ? 0.9 : 1.0;
+      r.sampling.seed = 11 + i;
+      r.stop.max_tokens = 5;
+      r.stop.ignore_eos = true;
+      engine.submit(r, {[&out, i](const SequenceOutput& o) {
+                      out[size_t(i)].insert(out[size_t(i)].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+                    }});
+    }
+    engine.run_until_idle();
+    return out;
+  };
+  const auto alone = run(0), pooled = run(2);
+  for (size_t i = 0; i < alone.size(); ++i) {
+    EXPECT_EQ(alone[i].size(), 5u);
+    EXPECT_EQ(pooled[i], alone[i]) << "request " << i;
+  }
 }
 
 }  // namespace
