@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # ThreadSanitizer over the threaded layers: the engine (its loop thread and
 # the submitting threads, LocalGroupExecutor's rank threads and restart),
-# comm (LocalComm), server (HTTP workers, streams, disconnects) and router
-# (upstream readers). Separate from scripts/test.sh: a TSan build of these
-# targets is another full compile (see the timing it prints). As in the ASan
+# comm (LocalComm), server (HTTP workers, streams, disconnects), router
+# (upstream readers) and the engine's host workers (sampling threads).
+# Separate from scripts/test.sh: a TSan build of these targets is another
+# full compile (see the timing it prints). As in the ASan
 # pass, only the hot code (cmake/shardlm.cmake) is built at -O1, the rest at -O0.
 #   BUILD_DIR (default build-tsan); extra args go to ctest.
 set -euo pipefail
@@ -24,7 +25,7 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 # and lock-order inversions are still reported.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_mutex_bugs=0 suppressions=$PWD/scripts/tsan.supp ${TSAN_OPTIONS:-}"
 ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" --timeout 900 \
-  -R '(Engine|EngineGrammar|EngineFaults|SamplerFaults|StopStrings|Metrics|MpiBatchWire|MpiExecutorThreads|LocalComm|LocalCommTest|HttpServerTest|SlowClientTest|HttpServerBind|RoutingPolicy|Router|RouterTest|RouterSlowStreamTest|ServeFaults)\.' \
+  -R '(Engine|HostWorkers|EngineGrammar|EngineFaults|SamplerFaults|StopStrings|Metrics|MpiBatchWire|MpiExecutorThreads|LocalComm|LocalCommTest|HttpServerTest|SlowClientTest|HttpServerBind|RoutingPolicy|Router|RouterTest|RouterSlowStreamTest|ServeFaults)\.' \
   "$@"
 t2=$(date +%s)
 echo "tsan.sh: build $((t1 - t0)) s, tests $((t2 - t1)) s"
