@@ -51,8 +51,7 @@ float max_avx2(const float* z, size_t n) {
   _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
   float m = -std::numeric_limits<float>::infinity();
   for (float v : lanes) m = v > m ? v : m;
-  for (; i < n; ++i)
-    if (z[i] > m) m = z[i];
+  m = max_from(z, i, n, m);
   return m == 0.0f ? 0.0f : m;
 }
 
@@ -63,9 +62,7 @@ size_t find_equal_avx2(const float* z, size_t n, float v) {
     const unsigned m = mask8(_mm256_cmp_ps(_mm256_loadu_ps(z + i), vv, _CMP_EQ_OQ));
     if (m) return i + static_cast<size_t>(__builtin_ctz(m));
   }
-  for (; i < n; ++i)
-    if (z[i] == v) return i;
-  return n;
+  return find_equal_from(z, i, n, v);
 }
 
 size_t find_greater_avx2(const float* z, size_t n, float v) {
@@ -75,9 +72,7 @@ size_t find_greater_avx2(const float* z, size_t n, float v) {
     const unsigned m = mask8(_mm256_cmp_ps(_mm256_loadu_ps(z + i), vv, _CMP_GT_OQ));
     if (m) return i + static_cast<size_t>(__builtin_ctz(m));
   }
-  for (; i < n; ++i)
-    if (z[i] > v) return i;
-  return n;
+  return find_greater_from(z, i, n, v);
 }
 
 ExpWeights weights_avx2(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w,
@@ -154,13 +149,7 @@ size_t compact_avx2(const float* w, const float* z, size_t n, float z_b, int32_t
       w_out[k++] = w[j];  // w[j] is not yet overwritten: k <= j
     }
   }
-  for (; i < n; ++i) {
-    if (!kept_scalar(w[i], z[i], i, z_b, b)) continue;
-    const float wi = w[i];
-    ids[k] = static_cast<int32_t>(i);
-    w_out[k++] = wi;
-  }
-  return k;
+  return compact_from(w, z, i, n, z_b, b, ids, w_out, k);
 }
 
 // The buckets of 8 logits, as bucket_scalar computes them (lanes whose
@@ -186,13 +175,7 @@ size_t bucket_mass_avx2(const float* z, const float* w, size_t n, float min_w, f
       last = kj > last ? kj : last;
     }
   }
-  for (; i < n; ++i) {
-    if (!(w[i] >= min_w)) continue;
-    const size_t kj = bucket_scalar(z[i], max_l, scale);
-    mass[kj] += w[i];
-    last = kj > last ? kj : last;
-  }
-  return last;
+  return bucket_mass_from(z, w, i, n, min_w, max_l, scale, mass, last);
 }
 
 size_t collect_bucket_avx2(const float* z, const float* w, size_t n, float min_w, float max_l, float scale, size_t k,

@@ -98,8 +98,7 @@ float max_avx512(const float* z, size_t n) {
   }
   for (; i + 16 <= n; i += 16) m0 = _mm512_max_ps(_mm512_loadu_ps(z + i), m0);
   float m = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
-  for (; i < n; ++i)
-    if (z[i] > m) m = z[i];
+  m = max_from(z, i, n, m);
   return m == 0.0f ? 0.0f : m;
 }
 
@@ -110,9 +109,7 @@ size_t find_equal_avx512(const float* z, size_t n, float v) {
     const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(z + i), vv, _CMP_EQ_OQ);
     if (m) return i + static_cast<size_t>(__builtin_ctz(m));
   }
-  for (; i < n; ++i)
-    if (z[i] == v) return i;
-  return n;
+  return find_equal_from(z, i, n, v);
 }
 
 size_t find_greater_avx512(const float* z, size_t n, float v) {
@@ -122,9 +119,7 @@ size_t find_greater_avx512(const float* z, size_t n, float v) {
     const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(z + i), vv, _CMP_GT_OQ);
     if (m) return i + static_cast<size_t>(__builtin_ctz(m));
   }
-  for (; i < n; ++i)
-    if (z[i] > v) return i;
-  return n;
+  return find_greater_from(z, i, n, v);
 }
 
 ExpWeights weights_avx512(const float* z, size_t n, float max_l, float inv_t, float min_w, float* w,
@@ -188,13 +183,7 @@ size_t compact_avx512(const float* w, const float* z, size_t n, float z_b, int32
     _mm512_storeu_ps(w_out + k, _mm512_maskz_compress_ps(m, wv));
     k += static_cast<size_t>(__builtin_popcount(m));
   }
-  for (; i < n; ++i) {
-    if (!kept_scalar(w[i], z[i], i, z_b, b)) continue;
-    const float wi = w[i];
-    ids[k] = static_cast<int32_t>(i);
-    w_out[k++] = wi;
-  }
-  return k;
+  return compact_from(w, z, i, n, z_b, b, ids, w_out, k);
 }
 
 // The buckets of 16 logits, as bucket_scalar computes them (lanes whose
@@ -221,13 +210,7 @@ size_t bucket_mass_avx512(const float* z, const float* w, size_t n, float min_w,
       last = kj > last ? kj : last;
     }
   }
-  for (; i < n; ++i) {
-    if (!(w[i] >= min_w)) continue;
-    const size_t kj = bucket_scalar(z[i], max_l, scale);
-    mass[kj] += w[i];
-    last = kj > last ? kj : last;
-  }
-  return last;
+  return bucket_mass_from(z, w, i, n, min_w, max_l, scale, mass, last);
 }
 
 size_t collect_bucket_avx512(const float* z, const float* w, size_t n, float min_w, float max_l, float scale,

@@ -14,23 +14,13 @@ void exp_scalar(const float* x, float* y, size_t n) {
 }
 
 float max_scalar(const float* z, size_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (size_t i = 0; i < n; ++i)
-    if (z[i] > m) m = z[i];  // false for NaN
+  const float m = max_from(z, 0, n, -std::numeric_limits<float>::infinity());
   return m == 0.0f ? 0.0f : m;  // +0 for either zero, whichever came first
 }
 
-size_t find_equal_scalar(const float* z, size_t n, float v) {
-  for (size_t i = 0; i < n; ++i)
-    if (z[i] == v) return i;
-  return n;
-}
+size_t find_equal_scalar(const float* z, size_t n, float v) { return find_equal_from(z, 0, n, v); }
 
-size_t find_greater_scalar(const float* z, size_t n, float v) {
-  for (size_t i = 0; i < n; ++i)
-    if (z[i] > v) return i;
-  return n;
-}
+size_t find_greater_scalar(const float* z, size_t n, float v) { return find_greater_from(z, 0, n, v); }
 
 void block_sums_scalar(const float* w, size_t n, double* sums) {
   for (size_t blk = 0; blk < n / kVocabLanes; ++blk) {
@@ -68,26 +58,12 @@ double sum_exp_scalar(const float* z, size_t n, float max_l) {
 }
 
 size_t compact_scalar(const float* w, const float* z, size_t n, float z_b, int32_t b, int32_t* ids, float* w_out) {
-  size_t k = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!kept_scalar(w[i], z[i], i, z_b, b)) continue;
-    const float wi = w[i];
-    ids[k] = static_cast<int32_t>(i);
-    w_out[k++] = wi;
-  }
-  return k;
+  return compact_from(w, z, 0, n, z_b, b, ids, w_out, 0);
 }
 
 size_t bucket_mass_scalar(const float* z, const float* w, size_t n, float min_w, float max_l, float scale,
                           double* mass) {
-  size_t last = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!(w[i] >= min_w)) continue;
-    const size_t k = bucket_scalar(z[i], max_l, scale);
-    mass[k] += w[i];
-    last = k > last ? k : last;
-  }
-  return last;
+  return bucket_mass_from(z, w, 0, n, min_w, max_l, scale, mass, 0);
 }
 
 size_t collect_bucket_scalar(const float* z, const float* w, size_t n, float min_w, float max_l, float scale, size_t k,

@@ -43,5 +43,53 @@ inline bool kept_scalar(float w, float z, size_t i, float z_b, int32_t b) {
   return w > 0.0f && (z > z_b || (z == z_b && static_cast<int64_t>(i) <= b));
 }
 
+// The element loops every path shares: the scalar kernels run them over the
+// whole row (i = 0), the vector paths over the tail after their last whole
+// vector, so each element is treated by the one definition.
+
+// max(m, z[i..n)), NaN skipped (the caller folds -0 into +0 at the end).
+inline float max_from(const float* z, size_t i, size_t n, float m) {
+  for (; i < n; ++i)
+    if (z[i] > m) m = z[i];  // false for NaN
+  return m;
+}
+
+// The first index in [i, n) whose logit equals (greater: exceeds) v, else n.
+inline size_t find_equal_from(const float* z, size_t i, size_t n, float v) {
+  for (; i < n; ++i)
+    if (z[i] == v) return i;
+  return n;
+}
+inline size_t find_greater_from(const float* z, size_t i, size_t n, float v) {
+  for (; i < n; ++i)
+    if (z[i] > v) return i;
+  return n;
+}
+
+// VocabKernels::compact over [i, n), appending at k; returns the new count.
+inline size_t compact_from(const float* w, const float* z, size_t i, size_t n, float z_b, int32_t b, int32_t* ids,
+                           float* w_out, size_t k) {
+  for (; i < n; ++i) {
+    if (!kept_scalar(w[i], z[i], i, z_b, b)) continue;
+    const float wi = w[i];
+    ids[k] = static_cast<int32_t>(i);
+    w_out[k++] = wi;
+  }
+  return k;
+}
+
+// VocabKernels::bucket_mass over [i, n); returns the highest bucket hit
+// (at least `last`).
+inline size_t bucket_mass_from(const float* z, const float* w, size_t i, size_t n, float min_w, float max_l,
+                               float scale, double* mass, size_t last) {
+  for (; i < n; ++i) {
+    if (!(w[i] >= min_w)) continue;
+    const size_t kj = bucket_scalar(z[i], max_l, scale);
+    mass[kj] += w[i];
+    last = kj > last ? kj : last;
+  }
+  return last;
+}
+
 }  // namespace
 }  // namespace shardlm
