@@ -26,12 +26,7 @@ namespace {
 using test_inputs::random_f32;
 using test_inputs::random_weights;
 
-std::vector<CpuIsa> isas_here() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa i : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16})
-    if (static_cast<int>(i) <= static_cast<int>(detected_cpu_isa())) out.push_back(i);
-  return out;
-}
+std::vector<CpuIsa> isas_here() { return test_inputs::isas_up_to(detected_cpu_isa()); }
 
 const int kBatches[] = {3, 5, 16, 64};
 

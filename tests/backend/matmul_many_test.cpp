@@ -25,12 +25,7 @@ namespace {
 using test_inputs::random_f32;
 using test_inputs::random_weights;
 
-std::vector<CpuIsa> isas_here() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa i : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16})
-    if (static_cast<int>(i) <= static_cast<int>(active_cpu_isa())) out.push_back(i);
-  return out;
-}
+std::vector<CpuIsa> isas_here() { return test_inputs::isas_up_to(active_cpu_isa()); }
 
 // Bit-equal, with the first differing element named.
 void expect_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
