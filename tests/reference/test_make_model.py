@@ -7,6 +7,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -251,6 +252,8 @@ def main():
         check(needle in r.stderr, f"make-model {args}: error does not mention {needle!r}: {r.stderr}")
 
     print(f"{len(FAILURES)} failure(s)")
+    if not FAILURES and not os.environ.get("SHARDLM_KEEP_WORK"):
+        shutil.rmtree(w)  # 180 MB of checkpoints; a failing run keeps them
     sys.exit(1 if FAILURES else 0)
 
 
