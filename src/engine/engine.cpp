@@ -522,9 +522,8 @@ bool Engine::step_inner() {
     if (sc.need_logits) sample_row[k] = sc.all_logits ? n_logits - 1 : first_row[k];
     any_prompt_logits = any_prompt_logits || sc.all_logits;
   }
-  logits_.resize(size_t(n_logits * vocab_size_));  // collect writes every entry: no zero fill
   try {
-    executor_.collect(logits_.data());
+    executor_.collect_into(logits_, n_logits);  // every entry written: no zero fill
   } catch (const std::exception& e) {
     // The KV of the scheduled sequences is in doubt: end them with the error.
     executor_failed(plan, e);

@@ -197,17 +197,31 @@ void LocalGroupExecutor::submit(ForwardBatch batch) {
   cv_.notify_all();
 }
 
-void LocalGroupExecutor::collect(float* logits) {
-  std::unique_lock<std::mutex> lock(mutex_);
+std::shared_ptr<LocalGroupExecutor::Job> LocalGroupExecutor::wait_oldest(std::unique_lock<std::mutex>& lock) {
   SHARDLM_CHECK(!jobs_.empty(), "collect with no batch submitted");
   // A failed rank aborts the world, so its peers fail too instead of waiting.
   cv_.wait(lock, [&] { return broken_ || jobs_.front()->n_done == n_ranks_; });
   if (broken_) std::rethrow_exception(error_);
   std::shared_ptr<Job> job = std::move(jobs_.front());
   jobs_.pop_front();
+  return job;
+}
+
+void LocalGroupExecutor::collect(float* logits) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::shared_ptr<Job> job = wait_oldest(lock);
   lock.unlock();
   std::copy(job->logits.begin(), job->logits.end(), logits);
   lock.lock();
+  if (static_cast<int>(spare_logits_.size()) < max_in_flight()) spare_logits_.push_back(std::move(job->logits));
+}
+
+void LocalGroupExecutor::collect_into(std::vector<float>& logits, int64_t n_logits) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::shared_ptr<Job> job = wait_oldest(lock);
+  SHARDLM_CHECK(static_cast<int64_t>(job->logits.size()) == n_logits * vocab_size_, "collect_into: the batch has ",
+                job->logits.size() / static_cast<size_t>(vocab_size_), " logit rows, the caller expects ", n_logits);
+  std::swap(logits, job->logits);
   if (static_cast<int>(spare_logits_.size()) < max_in_flight()) spare_logits_.push_back(std::move(job->logits));
 }
 

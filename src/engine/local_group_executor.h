@@ -64,6 +64,7 @@ class LocalGroupExecutor final : public ModelExecutor {
   int max_in_flight() const override { return options_.layout.pp; }
   void submit(ForwardBatch batch) override;
   void collect(float* logits) override;
+  void collect_into(std::vector<float>& logits, int64_t n_logits) override;  // no copy: the job's buffer
   int64_t n_kv_blocks() const override { return options_.n_blocks; }
   int64_t n_local_kv_blocks() const override { return options_.n_local_blocks; }
   int64_t kv_block_size() const override { return options_.block_size; }
@@ -117,6 +118,9 @@ class LocalGroupExecutor final : public ModelExecutor {
     int n_started = 0;
     int n_done = 0;
   };
+  // Waits (lock held) until every rank finished the oldest job, and takes it
+  // off jobs_; rethrows a rank's failure.
+  std::shared_ptr<Job> wait_oldest(std::unique_lock<std::mutex>& lock);
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

@@ -271,7 +271,10 @@ void MpiGroupExecutor::submit(ForwardBatch batch) {
     InFlight job;
     job.batch = std::move(batch);
     const bool single_stage = options_.layout.pp == 1;
-    if (single_stage) job.logits.resize(static_cast<size_t>(job.batch.n_logits() * vocab_size_));
+    if (single_stage) {
+      job.logits = std::move(spare_logits_);  // no vocab-sized allocation and zero fill per step
+      job.logits.resize(static_cast<size_t>(job.batch.n_logits() * vocab_size_));
+    }
     model_->run_stage(job.batch, cache_, single_stage ? job.logits.data() : nullptr);
     in_flight_.push_back(std::move(job));
   } catch (const std::exception& e) {
@@ -287,12 +290,27 @@ void MpiGroupExecutor::collect(float* logits) {
   try {
     if (options_.layout.pp == 1) {
       std::copy(job.logits.begin(), job.logits.end(), logits);
+      spare_logits_ = std::move(job.logits);
     } else {
       model_->receive_logits(job.batch, logits);
     }
   } catch (const std::exception& e) {
     abort_world("receiving logits", e);
   }
+}
+
+void MpiGroupExecutor::collect_into(std::vector<float>& logits, int64_t n_logits) {
+  if (!is_driver()) fail(ErrorCode::kInternal, "collect is for the replica's driver");
+  if (options_.layout.pp != 1 || in_flight_.empty()) {  // the last stage's logits arrive by message
+    ModelExecutor::collect_into(logits, n_logits);
+    return;
+  }
+  InFlight job = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  SHARDLM_CHECK(static_cast<int64_t>(job.logits.size()) == n_logits * vocab_size_, "collect_into: the batch has ",
+                job.logits.size() / static_cast<size_t>(vocab_size_), " logit rows, the caller expects ", n_logits);
+  std::swap(logits, job.logits);
+  spare_logits_ = std::move(job.logits);
 }
 
 void MpiGroupExecutor::execute(const ForwardBatch& batch, float* logits) {

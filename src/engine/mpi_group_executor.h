@@ -81,6 +81,7 @@ class MpiGroupExecutor final : public ModelExecutor {
   int max_in_flight() const override { return options_.layout.pp; }
   void submit(ForwardBatch batch) override;  // driver only
   void collect(float* logits) override;      // driver only
+  void collect_into(std::vector<float>& logits, int64_t n_logits) override;  // driver only; PP = 1: no copy
   int64_t n_kv_blocks() const override { return options_.n_blocks; }
   int64_t n_local_kv_blocks() const override { return options_.n_local_blocks; }
   int64_t kv_block_size() const override { return options_.block_size; }
@@ -129,6 +130,7 @@ class MpiGroupExecutor final : public ModelExecutor {
   std::vector<RankBytes> rank_bytes_;
   ForwardBatch batch_;  // the decoded batch (workers)
   std::deque<InFlight> in_flight_;  // driver
+  std::vector<float> spare_logits_;  // driver, PP = 1: a collected batch's buffer, for the next submit
   bool shut_down_ = false;
   bool aborted_ = false;  // abort_world ran: the replica cannot run again (no restart across processes)
 };

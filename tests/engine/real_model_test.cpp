@@ -694,5 +694,40 @@ TEST(EngineRealModel, HostWorkersSampleTheTokensOfOneThread) {
   }
 }
 
+// collect_into hands over the buffer the last stage wrote the logits into
+// and keeps the caller's as the group's next spare, so a step moves no
+// [rows, vocab] copy (9.7 MB at 16 rows of a 152K vocabulary): the caller's
+// vector comes back holding the group's buffer, then its own old one, with
+// the logits that collect() copies out. At PP = 2 too, where two buffers are
+// in flight.
+TEST(EngineRealModel, CollectIntoHandsOverTheLogitsBufferWithoutACopy) {
+  ModelSpec spec = testing::qwen25_7b_like(256, 2, 512, 384);
+  auto weights = testing::random_weights(spec, 5);
+  for (int pp : {1, 2}) {
+    LocalGroupOptions gopt;
+    gopt.layout.pp = pp;
+    gopt.n_blocks = 16;
+    gopt.block_size = 4;
+    gopt.kv_dtype = DType::kF32;
+    gopt.n_threads_per_rank = 1;
+    LocalGroupExecutor executor(spec, weights, gopt);
+    ForwardBatch b;  // one 6-token prompt in blocks 0 and 1, its last row's logits
+    b.token_ids = {3, 141, 59, 26, 5, 35};
+    b.seqs = {{6, 0, {0, 1}, /*need_logits=*/true, /*all_logits=*/false}};
+    std::vector<float> want(size_t(spec.vocab_size));
+    executor.execute(b, want.data());  // the copying path, run once more each time below (the same KV is rewritten)
+    std::vector<float> mine(want.size(), -1.0f);
+    const float* own = mine.data();
+    executor.submit(b);
+    executor.collect_into(mine, 1);
+    EXPECT_NE(mine.data(), own) << "pp " << pp << ": collect_into copied into the caller's buffer";
+    EXPECT_EQ(mine, want) << "pp " << pp;
+    executor.submit(b);
+    executor.collect_into(mine, 1);
+    EXPECT_EQ(mine.data(), own) << "pp " << pp << ": the caller's old buffer was not the group's next spare";
+    EXPECT_EQ(mine, want) << "pp " << pp;
+  }
+}
+
 }  // namespace
 }  // namespace shardlm
