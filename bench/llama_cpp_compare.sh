@@ -46,7 +46,9 @@
 #       16, 16 requests of distinct random token-id prompts (128 ids, so the prefix cache has
 #       nothing to reuse) and 64 output tokens each: its output tokens/s, which includes the
 #       prefill and HTTP that llama-batched-bench's S_TG leaves out, and 16 ÷ its median
-#       time per output token (the decode rate while the 16 stream, first tokens excluded);
+#       time per output token (the decode rate while the 16 stream, first tokens excluded), and
+#       16 ÷ its median inter-token latency (the same without the prefill steps of requests that
+#       reached the engine after its first step, which a TPOT holds);
 #       A llama-batched-bench -npp 128 -ntg 64 -npl 16 (16 distinct 128-token prompts, 64 tokens
 #       each), 16 × 64 ÷ its total time: llama.cpp's output tokens/s of the same workload, prefill
 #       included, which the serve output row is compared with (the TPOT row stays against S_TG);
