@@ -713,7 +713,10 @@ TEST(EngineRealModel, CollectIntoHandsOverTheLogitsBufferWithoutACopy) {
     LocalGroupExecutor executor(spec, weights, gopt);
     ForwardBatch b;  // one 6-token prompt in blocks 0 and 1, its last row's logits
     b.token_ids = {3, 141, 59, 26, 5, 35};
-    b.seqs = {{6, 0, {0, 1}, /*need_logits=*/true, /*all_logits=*/false}};
+    b.seqs.resize(1);
+    b.seqs[0].n_tokens = 6;
+    b.seqs[0].block_table = {0, 1};
+    b.seqs[0].need_logits = true;
     std::vector<float> want(size_t(spec.vocab_size));
     executor.execute(b, want.data());  // the copying path, run once more each time below (the same KV is rewritten)
     std::vector<float> mine(want.size(), -1.0f);
