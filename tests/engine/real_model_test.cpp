@@ -40,6 +40,20 @@ std::vector<int32_t> greedy_tokens(Engine& engine, const std::string& id, std::v
   return got;
 }
 
+// A local rank group of tp x pp ranks as these tests run it: blocks of 4
+// tokens, an f32 KV cache (the reference's arithmetic), one backend thread
+// per rank (OpenMP spinning on a shared 2-core machine costs more than it gives).
+LocalGroupOptions f32_group(int tp, int pp, int64_t n_blocks) {
+  LocalGroupOptions gopt;
+  gopt.layout.tp = tp;
+  gopt.layout.pp = pp;
+  gopt.n_blocks = n_blocks;
+  gopt.block_size = 4;
+  gopt.kv_dtype = DType::kF32;
+  gopt.n_threads_per_rank = 1;
+  return gopt;
+}
+
 // Requests 0 .. n-1 (prompt_for(i)) greedy and concurrent, EOS ignored; their output tokens.
 std::map<int, std::vector<int32_t>> greedy_batch(Engine& engine, int n, int64_t vocab, int max_tokens) {
   std::map<int, std::vector<int32_t>> got;
@@ -80,13 +94,7 @@ int64_t run_engine_against_reference(int tp, int pp, int32_t n_blocks, bool expe
     want[i] = generate_local(spec, weights, prompt_for(i, spec.vocab_size), opt).tokens;
   }
 
-  LocalGroupOptions gopt;
-  gopt.layout.tp = tp;
-  gopt.layout.pp = pp;
-  gopt.n_blocks = n_blocks;
-  gopt.block_size = 4;
-  gopt.kv_dtype = DType::kF32;
-  gopt.n_threads_per_rank = 1;  // OpenMP spinning on a shared 2-core machine costs more than it gives
+  const LocalGroupOptions gopt = f32_group(tp, pp, n_blocks);
   LocalGroupExecutor executor(spec, weights, gopt);
   EXPECT_GT(executor.kv_block_bytes_rank0(), 0);
   EngineConfig cfg;
@@ -190,11 +198,7 @@ TEST(EngineRealModel, LongRopeMatchesGenerateLocalUnderChunkingAndPrefixCaching)
     opt.block_size = 4;
     want.push_back(generate_local(spec, weights, p, opt).tokens);
   }
-  LocalGroupOptions gopt;
-  gopt.n_blocks = 64;
-  gopt.block_size = 4;
-  gopt.kv_dtype = DType::kF32;
-  gopt.n_threads_per_rank = 1;
+  const LocalGroupOptions gopt = f32_group(1, 1, 64);
   LocalGroupExecutor executor(spec, weights, gopt);
   EngineConfig cfg;
   cfg.scheduler.n_blocks = 64;
@@ -265,13 +269,7 @@ void run_sliding_window_engine(int tp, int pp = 1) {
   }
 
   constexpr int32_t kBlocks = 12;
-  LocalGroupOptions gopt;
-  gopt.layout.tp = tp;
-  gopt.layout.pp = pp;
-  gopt.n_blocks = kBlocks;
-  gopt.block_size = 4;
-  gopt.kv_dtype = DType::kF32;
-  gopt.n_threads_per_rank = 1;
+  const LocalGroupOptions gopt = f32_group(tp, pp, kBlocks);
   LocalGroupExecutor executor(spec, weights, gopt);
   EngineConfig cfg;
   cfg.scheduler.n_blocks = kBlocks;
@@ -322,11 +320,7 @@ TEST(EngineRealModel, SlidingWindowBoundsTheBlocksOfOneLongSequence) {
   opt.block_size = 4;
   const std::vector<int32_t> want = generate_local(spec, weights, prompt, opt).tokens;
   for (int32_t window : {0, 6}) {  // 0: the scheduler keeps every block (the path before the window freed any)
-    LocalGroupOptions gopt;
-    gopt.n_blocks = 64;
-    gopt.block_size = 4;
-    gopt.kv_dtype = DType::kF32;
-    gopt.n_threads_per_rank = 1;
+    const LocalGroupOptions gopt = f32_group(1, 1, 64);
     LocalGroupExecutor executor(spec, weights, gopt);
     EngineConfig cfg;
     cfg.scheduler.n_blocks = 64;
@@ -393,14 +387,8 @@ void run_gemma3_hybrid_engine(int tp, int pp) {
     ASSERT_EQ(want[i].size(), size_t(kMaxTokens));
   }
   constexpr int32_t kBlocks = 64, kLocalBlocks = 6;
-  LocalGroupOptions gopt;
-  gopt.layout.tp = tp;
-  gopt.layout.pp = pp;
-  gopt.n_blocks = kBlocks;
+  LocalGroupOptions gopt = f32_group(tp, pp, kBlocks);
   gopt.n_local_blocks = kLocalBlocks;
-  gopt.block_size = 4;
-  gopt.kv_dtype = DType::kF32;
-  gopt.n_threads_per_rank = 1;
   LocalGroupExecutor executor(spec, weights, gopt);
   EngineConfig cfg;
   cfg.scheduler.n_blocks = kBlocks;
@@ -441,12 +429,8 @@ TEST(EngineRealModel, Gemma3LocalPoolBoundsOneLongSequence) {
   opt.kv_dtype = DType::kF32;
   opt.block_size = 4;
   const std::vector<int32_t> want = generate_local(spec, weights, prompt, opt).tokens;
-  LocalGroupOptions gopt;
-  gopt.n_blocks = 64;
+  LocalGroupOptions gopt = f32_group(1, 1, 64);
   gopt.n_local_blocks = 64;
-  gopt.block_size = 4;
-  gopt.kv_dtype = DType::kF32;
-  gopt.n_threads_per_rank = 1;
   LocalGroupExecutor executor(spec, weights, gopt);
   EngineConfig cfg;
   cfg.scheduler.n_blocks = 64;
@@ -493,13 +477,7 @@ TEST(EngineRealModel, PipelineWithPreemptionMatchesGenerateLocal) {
 void check_prompt_logprobs_match_generation(int tp, int pp) {
   ModelSpec spec = testing::qwen25_7b_like(256, 2, 512, 384);
   auto weights = testing::random_weights(spec, 3);
-  LocalGroupOptions gopt;
-  gopt.layout.tp = tp;
-  gopt.layout.pp = pp;
-  gopt.n_blocks = 64;
-  gopt.block_size = 4;
-  gopt.kv_dtype = DType::kF32;
-  gopt.n_threads_per_rank = 1;
+  const LocalGroupOptions gopt = f32_group(tp, pp, 64);
   LocalGroupExecutor executor(spec, weights, gopt);
   EngineConfig cfg;
   cfg.scheduler.n_blocks = 64;
@@ -610,10 +588,7 @@ TEST(EngineRealModel, ExecutorRejectsBadLayout) {
 TEST(EngineRealModel, CpuHostWorkStartsNoOpenMpTeamOfItsOwn) {
   ModelSpec spec = testing::qwen25_7b_like(256, 2, 512, 384);
   auto weights = testing::random_weights(spec, 5);
-  LocalGroupOptions gopt;
-  gopt.n_blocks = 64;
-  gopt.block_size = 4;
-  gopt.kv_dtype = DType::kF32;
+  LocalGroupOptions gopt = f32_group(1, 1, 64);
   gopt.n_threads_per_rank = 2;  // the rank's own team: the one that should stay alone
   LocalGroupExecutor executor(spec, weights, gopt);
   EngineConfig cfg;
@@ -704,13 +679,7 @@ TEST(EngineRealModel, CollectIntoHandsOverTheLogitsBufferWithoutACopy) {
   ModelSpec spec = testing::qwen25_7b_like(256, 2, 512, 384);
   auto weights = testing::random_weights(spec, 5);
   for (int pp : {1, 2}) {
-    LocalGroupOptions gopt;
-    gopt.layout.pp = pp;
-    gopt.n_blocks = 16;
-    gopt.block_size = 4;
-    gopt.kv_dtype = DType::kF32;
-    gopt.n_threads_per_rank = 1;
-    LocalGroupExecutor executor(spec, weights, gopt);
+    LocalGroupExecutor executor(spec, weights, f32_group(1, pp, 16));
     ForwardBatch b;  // one 6-token prompt in blocks 0 and 1, its last row's logits
     b.token_ids = {3, 141, 59, 26, 5, 35};
     b.seqs.resize(1);
