@@ -219,8 +219,7 @@ void LocalGroupExecutor::collect(float* logits) {
 void LocalGroupExecutor::collect_into(std::vector<float>& logits, int64_t n_logits) {
   std::unique_lock<std::mutex> lock(mutex_);
   std::shared_ptr<Job> job = wait_oldest(lock);
-  SHARDLM_CHECK(static_cast<int64_t>(job->logits.size()) == n_logits * vocab_size_, "collect_into: the batch has ",
-                job->logits.size() / static_cast<size_t>(vocab_size_), " logit rows, the caller expects ", n_logits);
+  check_logit_rows(job->logits.size(), n_logits, vocab_size_);
   std::swap(logits, job->logits);
   if (static_cast<int>(spare_logits_.size()) < max_in_flight()) spare_logits_.push_back(std::move(job->logits));
 }

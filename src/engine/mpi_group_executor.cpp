@@ -307,8 +307,7 @@ void MpiGroupExecutor::collect_into(std::vector<float>& logits, int64_t n_logits
   }
   InFlight job = std::move(in_flight_.front());
   in_flight_.pop_front();
-  SHARDLM_CHECK(static_cast<int64_t>(job.logits.size()) == n_logits * vocab_size_, "collect_into: the batch has ",
-                job.logits.size() / static_cast<size_t>(vocab_size_), " logit rows, the caller expects ", n_logits);
+  check_logit_rows(job.logits.size(), n_logits, vocab_size_);
   std::swap(logits, job.logits);
   spare_logits_ = std::move(job.logits);
 }
