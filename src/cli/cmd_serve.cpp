@@ -65,6 +65,7 @@ struct ServeOptions {
   int64_t max_pending_requests = 1024;
   int64_t max_waiting_requests = -1;  // >= 0: live bound = max_num_seqs + this
   int max_executor_restarts = 3;
+  double burst_window_ms = 20.0;
   std::string debug_fail = "";  // RANK:BATCH (test hook)
   int http_threads = 0;         // 0: sized from max-num-seqs and max-pending-requests
   size_t max_body_bytes = 8u << 20;
@@ -202,6 +203,7 @@ int run_serve(const ServeOptions& given) {
   bo.chat_template_limits = o.chat_template_limits;
   bo.max_waiting_requests = o.max_waiting_requests >= 0 ? o.max_num_seqs + o.max_waiting_requests : o.max_pending_requests;
   bo.max_executor_restarts = o.max_executor_restarts;
+  bo.burst_window_ms = o.burst_window_ms;
   if (!o.debug_fail.empty()) {
     const size_t colon = o.debug_fail.find(':');
     char* end = nullptr;
@@ -360,6 +362,11 @@ void setup(CLI::App& app) {
   sub->add_option("--max-executor-restarts", o->max_executor_restarts,
                   "Times a failed rank group is restarted in process; then serve exits non-zero")
       ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--burst-window-ms", o->burst_window_ms,
+                  "An idle engine holds the first requests of a burst up to this long while the HTTP server is still "
+                  "reading and parsing the rest, so that the burst is prefilled together; a lone request is not held "
+                  "(0: off)")
+      ->capture_default_str()->check(CLI::Range(0.0, 3600000.0));
   sub->add_option("--threads-http", o->http_threads,
                   "HTTP worker threads, one per open request (default: --max-pending-requests + 16)")
       ->check(CLI::Range(2, 1 << 16));

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 
@@ -71,8 +72,16 @@ Engine::Engine(const EngineConfig& config, ModelExecutor& executor, const Detoke
     fail(ErrorCode::kInvalidArgument, "engine: speculative_max_decodes must be >= 0, got ", config.speculative_max_decodes);
   max_in_flight_ = std::max(1, executor.max_in_flight());
   if (config.max_batches_in_flight > 0) max_in_flight_ = std::min(max_in_flight_, int(config.max_batches_in_flight));
+  if (config.burst_window_ms < 0 || !std::isfinite(config.burst_window_ms))
+    fail(ErrorCode::kInvalidArgument, "engine: burst_window_ms must be a finite number >= 0, got ", config.burst_window_ms);
   metrics_.update([&](MetricsSnapshot& m) { m.spec_decode_positions = config.speculative.num_speculative_tokens; });
   update_gauges();
+  // Last: nothing after it throws, so the destructor always removes it.
+  if (config_.arrivals)
+    arrivals_listener_ = config_.arrivals->add_listener([this] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cv_.notify_one();
+    });
 }
 
 Engine::~Engine() {
@@ -81,6 +90,7 @@ Engine::~Engine() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardlm engine: error while stopping: %s\n", e.what());
   }
+  if (arrivals_listener_) config_.arrivals->remove_listener(arrivals_listener_);
 }
 
 void Engine::validate(const EngineRequest& r) const {
@@ -185,6 +195,7 @@ void Engine::loop() {
       cv_.wait(lock, [&] {
         return !queue_.empty() || stop_requested_ || masks_done_ || (!idle() && !waiting_for_masks_);
       });
+      if (idle() && !stop_requested_ && config_.arrivals && config_.burst_window_ms > 0) gather_burst(lock);
       masks_done_ = false;
       waiting_for_masks_ = false;
       stopping = stop_requested_;
@@ -206,6 +217,59 @@ void Engine::loop() {
       std::fprintf(stderr, "shardlm engine: step failed: %s\n", e.what());
       abort_all(std::string("internal engine error: ") + e.what());
     }
+  }
+}
+
+void Engine::gather_burst(std::unique_lock<std::mutex>& lock) {
+  Arrivals& arrivals = *config_.arrivals;
+  Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
+  int64_t n_submits = 0;
+  auto count = [&] {
+    n_submits = 0;
+    for (const Command& c : queue_)
+      if (c.kind == Command::Kind::kSubmit) {
+        ++n_submits;
+        first = std::min(first, c.time);
+        last = std::max(last, c.time);
+      }
+  };
+  count();
+  if (n_submits == 0) return;
+  const auto deadline =
+      first + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config_.burst_window_ms));
+  const auto quiet = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(kBurstQuietMs));
+  bool noted = false;
+  Clock::time_point held_since;
+  struct Record {  // the hold, in the metrics, however it ends
+    Engine& e;
+    const bool& noted;
+    const Clock::time_point& since;
+    ~Record() {
+      if (!noted) return;
+      const double s = std::chrono::duration<double>(Clock::now() - since).count();
+      e.metrics_.update([s](MetricsSnapshot& m) {
+        ++m.burst_holds_total;
+        m.burst_hold_seconds_total += s;
+      });
+    }
+  } record{*this, noted, held_since};
+  for (;;) {
+    const int64_t pending = arrivals.n_pending();
+    const auto now = Clock::now();
+    if (stop_requested_ || now >= deadline) return;
+    auto until = deadline;
+    if (pending == 0) {
+      if (n_submits < 2) return;  // a lone request goes at once
+      until = std::min(until, std::max(last, arrivals.last_announced()) + quiet);
+      if (now >= until) return;
+    }
+    if (!noted) {
+      arrivals.note_engine_waiting();
+      noted = true;
+      held_since = now;
+    }
+    cv_.wait_until(lock, until);  // a submission, an announcement or a release wakes it
+    count();
   }
 }
 

@@ -115,6 +115,11 @@ std::string Metrics::render_prometheus(const std::string& model_name) const {
   w.counter("shardlm:grammar_masks_deferred_total",
             "Structured-output masks of new grammar states computed off the engine thread while their sequence waited.",
             double(m.grammar_masks_deferred_total));
+  w.counter("shardlm:burst_holds_total",
+            "Times an idle engine held the first requests of a burst while the HTTP server read the rest (--burst-window-ms).",
+            double(m.burst_holds_total));
+  w.counter("shardlm:burst_hold_seconds_total", "Time those holds lasted, summed (it counts in the held requests' TTFT).",
+            m.burst_hold_seconds_total);
   w.counter("shardlm:executor_failures_total", "Model executor failures that broke the rank group.",
             double(m.executor_failures_total));
   w.counter("shardlm:executor_restarts_total", "In-place restarts of the model executor after a failure.",

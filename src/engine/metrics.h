@@ -37,7 +37,9 @@ struct MetricsSnapshot {
   int64_t prefix_cache_queries_total = 0;  // tokens
   int64_t prefix_cache_hits_total = 0;     // tokens
   int64_t pipeline_overlapped_batches_total = 0;  // submitted while an earlier batch was in the pipeline
-  int64_t grammar_masks_deferred_total = 0;  // new grammar states whose masks were computed off the engine thread
+  int64_t grammar_masks_deferred_total = 0;
+  int64_t burst_holds_total = 0;            // times an idle engine held a burst's first submissions (engine/arrivals.h)
+  double burst_hold_seconds_total = 0.0;    // how long those holds lasted, summed  // new grammar states whose masks were computed off the engine thread
   // Speculative decoding (vLLM's spec_decode_* counters), rendered while
   // spec_decode_positions > 0 (the engine's num_speculative_tokens).
   int32_t spec_decode_positions = 0;

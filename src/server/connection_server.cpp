@@ -173,6 +173,7 @@ class ConnectionStream final : public httplib::Stream {
 thread_local int t_socket = -1;
 thread_local const RequestHead* t_head = nullptr;
 thread_local ConnectionStream* t_stream = nullptr;
+thread_local Arrivals::Ticket* t_arrival = nullptr;
 
 // httplib's accept loop hands each accepted socket to its task queue. Ours
 // runs the hand-off on the accept thread: it only gives the socket to the
@@ -238,12 +239,18 @@ void ConnectionServer::dispatch(int sock, GateOutcome outcome, int n_served, Hea
     pool_->enqueue([sock, answer = std::move(outcome.answer)] { send_answer_and_close(sock, answer); });
     return;
   }
-  pool_->enqueue([this, sock, head = std::move(outcome.head), n_served, received = std::move(received)]() mutable {
-    serve(sock, head, n_served, std::move(received));
+  // GETs never reach the engine: only a POST may be part of a burst.
+  Arrivals::Ticket arrival;
+  if (arrivals_ && outcome.head.method == "POST") arrival = arrivals_->announce();
+  pool_->enqueue([this, sock, head = std::move(outcome.head), n_served, received = std::move(received),
+                  arrival = std::make_shared<Arrivals::Ticket>(std::move(arrival))]() mutable {
+    serve(sock, head, n_served, std::move(received), *arrival);
+    arrival->release();
   });
 }
 
-void ConnectionServer::serve(int sock, const RequestHead& head, int n_served, HeadWaiter::Received received) {
+void ConnectionServer::serve(int sock, const RequestHead& head, int n_served, HeadWaiter::Received received,
+                             Arrivals::Ticket& arrival) {
   if (n_served > 0) ++n_reused_;
   uint64_t body_bytes = std::stoull(head.field("content-length").value_or("0"));  // the gate checked it
   std::string head_bytes = std::move(received.bytes);
@@ -263,17 +270,20 @@ void ConnectionServer::serve(int sock, const RequestHead& head, int n_served, He
   ConnectionStream strm(sock, std::move(head_bytes), body_bytes, limits_, head.version == "HTTP/1.1",
                         received.sent_continue);
   struct Scope {
-    Scope(int s, const RequestHead* h, ConnectionStream* st) {
+    Scope(int s, const RequestHead* h, ConnectionStream* st, Arrivals::Ticket* a) {
       t_socket = s;
       t_head = h;
       t_stream = st;
+      t_arrival = a;
     }
     ~Scope() {
+      if (t_arrival) t_arrival->release();
       t_socket = -1;
       t_head = nullptr;
       t_stream = nullptr;
+      t_arrival = nullptr;
     }
-  } scope(sock, &head, &strm);
+  } scope(sock, &head, &strm, &arrival);
   const bool last = size_t(n_served) + 1 >= limits_.max_requests_per_connection || !is_running();
   bool closed_by_request = false;
   const bool ok = httplib_server_process_request(this, strm, last, closed_by_request, {});
@@ -282,6 +292,10 @@ void ConnectionServer::serve(int sock, const RequestHead& head, int n_served, He
 }
 
 int ConnectionServer::current_socket() { return t_socket; }
+
+void ConnectionServer::release_current_arrival() {
+  if (t_arrival) t_arrival->release();
+}
 
 const RequestHead* ConnectionServer::current_head() { return t_head; }
 

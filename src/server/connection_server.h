@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "engine/arrivals.h"
 #include "server/head_waiter.h"
 #include "server/request_gate.h"
 
@@ -59,8 +60,16 @@ class ConnectionServer : public httplib::Server {
   // it; nullptr outside a handler.
   static const RequestHead* current_head();
 
+  // The request the calling thread serves has gone to the engine (or never
+  // will): its announcement (set_arrivals) is withdrawn. A no-op when there
+  // is none; the end of the request withdraws it anyway.
+  static void release_current_arrival();
+
   // Call before listening.
   void set_gate_limits(const GateLimits& limits);
+  // Each POST is announced to `arrivals` when its head and body are in,
+  // before a worker parses it (engine/arrivals.h: burst admission).
+  void set_arrivals(std::shared_ptr<Arrivals> arrivals) { arrivals_ = std::move(arrivals); }
   void set_head_check(HeadCheck check) { check_ = std::move(check); }
 
   // Requests refused from their head alone (any status), and connections
@@ -77,11 +86,13 @@ class ConnectionServer : public httplib::Server {
  private:
   bool process_and_close_socket(socket_t sock) override;
   void dispatch(int sock, GateOutcome outcome, int n_served, HeadWaiter::Received received);
-  void serve(int sock, const RequestHead& head, int n_served, HeadWaiter::Received received);
+  void serve(int sock, const RequestHead& head, int n_served, HeadWaiter::Received received,
+             Arrivals::Ticket& arrival);
 
   const size_t max_threads_;
   GateLimits limits_;
   HeadCheck check_;
+  std::shared_ptr<Arrivals> arrivals_;
   std::unique_ptr<WorkerPool> pool_;  // serves requests; made when listening starts
   std::unique_ptr<HeadWaiter> waiter_;  // made when listening starts (serve listens once)
   std::atomic<HeadWaiter*> waiter_view_{nullptr};  // waiter_, for the counters read from other threads

@@ -68,6 +68,9 @@ class EngineStream final : public RequestStream {
     if (!done()) cancel();
   }
   bool next(std::vector<GenerateEvent>* out, std::chrono::milliseconds timeout) override {
+    // The handler submitted all it will and now waits: an idle engine
+    // holding a burst need not wait for this request any longer.
+    ConnectionServer::release_current_arrival();
     std::unique_lock<std::mutex> lock(state_->mutex);
     state_->cv.wait_for(lock, timeout, [&] { return !state_->events.empty() || state_->finished; });
     if (state_->events.empty()) return false;
@@ -344,6 +347,8 @@ void EngineBackend::load() {
   ec.max_live_requests = static_cast<int32_t>(options_.max_waiting_requests);
   ec.max_executor_restarts = options_.max_executor_restarts;
   ec.speculative = options_.speculative;
+  ec.arrivals = arrivals_;
+  ec.burst_window_ms = options_.burst_window_ms;
   // The ranks' OpenMP teams own this process's cores: sampling beside them
   // in a team of its own would throttle their spin-waits (EngineConfig).
   if (options_.device.is_cpu()) ec.host_threads = 1;

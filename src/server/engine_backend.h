@@ -60,6 +60,9 @@ struct EngineBackendOptions {
   chat_template::Limits chat_template_limits;
   int64_t max_waiting_requests = 1024;   // more live requests than this: 429
   int32_t max_executor_restarts = 3;     // per replica; then fatal() (serve exits non-zero)
+  // --burst-window-ms (EngineConfig::burst_window_ms): an idle engine holds
+  // a burst's first submissions this long at most while the rest arrive.
+  double burst_window_ms = 20.0;
   // Test hook (--debug-fail-rank-at-batch): rank fail_rank of replica 0
   // throws at its batch fail_at_batch, once.
   int fail_rank = -1;
@@ -125,11 +128,14 @@ class EngineBackend final : public ServingBackend {
   SamplingDefaults sampling_defaults() const override { return sampling_defaults_; }
   Deployment deployment() const override;
   std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const grammar::GrammarSpec& spec) const override;
+  std::shared_ptr<Arrivals> arrivals() const override { return arrivals_; }
 
  private:
   struct Replica;
   std::string rank_metrics() const;  // shardlm:rank_memory_bytes, shardlm:kv_blocks* per rank, the grammar cache
   EngineBackendOptions options_;
+  // Shared by every replica's engine: a burst is one, wherever it is routed.
+  std::shared_ptr<Arrivals> arrivals_ = std::make_shared<Arrivals>();
   LoadReport report_;
   std::optional<Tokenizer> tokenizer_;
   std::optional<chat_template::ModelChatTemplate> chat_template_;

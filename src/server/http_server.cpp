@@ -135,6 +135,7 @@ HttpServer::HttpServer(ServingBackend& backend, ServerOptions options)
   gate.max_body_bytes = options_.max_body_bytes;
   gate.max_buffered_body_bytes = options_.max_buffered_body_bytes;
   http_->set_gate_limits(gate);
+  http_->set_arrivals(backend_.arrivals());
   // Refused from the head alone, before a byte of the body is read.
   http_->set_head_check([this](const RequestHead& head) -> std::optional<EarlyAnswer> {
     if (head.method == "OPTIONS") return std::nullopt;  // CORS preflight: the pre-routing handler answers

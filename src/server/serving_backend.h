@@ -16,6 +16,10 @@
 
 #include "server/deployment.h"
 
+namespace shardlm {
+class Arrivals;  // engine/arrivals.h
+}  // namespace shardlm
+
 namespace shardlm::grammar {
 class CompiledGrammar;
 struct GrammarSpec;
@@ -171,6 +175,9 @@ class ServingBackend {
   // The layout and per-rank memory, planned and measured (GET /v1/deployment);
   // available = false for a backend that cannot describe itself.
   virtual Deployment deployment() const { return {}; }
+  // Where the HTTP server announces requests on their way to this backend's
+  // engines (engine/arrivals.h: burst admission); null: none is wanted.
+  virtual std::shared_ptr<Arrivals> arrivals() const { return nullptr; }
 };
 
 }  // namespace shardlm::server

@@ -668,6 +668,76 @@ TEST(Engine, AbortingStopEndsEverything) {
   expect_clean(f);
 }
 
+// Burst admission (engine/arrivals.h). An engine that wakes idle holds its
+// first submission while another request is announced, then prefills both
+// in one step.
+constexpr double kOneHourMs = 3.6e6;  // a window only the tests' events end
+
+TEST(Engine, BurstAdmissionHoldsASubmissionWhileAnotherIsAnnounced) {
+  EngineConfig c = config();
+  c.arrivals = std::make_shared<Arrivals>();
+  c.burst_window_ms = kOneHourMs;
+  Fixture f(c);
+  f.engine.start();
+  Arrivals::Ticket second = c.arrivals->announce();
+  f.engine.submit(greedy("a", make_prompt(8, 1), 4), f.out.callbacks());
+  ASSERT_TRUE(c.arrivals->wait_for_engine_waits(1, std::chrono::seconds(60))) << "the engine did not hold 'a'";
+  f.engine.submit(greedy("b", make_prompt(9, 2), 4), f.out.callbacks());
+  second.release();
+  ASSERT_TRUE(f.out.wait_finished(2));
+  f.engine.stop();
+  ASSERT_FALSE(f.model.batch_sizes.empty());
+  EXPECT_EQ(f.model.batch_sizes[0], 2) << "'a' was prefilled before 'b' arrived";
+  EXPECT_EQ(f.out.get("a").tokens, reference_greedy(make_prompt(8, 1), 4, kVocab));
+  EXPECT_EQ(f.out.get("b").tokens, reference_greedy(make_prompt(9, 2), 4, kVocab));
+  EXPECT_EQ(c.arrivals->n_engine_waits(), 1);
+  EXPECT_EQ(f.engine.metrics().snapshot().burst_holds_total, 1);
+  EXPECT_GT(f.engine.metrics().snapshot().burst_hold_seconds_total, 0.0);
+  expect_clean(f);
+}
+
+TEST(Engine, BurstAdmissionHoldsNoLoneRequest) {
+  EngineConfig c = config();
+  c.arrivals = std::make_shared<Arrivals>();
+  c.burst_window_ms = kOneHourMs;
+  Fixture f(c);
+  f.engine.start();
+  f.engine.submit(greedy("a", make_prompt(8, 1), 4), f.out.callbacks());
+  ASSERT_TRUE(f.out.wait_finished(1)) << "a lone request on an idle engine was held";
+  EXPECT_EQ(c.arrivals->n_engine_waits(), 0);
+  // An announced request that never comes (refused before its submit)
+  // releases the one held for it.
+  Arrivals::Ticket refused = c.arrivals->announce();
+  f.engine.submit(greedy("b", make_prompt(8, 2), 4), f.out.callbacks());
+  ASSERT_TRUE(c.arrivals->wait_for_engine_waits(1, std::chrono::seconds(60)));
+  refused.release();
+  ASSERT_TRUE(f.out.wait_finished(2));
+  EXPECT_EQ(f.out.get("b").tokens, reference_greedy(make_prompt(8, 2), 4, kVocab));
+}
+
+TEST(Engine, BurstAdmissionWaitsNoLongerThanItsWindowOrAStop) {
+  EngineConfig c = config();
+  c.arrivals = std::make_shared<Arrivals>();
+  c.burst_window_ms = 1;
+  Arrivals::Ticket never = c.arrivals->announce();
+  {
+    Fixture f(c);
+    f.engine.start();
+    f.engine.submit(greedy("a", make_prompt(8, 1), 4), f.out.callbacks());
+    ASSERT_TRUE(f.out.wait_finished(1)) << "the window did not end the hold";
+    EXPECT_EQ(c.arrivals->n_engine_waits(), 1);
+  }
+  c.burst_window_ms = kOneHourMs;
+  Fixture f(c);
+  f.engine.start();
+  f.engine.submit(greedy("b", make_prompt(8, 2), 4), f.out.callbacks());
+  ASSERT_TRUE(c.arrivals->wait_for_engine_waits(2, std::chrono::seconds(60)));
+  f.engine.stop(/*drain=*/true);  // ends the hold and finishes "b"
+  EXPECT_EQ(f.out.get("b").finish, FinishReason::kLength);
+  c.burst_window_ms = -1;
+  EXPECT_THROW(Engine(c, f.model), Error);
+}
+
 TEST(Engine, WithoutDetokenizerNoTextAndNoStopStrings) {
   Fixture f(config(), /*detok=*/false);
   EngineRequest r = greedy("a", make_prompt(5, 1), 4);

@@ -11,6 +11,8 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
+#include "engine/arrivals.h"
+#include "server/connection_server.h"
 #include "server/serving_backend.h"
 
 namespace shardlm::server::testing {
@@ -98,6 +100,7 @@ class FakeStream : public RequestStream {
     --*live_;
   }
   bool next(std::vector<GenerateEvent>* out, std::chrono::milliseconds timeout) override {
+    ConnectionServer::release_current_arrival();  // as EngineStream: the handler now waits for output
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait_for(lock, timeout, [&] { return !events_.empty() || !producing_; });
     if (events_.empty()) return false;
@@ -158,6 +161,8 @@ class FakeBackend : public ServingBackend {
   mutable ordered_json last_messages;  // what render_chat last got
   mutable ordered_json last_tools;
   GenerateParams last_params;          // what submit last got
+  std::shared_ptr<Arrivals> arrivals_board;  // arrivals(); null: none
+  std::vector<int64_t> pending_at_submit;    // arrivals_board->n_pending() at each submit (under seen_mutex)
 
   bool ready() const override { return is_ready; }
   std::string health_error() const override {
@@ -202,6 +207,7 @@ class FakeBackend : public ServingBackend {
     {
       std::lock_guard<std::mutex> lock(seen_mutex);
       last_params = params;
+      if (arrivals_board) pending_at_submit.push_back(arrivals_board->n_pending());
     }
     return std::make_unique<FakeStream>(params, pace, &cancelled, &live, script, cached);
   }
@@ -216,6 +222,7 @@ class FakeBackend : public ServingBackend {
   bool accept_grammars = false;
   SamplingDefaults sampling_defaults() const override { return defaults; }
   Deployment deployment() const override { return layout; }
+  std::shared_ptr<Arrivals> arrivals() const override { return arrivals_board; }
   // TP=2 on one replica; rank 1's measured weights differ from plan by 1 byte.
   static Deployment two_rank_layout() {
     Deployment d;

@@ -85,6 +85,31 @@ TEST_F(HttpServerTest, ModelsHealthVersion) {
   EXPECT_EQ(client_->Get("/metrics")->status, 200);
 }
 
+// Burst admission's front half (engine/arrivals.h): a POST is announced
+// before a worker parses it and is still announced when it reaches the
+// backend, until its handler waits for output; GETs are not announced.
+TEST_F(HttpServerTest, PostsAreAnnouncedToTheBackendUntilTheyWaitForOutput) {
+  backend_.arrivals_board = std::make_shared<Arrivals>();
+  start();
+  ASSERT_EQ(client_->Get("/v1/models")->status, 200);
+  ASSERT_EQ(client_->Get("/health")->status, 200);
+  EXPECT_EQ(backend_.arrivals_board->n_announced(), 0);
+  auto r = post("/v1/chat/completions", chat(3));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  // Two prompts: both are submitted before the handler waits, so both see
+  // their request announced.
+  r = post("/v1/completions", {{"model", "tiny"}, {"prompt", {"ab", "cd"}}, {"max_tokens", 2}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  {
+    std::lock_guard<std::mutex> lock(backend_.seen_mutex);
+    EXPECT_EQ(backend_.pending_at_submit, (std::vector<int64_t>{1, 1, 1}));
+  }
+  EXPECT_EQ(backend_.arrivals_board->n_announced(), 2);
+  EXPECT_EQ(backend_.arrivals_board->n_pending(), 0);
+}
+
 TEST_F(HttpServerTest, ChatCompletionHasOpenAIShape) {
   start();
   auto r = post("/v1/chat/completions", chat(5));

@@ -296,6 +296,40 @@ TEST_F(ServeLayouts, ALayoutTheRanksCannotRunIsRefusedWithTheReason) {
   EXPECT_NE(s->log().find("exceeds the model's 28 attention heads"), std::string::npos) << s->log();
 }
 
+// Burst admission (serve --burst-window-ms; engine/arrivals.h). With a
+// window of an hour only the requests' own hand-over ends a hold, so each
+// request answers within the client's minute only if its handler withdraws
+// its announcement once it waits for output: alone, as two prompts in one
+// request, streamed, and four at once over two replicas (which share the
+// announcements).
+TEST_F(ServeLayouts, BurstWindowHoldsNoRequestPastItsHandOver) {
+  auto s = start({"-dp", "2", "--burst-window-ms", "3600000"});
+  ASSERT_GT(s->pid, 0);
+  const json prompt = json{5, 17, 230, 41, 9};
+  const std::string alone = complete(s->port, prompt);
+  ASSERT_FALSE(alone.rfind("status", 0) == 0 || alone == "no response") << alone;
+  httplib::Client c("127.0.0.1", s->port);
+  c.set_read_timeout(60, 0);
+  json two = {{"model", "q7"}, {"prompt", {prompt, json{300, 2, 2, 77}}}, {"max_tokens", 8}, {"temperature", 0},
+              {"ignore_eos", true}};
+  auto r = c.Post("/v1/completions", two.dump(), "application/json");
+  ASSERT_TRUE(r) << "no answer within a minute";
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["choices"].size(), 2u);
+  two["prompt"] = prompt;
+  two["stream"] = true;
+  r = c.Post("/v1/completions", two.dump(), "application/json");
+  ASSERT_TRUE(r) << "no answer within a minute";
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_NE(r->body.find("data: [DONE]"), std::string::npos) << r->body;
+  std::vector<std::string> texts(4);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i) clients.emplace_back([&, i] { texts[i] = complete(s->port, prompt); });
+  for (auto& t : clients) t.join();
+  for (const auto& t : texts) EXPECT_EQ(t, alone);
+  EXPECT_EQ(s->stop(), 0) << s->log();
+}
+
 // serve --speculative-config (n-gram): concurrent greedy requests on
 // prompts that repeat themselves give the text of serve --batch-invariant
 // (the kernels speculation runs on) bit for bit, a stop string and max_tokens
