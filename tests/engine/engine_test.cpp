@@ -673,10 +673,15 @@ TEST(Engine, AbortingStopEndsEverything) {
 // in one step.
 constexpr double kOneHourMs = 3.6e6;  // a window only the tests' events end
 
-TEST(Engine, BurstAdmissionHoldsASubmissionWhileAnotherIsAnnounced) {
+EngineConfig burst_config(double window_ms) {
   EngineConfig c = config();
   c.arrivals = std::make_shared<Arrivals>();
-  c.burst_window_ms = kOneHourMs;
+  c.burst_window_ms = window_ms;
+  return c;
+}
+
+TEST(Engine, BurstAdmissionHoldsASubmissionWhileAnotherIsAnnounced) {
+  EngineConfig c = burst_config(kOneHourMs);
   Fixture f(c);
   f.engine.start();
   Arrivals::Ticket second = c.arrivals->announce();
@@ -697,9 +702,7 @@ TEST(Engine, BurstAdmissionHoldsASubmissionWhileAnotherIsAnnounced) {
 }
 
 TEST(Engine, BurstAdmissionHoldsNoLoneRequest) {
-  EngineConfig c = config();
-  c.arrivals = std::make_shared<Arrivals>();
-  c.burst_window_ms = kOneHourMs;
+  EngineConfig c = burst_config(kOneHourMs);
   Fixture f(c);
   f.engine.start();
   f.engine.submit(greedy("a", make_prompt(8, 1), 4), f.out.callbacks());
@@ -716,9 +719,7 @@ TEST(Engine, BurstAdmissionHoldsNoLoneRequest) {
 }
 
 TEST(Engine, BurstAdmissionWaitsNoLongerThanItsWindowOrAStop) {
-  EngineConfig c = config();
-  c.arrivals = std::make_shared<Arrivals>();
-  c.burst_window_ms = 1;
+  EngineConfig c = burst_config(1);
   Arrivals::Ticket never = c.arrivals->announce();
   {
     Fixture f(c);
