@@ -342,8 +342,9 @@ shard_serve() {  # $1 model dir, $2 key, $3 round (seeds the prompts: each round
   # Decode rate while all 16 stream: 16 tokens per median time-per-output-token (first token excluded).
   put "$2.tpot" "$(jq_py 'print(16e3 / json.load(open(sys.argv[1]))["median_tpot_ms"])' "$work/serve_bench.json")"
   # The same over the median gap between two tokens: a TPOT also holds the prefill steps of
-  # requests that reached the engine after the first step began (a burst split 14 + 2: TPOT 131
-  # ms, median ITL 107), which llama-batched-bench, prefilling every prompt first, never has.
+  # requests that reached the engine after the first step began (before serve's burst admission,
+  # --burst-window-ms, a burst split 14 + 2 gave TPOT 131 ms, median ITL 107), which
+  # llama-batched-bench, prefilling every prompt first, never has.
   put "$2.itl" "$(jq_py 'print(16e3 / json.load(open(sys.argv[1]))["median_itl_ms"])' "$work/serve_bench.json")"
 }
 
