@@ -145,7 +145,9 @@ void LocalGroupExecutor::run_rank(int rank) {
           fail(ErrorCode::kInternal, "injected failure at batch ", next, " (test hook)");
         }
       }
+      if (options_.batch_hook) options_.batch_hook(rank, next, false);
       model->run_stage(job->batch, cache, writes_logits ? job->logits.data() : nullptr);
+      if (options_.batch_hook) options_.batch_hook(rank, next, true);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         ++job->n_done;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -49,6 +50,11 @@ struct LocalGroupOptions {
   // (0-based, counted from load), once: a restarted group runs clean.
   int fail_rank = -1;
   int64_t fail_at_batch = -1;
+  // Test hook, on each rank's thread: (rank, batch, false) once the rank has
+  // taken batch `batch` (its start counted), (rank, batch, true) once it has
+  // run its part and before it reports the part done. A test holds a rank
+  // here to make an interleaving certain instead of likely.
+  std::function<void(int rank, uint64_t batch, bool ran)> batch_hook;
 };
 
 class LocalGroupExecutor final : public ModelExecutor {

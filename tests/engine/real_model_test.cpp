@@ -6,7 +6,10 @@
 
 #include <filesystem>
 #include <iterator>
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -94,7 +97,24 @@ int64_t run_engine_against_reference(int tp, int pp, int32_t n_blocks, bool expe
     want[i] = generate_local(spec, weights, prompt_for(i, spec.vocab_size), opt).tokens;
   }
 
-  const LocalGroupOptions gopt = f32_group(tp, pp, n_blocks);
+  LocalGroupOptions gopt = f32_group(tp, pp, n_blocks);
+  // With batches in flight, the last stage holds batch 0 done but unreported
+  // until rank 0 has taken batch 1: the overlap the pipeline allows is then
+  // certain, not left to how the threads happen to run.
+  std::mutex overlap_mutex;
+  std::condition_variable overlap_cv;
+  bool rank0_took_batch1 = false;
+  if (pp > 1 && in_flight != 1 && !expect_preemption)
+    gopt.batch_hook = [&, last_stage_rank0 = (pp - 1) * tp](int rank, uint64_t batch, bool ran) {
+      std::unique_lock<std::mutex> lock(overlap_mutex);
+      if (rank == 0 && batch == 1 && !ran) {
+        rank0_took_batch1 = true;
+        overlap_cv.notify_all();
+      } else if (rank >= last_stage_rank0 && batch == 0 && ran) {
+        // Bounded: without a second batch in flight the count below fails.
+        overlap_cv.wait_for(lock, std::chrono::seconds(60), [&] { return rank0_took_batch1; });
+      }
+    };
   LocalGroupExecutor executor(spec, weights, gopt);
   EXPECT_GT(executor.kv_block_bytes_rank0(), 0);
   EngineConfig cfg;
