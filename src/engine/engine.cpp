@@ -238,39 +238,32 @@ void Engine::gather_burst(std::unique_lock<std::mutex>& lock) {
   const auto deadline =
       first + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(config_.burst_window_ms));
   const auto quiet = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(kBurstQuietMs));
-  bool noted = false;
+  bool held = false;
   Clock::time_point held_since;
-  struct Record {  // the hold, in the metrics, however it ends
-    Engine& e;
-    const bool& noted;
-    const Clock::time_point& since;
-    ~Record() {
-      if (!noted) return;
-      const double s = std::chrono::duration<double>(Clock::now() - since).count();
-      e.metrics_.update([s](MetricsSnapshot& m) {
-        ++m.burst_holds_total;
-        m.burst_hold_seconds_total += s;
-      });
-    }
-  } record{*this, noted, held_since};
   for (;;) {
     const int64_t pending = arrivals.n_pending();
     const auto now = Clock::now();
-    if (stop_requested_ || now >= deadline) return;
+    if (stop_requested_ || now >= deadline) break;
     auto until = deadline;
     if (pending == 0) {
-      if (n_submits < 2) return;  // a lone request goes at once
+      if (n_submits < 2) break;  // a lone request goes at once
       until = std::min(until, std::max(last, arrivals.last_announced()) + quiet);
-      if (now >= until) return;
+      if (now >= until) break;
     }
-    if (!noted) {
+    if (!held) {
       arrivals.note_engine_waiting();
-      noted = true;
+      held = true;
       held_since = now;
     }
     cv_.wait_until(lock, until);  // a submission, an announcement or a release wakes it
     count();
   }
+  if (!held) return;
+  const double s = std::chrono::duration<double>(Clock::now() - held_since).count();
+  metrics_.update([s](MetricsSnapshot& m) {
+    ++m.burst_holds_total;
+    m.burst_hold_seconds_total += s;
+  });
 }
 
 bool Engine::run_step() {
