@@ -170,7 +170,8 @@ int run_decode_bench(const GenerateCliOptions& o) {
       nlohmann::json j = {{"device", d.device.to_string()}, {"layout", d.layout.to_string()}, {"batch", batches[k]},
                           {"context", d.context},           {"steps", r.n_steps},           {"seconds", r.seconds},
                           {"tok_per_s", r.tokens_per_second}, {"ms_per_step", 1e3 * r.seconds / r.n_steps},
-                          {"weight_bytes", r.weight_bytes}, {"kv_bytes_read_per_step", r.kv_bytes_read},
+                          {"weight_bytes", r.weight_bytes}, {"weight_bytes_read_per_step", r.weight_bytes_read},
+                          {"kv_bytes_read_per_step", r.kv_bytes_read},
                           {"bytes_per_step", r.bytes_per_step()}, {"cuda_graphs", d.graphs.enabled},
                           {"graph_replays", r.graph_replays}, {"prefill_tokens", r.prefill_tokens},
                           {"prefill_tok_per_s", r.prefill_tokens_per_second()}};

@@ -553,4 +553,10 @@ void CausalLM::enqueue_graph_step(int n_rows) {
   make_logits(hidden, out);
 }
 
+int64_t CausalLM::embedding_only_bytes() const {
+  if (!embed_.defined()) return 0;
+  if (lm_head_.weight.defined() && lm_head_.weight.data() == embed_.data()) return 0;
+  return static_cast<int64_t>(embed_.nbytes());
+}
+
 }  // namespace shardlm

@@ -115,6 +115,11 @@ class CausalLM {
   int64_t weight_bytes() const { return weight_bytes_; }
   // Bytes the backend's allocator obtained for weight copies (measured).
   int64_t copied_bytes() const { return copied_bytes_; }
+  // Bytes of this rank's embedding table that a step does not stream: the
+  // whole table where it is not also the lm_head (untied, or a quantized
+  // lm_head beside it), of which a step reads one row per token; 0 where the
+  // lm_head reads it whole, or where this rank has no table.
+  int64_t embedding_only_bytes() const;
   // From now on, the intermediates each forward computes on this rank's
   // layers are handed to `dump` by (name, layer) (model/tensor_dump.h);
   // nullptr stops. dump must outlive the calls. Decode graphs stay off

@@ -29,7 +29,7 @@ std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   std::vector<DecodeBenchResult> results(batches.size());
   std::mutex mu;
-  int64_t weight_bytes = 0, kv_bytes_per_token = 0;
+  int64_t weight_bytes = 0, embedding_only_bytes = 0, kv_bytes_per_token = 0;
   double prefill_seconds = 0.0;
   run_rank_group(o.layout, o.device, std::max(1, static_cast<int>(hw) / n_ranks), [&](RankContext& r) {
     auto model = CausalLM::load(spec, weights, o.layout, r.tp_rank, r.pp_rank, *r.comms.tp, *r.comms.pp, r.backend);
@@ -37,6 +37,7 @@ std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::
     {
       std::lock_guard<std::mutex> lock(mu);
       weight_bytes += model->weight_bytes();
+      embedding_only_bytes += model->embedding_only_bytes();
       kv_bytes_per_token += model->kv_block_bytes(o.block_size, o.kv_dtype) / o.block_size;
     }
     std::string graphs;
@@ -115,6 +116,9 @@ std::vector<DecodeBenchResult> decode_bench_batches(const ModelSpec& spec, std::
     res.n_steps = o.n_steps;
     res.tokens_per_second = static_cast<double>(batches[k] * o.n_steps) / std::max(res.seconds, 1e-12);
     res.weight_bytes = weight_bytes;
+    // An unstreamed table: one row of it per sequence (held by one TP rank).
+    res.weight_bytes_read = weight_bytes - embedding_only_bytes;
+    if (embedding_only_bytes > 0) res.weight_bytes_read += batches[k] * spec.hidden_size * dtype_size(spec.dtype);
     res.kv_bytes_read = batches[k] * mean_positions * kv_bytes_per_token;
     res.prefill_tokens = o.context;
     res.prefill_seconds = prefill_seconds;

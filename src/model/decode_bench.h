@@ -38,6 +38,10 @@ struct DecodeBenchResult {
   int64_t n_steps = 0;
   double tokens_per_second = 0.0;  // batch × n_steps / seconds
   int64_t weight_bytes = 0;      // every rank's weights (measured by its allocator or mapped)
+  // The weight bytes a step reads, every rank: weight_bytes less an embedding
+  // table that is not the lm_head (untied, or beside a quantized lm_head),
+  // of which a step reads one row per sequence.
+  int64_t weight_bytes_read = 0;
   int64_t kv_bytes_read = 0;     // KV bytes the timed steps read, mean per step (every rank)
   int64_t graph_replays = 0;     // steps of this batch the driver replayed from a graph (timed and warm-up)
   std::string graphs;            // the driver's "CUDA graphs: ..." line ("" when not asked for)
@@ -46,7 +50,7 @@ struct DecodeBenchResult {
   int64_t prefill_tokens = 0;
   double prefill_seconds = 0.0;
   double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0.0; }
-  int64_t bytes_per_step() const { return weight_bytes + kv_bytes_read; }
+  int64_t bytes_per_step() const { return weight_bytes_read + kv_bytes_read; }
 };
 
 // Throws kInvalidArgument for batch, context or steps < 1, or a context that

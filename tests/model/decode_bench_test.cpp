@@ -29,7 +29,10 @@ TEST(DecodeBench, TimesStepsAndCountsWeightAndKvBytes) {
     // over a mean of 5 + 1 + 1 positions for each of the 3 sequences.
     EXPECT_EQ(r.kv_bytes_read, 3 * 7 * (2 * 2 * 4 * 128 * 2)) << "tp " << tp;
     EXPECT_GT(r.weight_bytes, 2 * 300 * 256 * 2);  // at least the embedding and lm_head
-    EXPECT_EQ(r.bytes_per_step(), r.weight_bytes + r.kv_bytes_read);
+    // Untied: a step reads one embedding row (256 bf16) per sequence, not the
+    // table of 300 rows; the lm_head whole.
+    EXPECT_EQ(r.weight_bytes_read, r.weight_bytes - 300 * 256 * 2 + 3 * 256 * 2) << "tp " << tp;
+    EXPECT_EQ(r.bytes_per_step(), r.weight_bytes_read + r.kv_bytes_read);
     EXPECT_EQ(r.prefill_tokens, 5);  // one sequence's context, in one chunk
     EXPECT_GT(r.prefill_seconds, 0.0);
     EXPECT_NEAR(r.prefill_tokens_per_second(), 5.0 / r.prefill_seconds, 1e-6 * r.prefill_tokens_per_second());
@@ -47,10 +50,26 @@ TEST(DecodeBench, SeveralBatchesOverOneLoad) {
   const auto r = decode_bench_batches(spec, w, o, {1, 4});
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[0].weight_bytes, r[1].weight_bytes);
+  EXPECT_EQ(r[1].weight_bytes_read - r[0].weight_bytes_read, 3 * 256 * 2);  // three more embedding rows
   EXPECT_EQ(r[1].kv_bytes_read, 4 * r[0].kv_bytes_read);  // same positions, four sequences
   EXPECT_GT(r[1].tokens_per_second, 0.0);
   EXPECT_EQ(r[0].prefill_seconds, r[1].prefill_seconds);  // measured once per load
   EXPECT_THROW(decode_bench_batches(spec, w, o, {}), Error);
+}
+
+TEST(DecodeBench, ATiedEmbeddingIsReadWholeAsTheLmHead) {
+  ModelSpec spec = testing::qwen25_7b_like(256, 1, 128, 300);
+  spec.tie_word_embeddings = true;
+  auto w = testing::random_weights(spec, 6);
+  DecodeBenchOptions o;
+  o.batch = 2;
+  o.context = 3;
+  o.n_steps = 1;
+  o.n_warmup = 0;
+  o.block_size = 4;
+  const DecodeBenchResult r = decode_bench(spec, w, o);
+  EXPECT_GT(r.weight_bytes, 300 * 256 * 2);
+  EXPECT_EQ(r.weight_bytes_read, r.weight_bytes);
 }
 
 TEST(DecodeBench, RefusesEmptyOrOverlongRuns) {
