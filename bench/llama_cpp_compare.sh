@@ -41,7 +41,8 @@
 #       --decode-context 128 --decode-steps 32`, the same decode steps in process;
 #     TP=2 as threads (0.5B, shardlm only): `--decode-bench 1 --tp 2` against TP=1's figure;
 #     quantized, batch 1 (0.5B): A llama-bench tg64 on Q4_0 and Q8_0, B decode-bench 1 on the AWQ
-#       and GPTQ-int8 checkpoints;
+#       and GPTQ-int8 checkpoints (lm_head in BF16), and on GPTQ-int8 with the lm_head quantized too
+#       (`quantize --lm-head`: "lm_head": true, the layout that matches Q8_0's Q8_0 output matrix);
 #     16 streams through `shardlm serve` (0.5B; default on, off with --quick): `shardlm bench` at concurrency
 #       16, 16 requests of distinct random token-id prompts (128 ids, so the prefix cache has
 #       nothing to reuse) and 64 output tokens each: its output tokens/s, which includes the
@@ -193,6 +194,12 @@ make_models() {  # $1 = 0.5b | 1.5b
       run 1800 "$cli" quantize "$d/bf16" --quantize "$q" --group-size 128 --out "$d/$q" >/dev/null
     fi
   done
+  # The layout that matches llama.cpp's Q8_0, whose output matrix is Q8_0 too: GPTQ-int8 with
+  # "lm_head": true (GPTQModel's quantize_config), the tied embedding written untied.
+  if [[ ! -f "$d/gptq-int8-lmhead/config.json" ]]; then
+    log "shardlm quantize --quantize gptq-int8 --lm-head"
+    run 1800 "$cli" quantize "$d/bf16" --quantize gptq-int8 --group-size 128 --lm-head --out "$d/gptq-int8-lmhead" >/dev/null
+  fi
 }
 for m in $models; do make_models "$m"; done
 
@@ -278,7 +285,7 @@ shard_decode() {  # $1 model dir, $2 key prefix, $3 batches, $4 context, $5 step
 for line in sys.argv[1].strip().splitlines():
     r = json.loads(line)
     print("%s.%d\t%s" % (sys.argv[2], r["batch"], r["tok_per_s"]))
-    print("%s.%d.bytes\t%s" % (sys.argv[2], r["batch"], r["weight_bytes"]))' "$out" "$2" >>"$results"
+    print("%s.%d.bytes\t%s" % (sys.argv[2], r["batch"], r["weight_bytes_read_per_step"]))' "$out" "$2" >>"$results"
 }
 shard_pp() {  # $1 model dir, $2 key
   local out
@@ -370,6 +377,7 @@ for ((r = 1; r <= rounds; ++r)); do
     shard_decode "$d/awq" "$m.shard.awq" 1 1 64
     llama_tg "$d/Q8_0.gguf" "$m.llama.q8_0"
     shard_decode "$d/gptq-int8" "$m.shard.int8" 1 1 64
+    shard_decode "$d/gptq-int8-lmhead" "$m.shard.int8lm" 1 1 64
     if [[ $serve == 1 ]]; then
       llama_serve "$d/bf16.gguf" "$m.llama.serve16"
       shard_serve "$d/bf16" "$m.shard.serve16" "$r"

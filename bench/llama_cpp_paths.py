@@ -33,6 +33,7 @@ CONFIGS = [  # (file key, label) in the order of the script's rounds
     ("tp2", "TP=2 as threads, batch 1"),
     ("awq", "AWQ batch 1"),
     ("int8", "GPTQ-int8 batch 1"),
+    ("int8lm", "GPTQ-int8 + lm_head batch 1"),
     ("serve16", "serve, 16 streams"),
 ]
 

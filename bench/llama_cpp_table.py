@@ -113,7 +113,8 @@ def main():
         row("%s TP=2 as threads, tok/s (ratio: time per token vs TP=1)" % tag, None, tp2, "≤ 1.10×",
             (sh_tg / tp2 <= 1.10) if tp2 and sh_tg else None, ratio=(sh_tg / tp2) if tp2 and sh_tg else None)
         for ll_key, sh_key, ll_name, sh_name, target in (("q4_0", "awq", "Q4_0", "AWQ-4bit", 2.5),
-                                                         ("q8_0", "int8", "Q8_0", "GPTQ-int8", 1.6)):
+                                                         ("q8_0", "int8", "Q8_0", "GPTQ-int8", 1.6),
+                                                         ("q8_0", "int8lm", "Q8_0", "GPTQ-int8 + lm_head", 1.6)):
             lq, sq = med("%s.llama.%s" % (m, ll_key)), med("%s.shard.%s.1" % (m, sh_key))
             row("%s batch 1, llama.cpp %s vs shardlm %s, tok/s" % (tag, ll_name, sh_name), lq, sq, "≥ 1×",
                 (sq >= lq) if lq and sq else None)
