@@ -115,9 +115,25 @@ void quantize_activations(const float* x, int64_t n, int64_t K, int64_t group_si
 // holds inputs 4r..4r+3 as bytes, in order. Each thread sweeps its channel
 // blocks [b0, b1) one activation block (32 rows) at a time; the per-block
 // float sums and the per-group totals live in a per-thread scratch.
-// Each step prefetches into L2 the line that this thread reads at the same
-// channels in the next activation block (RW word rows down): see awq_sweep's
-// prefetch_rows for why not a few blocks ahead in the same rows.
+// Where each sweep step prefetches (AWQ and GPTQ alike). A thread reads its
+// channel span of an activation block's rows (32 inputs: 32 AWQ rows, RW
+// GPTQ word rows) as that many short interleaved streams, more than the
+// hardware prefetchers follow well.
+//  - Spans that fit (the rows' spans together within kNextBlockBytes): the
+//    line this thread reads at the same channels in the next activation
+//    block, into L2, a whole pass over the span ahead. Four word blocks ahead
+//    in the same rows would lie past the span of a 0.5B model's short rows
+//    (q/o_proj: 56 AWQ words a thread) in the other thread's half, leaving
+//    each block's first loads waiting on DRAM.
+//  - Longer spans (a quantized lm_head: 75,968 channels a thread): the next
+//    block's region would not stay in L2 until it is read, so the same rows
+//    kAheadWords ahead, into L1.
+// 0.5B decode, batch 1, 2 threads (Intel Xeon with AMX): AWQ 41.3 → 46.9
+// tok/s, GPTQ-int8 33.9 → 35.2, GPTQ-int8 with its lm_head quantized 41 (the
+// next block for the lm_head too) → 45; the 7B layer's Linears
+// (quant_matmul_bench) within ±4%. A prefetch past the matrix never faults.
+constexpr int64_t kNextBlockBytes = 256 << 10;
+constexpr int64_t kAheadWords = 64;
 
 // Activation block xb of tokens t0 .. t0 + TB: its int8 words (4 inputs
 // each), its scale d, and d / 16 for accumulators of in-place high nibbles.
@@ -146,6 +162,7 @@ void gptq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t
   }
   const __m512i zdiv = _mm512_load_si512(div), zshift = _mm512_load_si512(shift);
   const __m512 zoff = _mm512_set1_ps(static_cast<float>(w.zero_offset));
+  const bool next_block = RW * nb * 64 <= kNextBlockBytes;  // see kNextBlockBytes
   facc.assign(static_cast<size_t>(TB * nb), _mm512_setzero_ps());
   yacc.assign(static_cast<size_t>(TB * nb), _mm512_setzero_ps());
   for (int64_t g = 0; g < a.G; ++g) {
@@ -160,7 +177,8 @@ void gptq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t
         __m512i acc0[TB], acc1[TB];
         for (int t = 0; t < TB; ++t) acc0[t] = acc1[t] = _mm512_setzero_si512();
         for (int r = 0; r < RW; ++r) {
-          _mm_prefetch(reinterpret_cast<const char*>(rows + (RW + r) * N + n0), _MM_HINT_T1);
+          if (next_block) _mm_prefetch(reinterpret_cast<const char*>(rows + (RW + r) * N + n0), _MM_HINT_T1);
+          else _mm_prefetch(reinterpret_cast<const char*>(rows + r * N + n0 + kAheadWords), _MM_HINT_T0);
           const __m512i wv = _mm512_maskz_loadu_epi32(m, rows + r * N + n0);
           if constexpr (BITS == 8) {
             for (int t = 0; t < TB; ++t) {
@@ -222,20 +240,14 @@ void gptq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t
 // it at each group's fold, and the outputs put back in channel order at the end.
 constexpr int kOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
-// One activation block reads 32 rows at once, 64 bytes of each per word
-// block: 32 short interleaved streams, more than the hardware prefetchers
-// follow well. Each step asks for the lines that this thread reads at the
-// same word block in the next activation block (32 rows down), into L2: the
-// thread's next span of those rows, a whole pass over its channels ahead.
-// The old target, the same rows four word blocks ahead, lay past the
-// thread's span for the short rows of a 0.5B model (q/o_proj: 112 words a
-// row, 56 a thread), so it fetched the other thread's words and left each
-// block's first reads waiting on DRAM. 0.5B AWQ decode, batch 1, 2 threads
-// (Intel Xeon with AMX): 41.3 → 46.9 tok/s, GPTQ-int8 33.9 → 35.2; the 7B
-// layer's Linears (quant_matmul_bench) within ±4%. (A prefetch past the
-// matrix is harmless: it never faults.)
-inline void prefetch_rows(const int32_t* p, int64_t W) {
-  for (int i = 0; i < 4; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + i * W), _MM_HINT_T1);
+// Four rows' lines at p (W words apart): into L2 the next activation
+// block's, into L1 the same rows' further along (kNextBlockBytes says which).
+__attribute__((always_inline)) inline void prefetch_rows(const int32_t* p, int64_t W, bool next_block) {
+  if (next_block) {
+    for (int i = 0; i < 4; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + kActBlock * W + i * W), _MM_HINT_T1);
+  } else {
+    for (int i = 0; i < 4; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + kAheadWords + i * W), _MM_HINT_T0);
+  }
 }
 
 template <int TB>
@@ -244,6 +256,7 @@ void awq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t 
   const int64_t K = w.n_in, N = w.n_out, W = N / 8, gs = w.group_size, nb = b1 - b0, nxb = K / kActBlock;
   const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f), nib_hi = _mm512_set1_epi32(static_cast<int>(0xf0f0f0f0u));
   const __m512i nib1 = _mm512_set1_epi32(0xf);
+  const bool next_block = kActBlock * nb * 64 <= kNextBlockBytes;  // see kNextBlockBytes
   facc.assign(static_cast<size_t>(TB * nb * 8), _mm512_setzero_ps());
   yacc.assign(static_cast<size_t>(TB * nb * 8), _mm512_setzero_ps());
   // Lane l = 4L + j' of accumulator i = 2j + h: channel 32L + 8j + kOrder[2j' + h] of the block
@@ -273,7 +286,7 @@ void awq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t 
           __m512i tile[kActBlock / 4][8];
           for (int r = 0; r < kActBlock; r += 4) {
             const int32_t* p = rows + r * W + c0;
-            prefetch_rows(p + kActBlock * W, W);
+            prefetch_rows(p, W, next_block);
             const __m512i A = _mm512_maskz_loadu_epi32(wm, p), B = _mm512_maskz_loadu_epi32(wm, p + W);
             const __m512i C = _mm512_maskz_loadu_epi32(wm, p + 2 * W), D = _mm512_maskz_loadu_epi32(wm, p + 3 * W);
             const __m512i ab0 = _mm512_unpacklo_epi8(A, B), ab1 = _mm512_unpackhi_epi8(A, B);
@@ -303,7 +316,7 @@ void awq_sweep(const QuantizedActivations& a, const QuantMatrixView& w, int64_t 
             for (int i = 0; i < 8; ++i) acc[t][i] = _mm512_setzero_si512();
           for (int r = 0; r < kActBlock; r += 4) {
             const int32_t* p = rows + r * W + c0;
-            prefetch_rows(p + kActBlock * W, W);
+            prefetch_rows(p, W, next_block);
             const __m512i A = _mm512_maskz_loadu_epi32(wm, p), B = _mm512_maskz_loadu_epi32(wm, p + W);
             const __m512i C = _mm512_maskz_loadu_epi32(wm, p + 2 * W), D = _mm512_maskz_loadu_epi32(wm, p + 3 * W);
             const __m512i ab0 = _mm512_unpacklo_epi8(A, B), ab1 = _mm512_unpackhi_epi8(A, B);
