@@ -9,15 +9,21 @@
 namespace shardlm {
 namespace {
 
+// A short run: `context` cached tokens per sequence, blocks of 4.
+DecodeBenchOptions short_run(int64_t batch, int64_t context, int64_t steps, int64_t warmup) {
+  DecodeBenchOptions o;
+  o.batch = batch;
+  o.context = context;
+  o.n_steps = steps;
+  o.n_warmup = warmup;
+  o.block_size = 4;
+  return o;
+}
+
 TEST(DecodeBench, TimesStepsAndCountsWeightAndKvBytes) {
   const ModelSpec spec = testing::qwen25_7b_like(256, 2, 128, 300);
   auto w = testing::random_weights(spec, 3);
-  DecodeBenchOptions o;
-  o.batch = 3;
-  o.context = 5;
-  o.n_steps = 2;
-  o.n_warmup = 1;
-  o.block_size = 4;
+  DecodeBenchOptions o = short_run(3, 5, 2, 1);
   o.kv_dtype = DType::kBF16;
   for (int tp : {1, 2}) {
     o.layout.tp = tp;
@@ -42,11 +48,7 @@ TEST(DecodeBench, TimesStepsAndCountsWeightAndKvBytes) {
 TEST(DecodeBench, SeveralBatchesOverOneLoad) {
   const ModelSpec spec = testing::qwen25_7b_like(256, 1, 128, 300);
   auto w = testing::random_weights(spec, 5);
-  DecodeBenchOptions o;
-  o.context = 3;
-  o.n_steps = 1;
-  o.n_warmup = 0;
-  o.block_size = 4;
+  const DecodeBenchOptions o = short_run(1, 3, 1, 0);
   const auto r = decode_bench_batches(spec, w, o, {1, 4});
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[0].weight_bytes, r[1].weight_bytes);
@@ -61,13 +63,7 @@ TEST(DecodeBench, ATiedEmbeddingIsReadWholeAsTheLmHead) {
   ModelSpec spec = testing::qwen25_7b_like(256, 1, 128, 300);
   spec.tie_word_embeddings = true;
   auto w = testing::random_weights(spec, 6);
-  DecodeBenchOptions o;
-  o.batch = 2;
-  o.context = 3;
-  o.n_steps = 1;
-  o.n_warmup = 0;
-  o.block_size = 4;
-  const DecodeBenchResult r = decode_bench(spec, w, o);
+  const DecodeBenchResult r = decode_bench(spec, w, short_run(2, 3, 1, 0));
   EXPECT_GT(r.weight_bytes, 300 * 256 * 2);
   EXPECT_EQ(r.weight_bytes_read, r.weight_bytes);
 }
