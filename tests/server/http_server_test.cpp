@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -991,6 +993,63 @@ TEST_F(SlowClientTest, AnExpectContinueBodyIsReadByTheWaiter) {
   ::close(fd);
   EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer.substr(0, 300);
   EXPECT_NE(answer.find("chat.completion"), std::string::npos) << answer.substr(0, 300);
+}
+
+}  // namespace
+}  // namespace shardlm::server
+
+namespace shardlm::server {
+namespace {
+
+// Burst admission against hostile input: a POST the server refuses, or one
+// whose client leaves before its body is in, leaves no announcement behind.
+// One left behind would make an idle engine hold every later request for
+// its whole burst window (serve --burst-window-ms).
+TEST_F(HttpServerTest, RefusedAndAbandonedPostsLeaveNoAnnouncementBehind) {
+  auto board = std::make_shared<Arrivals>();
+  backend_.arrivals_board = board;
+  std::mutex mu;
+  std::condition_variable changed;
+  const int listener = board->add_listener([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    changed.notify_all();
+  });
+  // A withdrawal follows the response by a moment (the worker releases its
+  // ticket once the response is written): wait for it, with a guard only.
+  const auto none_pending = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    return changed.wait_for(lock, std::chrono::seconds(30), [&] { return board->n_pending() == 0; });
+  };
+  start();
+  expect_error(client_->Post("/v1/chat/completions", "{\"model\": ", "application/json"), 400);
+  EXPECT_TRUE(none_pending()) << "a request with a broken JSON body kept its announcement";
+  json unknown = chat(2);
+  unknown["frobnicate"] = true;
+  expect_error(post("/v1/chat/completions", unknown), 400, "frobnicate");
+  EXPECT_TRUE(none_pending()) << "a refused parameter kept its announcement";
+  json huge = chat(2);
+  huge["messages"][0]["content"] = std::string(128 * 1024, 'x');  // over the 64 KiB body limit
+  expect_error(post("/v1/chat/completions", huge), 413);
+  EXPECT_TRUE(none_pending()) << "an oversized body kept its announcement";
+  const int64_t announced = board->n_announced();
+  // Half a body, then the client goes: never whole, so never announced.
+  const int fd = connect_loopback(server_->port());
+  ASSERT_GE(fd, 0);
+  const std::string cut = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Content-Length: 100\r\n\r\n{\"model\": \"ti";
+  ASSERT_EQ(::send(fd, cut.data(), cut.size(), MSG_NOSIGNAL), static_cast<ssize_t>(cut.size()));
+  ::close(fd);
+  // The next request is alone at its submission: nothing else is announced.
+  auto r = post("/v1/chat/completions", chat(2));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  {
+    std::lock_guard<std::mutex> lock(backend_.seen_mutex);
+    EXPECT_EQ(backend_.pending_at_submit, (std::vector<int64_t>{1}));
+  }
+  EXPECT_TRUE(none_pending());
+  EXPECT_EQ(board->n_announced(), announced + 1);
+  board->remove_listener(listener);
 }
 
 }  // namespace
